@@ -1,0 +1,53 @@
+"""weft_sync: durable, fenced per-workflow ownership claims for threaded Python hosts."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from .claims import ClaimRegistry
+from .clock import ManualClock, system_clock
+from .errors import (
+    EngineDeposedError,
+    OwnershipModeMismatchError,
+    StorageError,
+    WeftError,
+    WorkflowClaimLostError,
+    WorkflowClaimLostWarning,
+    WorkflowClaimUnavailableError,
+)
+from .metrics import ClaimMetrics
+from .options import OwnershipOptions
+from .storage import Condition, Delete, Put, SqliteStorage, open_storage
+
+if TYPE_CHECKING:
+    from .storage.postgres import PostgresStorage
+
+__all__ = [
+    "ClaimMetrics",
+    "ClaimRegistry",
+    "Condition",
+    "Delete",
+    "EngineDeposedError",
+    "ManualClock",
+    "OwnershipModeMismatchError",
+    "OwnershipOptions",
+    "PostgresStorage",
+    "Put",
+    "SqliteStorage",
+    "StorageError",
+    "WeftError",
+    "WorkflowClaimLostError",
+    "WorkflowClaimLostWarning",
+    "WorkflowClaimUnavailableError",
+    "open_storage",
+    "system_clock",
+]
+
+
+def __getattr__(name: str) -> Any:
+    # PostgresStorage needs the optional ``postgres`` extra, so it is imported on first use.
+    if name == "PostgresStorage":
+        from .storage.postgres import PostgresStorage
+
+        return PostgresStorage
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -1,0 +1,164 @@
+"""Pure claim transitions: each builds the conditions and operations of one CAS.
+
+Conditions always carry the exact bytes previously read or written, never bytes re-encoded from a
+decoded record, so a CAS cannot fail spuriously on a representation difference.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Final
+
+from .. import keys
+from ..codec import HolderRecord, decode_epoch, decode_holder, encode_epoch, encode_holder
+from ..storage.base import Condition, Delete, Operation, Put
+
+__all__ = [
+    "Fragment",
+    "TAKEOVER_GRACE_MULTIPLIER",
+    "TTL_SAFETY_MULTIPLIER",
+    "build_acquire_transition",
+    "build_external_rotation_transition",
+    "build_release_transition",
+    "build_renew_transition",
+    "build_takeover_transition",
+    "extract_put_value",
+    "is_claim_expired",
+    "next_epoch",
+]
+
+TTL_SAFETY_MULTIPLIER: Final = 3
+TAKEOVER_GRACE_MULTIPLIER: Final = 2
+
+
+@dataclass(frozen=True, slots=True)
+class Fragment:
+    """The conditions and operations one transition contributes to an atomic write."""
+
+    conditions: tuple[Condition, ...]
+    operations: tuple[Operation, ...]
+
+
+def next_epoch(observed_epoch_bytes: bytes | None) -> int:
+    """Mint the epoch after the observed one; absent or corrupt bytes mint 1."""
+    return (decode_epoch(observed_epoch_bytes) or 0) + 1
+
+
+def _claim_puts(
+    workflow_id: str, engine_id: str, epoch: int, now: int, claim_ttl_ms: int
+) -> tuple[Operation, ...]:
+    holder = HolderRecord(engine_id, epoch, now + claim_ttl_ms, now)
+    return (
+        Put(keys.workflow_owner_epoch(workflow_id), encode_epoch(epoch)),
+        Put(keys.workflow_owner_holder(workflow_id), encode_holder(holder)),
+    )
+
+
+def build_acquire_transition(
+    *,
+    workflow_id: str,
+    engine_id: str,
+    now: int,
+    claim_ttl_ms: int,
+    observed_epoch_bytes: bytes | None,
+) -> Fragment:
+    """Claim a workflow nobody holds: the holder must be absent, the epoch unchanged."""
+    epoch = next_epoch(observed_epoch_bytes)
+    return Fragment(
+        conditions=(
+            Condition(keys.workflow_owner_holder(workflow_id), None),
+            Condition(keys.workflow_owner_epoch(workflow_id), observed_epoch_bytes),
+        ),
+        operations=_claim_puts(workflow_id, engine_id, epoch, now, claim_ttl_ms),
+    )
+
+
+def build_renew_transition(
+    *, workflow_id: str, now: int, claim_ttl_ms: int, current_holder_bytes: bytes
+) -> Fragment:
+    """Extend a held claim; conditioned only on the holder bytes this engine last wrote.
+
+    :raises ValueError: ``current_holder_bytes`` does not decode to a valid holder record.
+    """
+    current = decode_holder(current_holder_bytes)
+    if current is None:
+        raise ValueError(
+            f"cannot renew workflow {workflow_id!r}: the current holder bytes did not decode "
+            f"to a valid holder record"
+        )
+    renewed = HolderRecord(current.engine_id, current.epoch, now + claim_ttl_ms, current.claimed_at)
+    holder_key = keys.workflow_owner_holder(workflow_id)
+    return Fragment(
+        conditions=(Condition(holder_key, current_holder_bytes),),
+        operations=(Put(holder_key, encode_holder(renewed)),),
+    )
+
+
+def build_release_transition(
+    *, workflow_id: str, current_epoch_bytes: bytes, current_holder_bytes: bytes
+) -> Fragment:
+    """Give a claim up: delete the holder if epoch and holder are still ours; keep the epoch."""
+    holder_key = keys.workflow_owner_holder(workflow_id)
+    return Fragment(
+        conditions=(
+            Condition(keys.workflow_owner_epoch(workflow_id), current_epoch_bytes),
+            Condition(holder_key, current_holder_bytes),
+        ),
+        operations=(Delete(holder_key),),
+    )
+
+
+def build_takeover_transition(
+    *,
+    workflow_id: str,
+    engine_id: str,
+    now: int,
+    claim_ttl_ms: int,
+    observed_holder_bytes: bytes,
+    observed_epoch_bytes: bytes,
+) -> Fragment:
+    """Replace an expired or garbage holder; the new epoch follows the epoch key, not the holder."""
+    epoch = next_epoch(observed_epoch_bytes)
+    return Fragment(
+        conditions=(
+            Condition(keys.workflow_owner_holder(workflow_id), observed_holder_bytes),
+            Condition(keys.workflow_owner_epoch(workflow_id), observed_epoch_bytes),
+        ),
+        operations=_claim_puts(workflow_id, engine_id, epoch, now, claim_ttl_ms),
+    )
+
+
+def build_external_rotation_transition(
+    *, workflow_id: str, observed_epoch_bytes: bytes | None
+) -> Fragment:
+    """Depose whoever owns the workflow: bump the epoch and delete the holder.
+
+    Fold it into the same write as a terminal or suspending state change only.
+    """
+    return Fragment(
+        conditions=(Condition(keys.workflow_owner_epoch(workflow_id), observed_epoch_bytes),),
+        operations=(
+            Put(
+                keys.workflow_owner_epoch(workflow_id),
+                encode_epoch(next_epoch(observed_epoch_bytes)),
+            ),
+            Delete(keys.workflow_owner_holder(workflow_id)),
+        ),
+    )
+
+
+def is_claim_expired(*, expires_at: int, now: int, renew_interval_ms: int) -> bool:
+    """Whether a holder is past its grace-adjusted deadline (strictly)."""
+    return expires_at + TAKEOVER_GRACE_MULTIPLIER * renew_interval_ms < now
+
+
+def extract_put_value(operations: Sequence[Operation], key: str) -> bytes:
+    """Return the value of the first ``Put`` on ``key``.
+
+    :raises ValueError: no ``Put`` names ``key``.
+    """
+    for op in operations:
+        if isinstance(op, Put) and op.key == key:
+            return op.value
+    raise ValueError(f'expected a "put" operation for key "{key}" among the operations')

@@ -1,0 +1,168 @@
+"""Exceptions and warnings raised by weft_sync.
+
+Expected contention (a lost race, a claim held elsewhere) is reported as a result value, never as
+an exception. Exceptions are reserved for misuse, infrastructure failure and use after close.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "ClosedError",
+    "CorruptOwnershipMarkerError",
+    "EngineDeposedError",
+    "FencedWriteConflict",
+    "OwnershipModeMismatchError",
+    "StorageCapabilityError",
+    "StorageError",
+    "WeftError",
+    "WorkflowClaimLostError",
+    "WorkflowClaimLostWarning",
+    "WorkflowClaimUnavailableError",
+    "WorkflowWakeDiscardedWarning",
+]
+
+
+class WeftError(Exception):
+    """Base class of every exception weft_sync raises on purpose."""
+
+
+class StorageError(WeftError):
+    """A storage backend failed; the driver's exception is kept as ``__cause__``."""
+
+
+class ClosedError(WeftError):
+    """An object was used after ``close()``."""
+
+
+class StorageCapabilityError(WeftError):
+    """A feature needs a capability the storage backend does not declare.
+
+    :param feature: what was being set up, e.g. ``"ownership: 'workflow-lease'"``.
+    :param capability: the missing capability, e.g. ``"conditional_batch"``.
+    :param detail: optional extra sentence for the message.
+    """
+
+    def __init__(self, feature: str, capability: str, detail: str | None = None) -> None:
+        self.feature = feature
+        self.capability = capability
+        message = (
+            f"{feature} requires a storage backend with the {capability!r} capability, "
+            f"but the configured storage does not declare it"
+        )
+        if detail:
+            message = f"{message}; {detail}"
+        else:
+            message = f"{message}; use a backend that supports it (SQLite or PostgreSQL)"
+        super().__init__(message)
+
+
+class CorruptOwnershipMarkerError(WeftError):
+    """The ownership-mode marker exists but does not decode as a valid record."""
+
+
+class OwnershipModeMismatchError(WeftError):
+    """The store was stamped by engines running a different ownership mode.
+
+    :param configured_mode: the mode this process was configured with.
+    :param stored_mode: the mode recorded in the store's marker.
+    :param established_at: when the marker was written (ms since the Unix epoch).
+    """
+
+    code = "WEFT_OWNERSHIP_MODE_MISMATCH"
+
+    def __init__(self, configured_mode: str, stored_mode: str, established_at: int) -> None:
+        self.configured_mode = configured_mode
+        self.stored_mode = stored_mode
+        self.established_at = established_at
+        super().__init__(
+            f"this process is configured with ownership mode {configured_mode!r}, but the store "
+            f"was established with mode {stored_mode!r} at {established_at} ms; every process on "
+            f"one store must agree: stop all processes, pick one mode, and restart them"
+        )
+
+
+class WorkflowClaimUnavailableError(WeftError):
+    """Another engine holds a live claim on the workflow (or it already exists).
+
+    :param workflow_id: the workflow whose claim could not be acquired.
+    :param held_by: the engine id of the current holder, when known.
+    """
+
+    def __init__(self, workflow_id: str, held_by: str | None = None) -> None:
+        self.workflow_id = workflow_id
+        self.held_by = held_by
+        holder = f" (currently held by {held_by!r})" if held_by else ""
+        super().__init__(
+            f"could not acquire the claim for workflow {workflow_id!r}{holder}; retry later, or "
+            f"check whether the holder crashed (its claim becomes takeover-eligible once it "
+            f"expires)"
+        )
+
+
+class EngineDeposedError(WeftError):
+    """A fenced write failed because this engine no longer holds the workflow's epoch.
+
+    :param workflow_id: the workflow whose fence was lost.
+    """
+
+    def __init__(self, workflow_id: str) -> None:
+        self.workflow_id = workflow_id
+        super().__init__(
+            f"this engine no longer owns workflow {workflow_id!r}: its epoch fence failed, so the "
+            f"write was refused; another engine has taken the workflow over"
+        )
+
+
+class FencedWriteConflict(WeftError):
+    """A fenced write's own base conditions failed while the epoch fence still held.
+
+    :param workflow_id: the workflow the write was for.
+    """
+
+    def __init__(self, workflow_id: str) -> None:
+        self.workflow_id = workflow_id
+        super().__init__(
+            f"a fenced write for workflow {workflow_id!r} was refused because one of its base "
+            f"conditions no longer matched (the claim is still held); re-read and retry"
+        )
+
+
+class WorkflowClaimLostError(WeftError):
+    """A claim held by a ``claim()`` block was lost before the block finished.
+
+    :param workflow_id: the workflow whose claim was lost.
+    """
+
+    def __init__(self, workflow_id: str) -> None:
+        self.workflow_id = workflow_id
+        super().__init__(
+            f"the claim on workflow {workflow_id!r} was lost while it was held; another engine "
+            f"may now own it, so side effects after the loss must be treated as unfenced"
+        )
+
+
+class WorkflowClaimLostWarning(UserWarning):
+    """Emitted once per lost claim: this engine's renewal or fenced write found it deposed.
+
+    :param workflow_id: the workflow whose claim was lost.
+    """
+
+    def __init__(self, workflow_id: str) -> None:
+        self.workflow_id = workflow_id
+        super().__init__(f"lost the ownership claim on workflow {workflow_id!r}")
+
+
+class WorkflowWakeDiscardedWarning(UserWarning):
+    """Emitted when a wake-up is discarded because this engine no longer owns the workflow.
+
+    :param workflow_id: the workflow whose wake was discarded.
+    :param wake_kind: what kind of wake it was (``"signal"``, ``"sleep"``, ...).
+    """
+
+    def __init__(self, workflow_id: str, wake_kind: str) -> None:
+        self.workflow_id = workflow_id
+        self.wake_kind = wake_kind
+        super().__init__(
+            f"discarded a {wake_kind!r} wake for workflow {workflow_id!r}: this engine no longer "
+            f"owns it"
+        )

@@ -1,0 +1,191 @@
+"""Ownership options: durations, defaults and the validation rules that keep claims safe."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import Final, Literal
+
+__all__ = [
+    "BACKGROUND_MODES",
+    "DEFAULT_CLAIM_RENEW_INTERVAL_MS",
+    "DEFAULT_CLAIM_TTL_MS",
+    "DEFAULT_LEASE_RENEW_INTERVAL_MS",
+    "DEFAULT_LEASE_TTL_MS",
+    "DEFAULT_LEASE_WAIT_MS",
+    "Duration",
+    "OWNERSHIP_MODES",
+    "OwnershipFields",
+    "OwnershipOptions",
+    "TTL_SAFETY_MULTIPLIER",
+    "parse_duration",
+    "resolve_ownership_fields",
+]
+
+DEFAULT_CLAIM_TTL_MS: Final = 30_000
+DEFAULT_CLAIM_RENEW_INTERVAL_MS: Final = 5_000
+DEFAULT_LEASE_TTL_MS: Final = 30_000
+DEFAULT_LEASE_RENEW_INTERVAL_MS: Final = 5_000
+DEFAULT_LEASE_WAIT_MS: Final = 60_000
+TTL_SAFETY_MULTIPLIER: Final = 3
+
+OWNERSHIP_MODES: Final = ("none", "lease", "workflow-lease")
+BACKGROUND_MODES: Final = ("thread", "manual")
+
+Duration = int | str
+
+_UNITS: Final = {"ms": 1, "s": 1_000, "m": 60_000, "h": 3_600_000}
+_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h)\s*$")
+
+
+def parse_duration(value: Duration) -> int:
+    """Return a duration in whole milliseconds.
+
+    Accepts an ``int`` (milliseconds) or a string of a number and a unit: ``"500ms"``, ``"30s"``,
+    ``"1.5s"``, ``"2m"``, ``"1h"``.
+
+    :raises ValueError: negative, unitless, fractional milliseconds, or unparseable.
+    :raises TypeError: neither an ``int`` nor a ``str``.
+    """
+    if isinstance(value, bool) or not isinstance(value, (int, str)):
+        raise TypeError(
+            f"a duration must be int milliseconds or a string like '30s', got "
+            f"{type(value).__name__} {value!r}"
+        )
+    if isinstance(value, int):
+        if value < 0:
+            raise ValueError(f"a duration cannot be negative, got {value}ms")
+        return value
+    match = _DURATION.match(value)
+    if match is None:
+        raise ValueError(
+            f"invalid duration {value!r}: use a number followed by a unit, one of "
+            f"ms, s, m, h (e.g. '500ms', '30s', '2m')"
+        )
+    number, unit = match.groups()
+    scaled = _scale(number, _UNITS[unit])
+    if scaled is None:
+        raise ValueError(f"invalid duration {value!r}: it is not a whole number of milliseconds")
+    return scaled
+
+
+def _scale(number: str, factor: int) -> int | None:
+    whole, _, frac = number.partition(".")
+    frac = frac.rstrip("0")
+    numerator: int = int(whole + frac) * factor
+    denominator: int = 10 ** len(frac)
+    if numerator % denominator:
+        return None
+    return numerator // denominator
+
+
+def _validate_claim_timing(ttl_ms: int, renew_ms: int) -> None:
+    got = f"(got claim_ttl={ttl_ms}ms, claim_renew_interval={renew_ms}ms)"
+    if ttl_ms <= 0 or renew_ms <= 0:
+        raise ValueError(
+            "ownership: 'workflow-lease' requires positive claim_ttl and "
+            f"claim_renew_interval {got}"
+        )
+    if renew_ms >= ttl_ms:
+        raise ValueError(
+            f"ownership: 'workflow-lease' requires claim_renew_interval ({renew_ms}ms) to be "
+            f"strictly less than claim_ttl ({ttl_ms}ms)"
+        )
+    if ttl_ms < TTL_SAFETY_MULTIPLIER * renew_ms:
+        raise ValueError(
+            f"ownership: 'workflow-lease' requires claim_ttl ({ttl_ms}ms) to be at least "
+            f"TTL_SAFETY_MULTIPLIER ({TTL_SAFETY_MULTIPLIER}) times claim_renew_interval "
+            f"({renew_ms}ms), i.e. at least {TTL_SAFETY_MULTIPLIER * renew_ms}ms, so a claim "
+            f"survives two missed renewals"
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class OwnershipOptions:
+    """Claim timing, validated on construction.
+
+    :param claim_ttl: how long a claim lives without renewal (``int`` ms or ``"30s"``).
+    :param claim_renew_interval: how often held claims are renewed; at most a third of the TTL.
+    :raises ValueError: a duration is invalid or the pair breaks the safety rules.
+    """
+
+    claim_ttl: Duration = "30s"
+    claim_renew_interval: Duration = "5s"
+    claim_ttl_ms: int = field(init=False)
+    claim_renew_interval_ms: int = field(init=False)
+
+    def __post_init__(self) -> None:
+        ttl_ms = parse_duration(self.claim_ttl)
+        renew_ms = parse_duration(self.claim_renew_interval)
+        _validate_claim_timing(ttl_ms, renew_ms)
+        object.__setattr__(self, "claim_ttl_ms", ttl_ms)
+        object.__setattr__(self, "claim_renew_interval_ms", renew_ms)
+
+
+@dataclass(frozen=True, slots=True)
+class OwnershipFields:
+    """Resolved ownership configuration of one engine."""
+
+    ownership: Literal["none", "lease", "workflow-lease"]
+    lease_ttl_ms: int
+    lease_renew_interval_ms: int
+    lease_wait_ms: int
+    claim_ttl_ms: int
+    claim_renew_interval_ms: int
+    background: Literal["thread", "manual"]
+
+
+def resolve_ownership_fields(
+    ownership: str = "none",
+    *,
+    claim_ttl: Duration | None = None,
+    claim_renew_interval: Duration | None = None,
+    detect_second_instance: bool = False,
+    background: str = "thread",
+) -> OwnershipFields:
+    """Resolve and validate an engine's ownership settings.
+
+    Claim timing is parsed and validated only for ``'workflow-lease'``; other modes get the
+    defaults and ignore the given values.
+
+    :raises ValueError: an unknown mode or background setting, invalid claim timing under
+        ``'workflow-lease'``, ``detect_second_instance`` with ``'workflow-lease'``, or
+        ``background='manual'`` with ``'lease'``.
+    """
+    if ownership not in OWNERSHIP_MODES:
+        raise ValueError(
+            f"unknown ownership mode {ownership!r}: use one of "
+            f"{', '.join(repr(m) for m in OWNERSHIP_MODES)}"
+        )
+    if background not in BACKGROUND_MODES:
+        raise ValueError(f"unknown background setting {background!r}: use 'thread' or 'manual'")
+    ttl_ms, renew_ms = DEFAULT_CLAIM_TTL_MS, DEFAULT_CLAIM_RENEW_INTERVAL_MS
+    if ownership == "workflow-lease":
+        options = OwnershipOptions(
+            claim_ttl=DEFAULT_CLAIM_TTL_MS if claim_ttl is None else claim_ttl,
+            claim_renew_interval=(
+                DEFAULT_CLAIM_RENEW_INTERVAL_MS
+                if claim_renew_interval is None
+                else claim_renew_interval
+            ),
+        )
+        ttl_ms, renew_ms = options.claim_ttl_ms, options.claim_renew_interval_ms
+        if detect_second_instance:
+            raise ValueError(
+                "ownership: 'workflow-lease' cannot be combined with detect_second_instance=True: "
+                "second-instance detection assumes a single global owner"
+            )
+    if ownership == "lease" and background == "manual":
+        raise ValueError(
+            "ownership: 'lease' cannot run with background='manual': the store-wide lease must "
+            "be renewed by a background thread; use background='thread' or 'workflow-lease'"
+        )
+    return OwnershipFields(
+        ownership=ownership,  # type: ignore[arg-type]
+        lease_ttl_ms=DEFAULT_LEASE_TTL_MS,
+        lease_renew_interval_ms=DEFAULT_LEASE_RENEW_INTERVAL_MS,
+        lease_wait_ms=DEFAULT_LEASE_WAIT_MS,
+        claim_ttl_ms=ttl_ms,
+        claim_renew_interval_ms=renew_ms,
+        background=background,  # type: ignore[arg-type]
+    )

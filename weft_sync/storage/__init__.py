@@ -1,0 +1,156 @@
+"""Storage: the ``Storage`` protocol, its SQLite and PostgreSQL backends, and ``open_storage``."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
+
+from .base import (
+    Batch,
+    Condition,
+    Delete,
+    Operation,
+    Put,
+    Storage,
+    StorageCapabilities,
+    storage_conditional_batch,
+    validate_table_name,
+)
+from .sqlite import SqliteStorage
+
+if TYPE_CHECKING:
+    from .postgres import PostgresStorage
+
+__all__ = [
+    "Batch",
+    "Condition",
+    "Delete",
+    "Operation",
+    "PostgresStorage",
+    "Put",
+    "SqliteStorage",
+    "Storage",
+    "StorageCapabilities",
+    "open_storage",
+    "storage_conditional_batch",
+]
+
+SUPPORTED_SCHEMES = ("sqlite", "postgresql", "postgres")
+_SQLITE_PARAMS = ("table", "busy_timeout_ms", "synchronous")
+_POSTGRES_PARAMS = ("table", "min_size", "max_size", "timeout")
+
+
+def __getattr__(name: str) -> Any:
+    # PostgresStorage needs the optional ``postgres`` extra, so it is imported on first use.
+    if name == "PostgresStorage":
+        from .postgres import PostgresStorage
+
+        return PostgresStorage
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def open_storage(url: str) -> Storage:
+    """Open the store a URL names.
+
+    - ``sqlite:///relative/path.db`` or ``sqlite:////absolute/path.db``, with optional query
+      parameters ``table``, ``busy_timeout_ms`` and ``synchronous`` (``FULL`` or ``NORMAL``);
+    - ``postgresql://…`` or ``postgres://…`` (any libpq URL), with optional ``table``,
+      ``min_size``, ``max_size`` and ``timeout`` (seconds to wait for a pooled connection);
+      every other query parameter is passed to libpq.
+
+    :raises ValueError: unknown scheme, a missing path, or an unknown or malformed parameter.
+    """
+    if not isinstance(url, str):
+        raise TypeError(f"open_storage() needs a URL string, got {type(url).__name__} {url!r}")
+    scheme, sep, _ = url.partition("://")
+    if not sep or scheme.lower() not in SUPPORTED_SCHEMES:
+        raise ValueError(
+            f"unsupported storage URL {url!r}: the scheme must be one of "
+            f"{', '.join(s + '://' for s in SUPPORTED_SCHEMES)}"
+        )
+    if scheme.lower() == "sqlite":
+        return _open_sqlite(url)
+    return _open_postgres(url)
+
+
+def _split_params(
+    url: str, query: str, ours: tuple[str, ...], *, pass_through: bool
+) -> tuple[dict[str, str], list[tuple[str, str]]]:
+    mine: dict[str, str] = {}
+    rest: list[tuple[str, str]] = []
+    for key, value in parse_qsl(query, keep_blank_values=True):
+        if key in ours:
+            if key in mine:
+                raise ValueError(f"storage URL {url!r} gives the parameter {key!r} twice")
+            mine[key] = value
+        elif pass_through:
+            rest.append((key, value))
+        else:
+            raise ValueError(
+                f"unknown parameter {key!r} in storage URL {url!r}; valid parameters are "
+                f"{', '.join(ours)}"
+            )
+    return mine, rest
+
+
+def _int_param(url: str, params: dict[str, str], name: str) -> int | None:
+    if name not in params:
+        return None
+    raw = params[name]
+    try:
+        return int(raw)
+    except ValueError:
+        raise ValueError(
+            f"parameter {name}={raw!r} in storage URL {url!r} must be a whole number"
+        ) from None
+
+
+def _open_sqlite(url: str) -> Storage:
+    parts = urlsplit(url)
+    if parts.netloc:
+        raise ValueError(
+            f"storage URL {url!r} names a host ({parts.netloc!r}); SQLite URLs take a path: "
+            f"sqlite:///relative/path.db or sqlite:////absolute/path.db"
+        )
+    path = parts.path[1:] if parts.path.startswith("/") else parts.path
+    if not path:
+        raise ValueError(
+            f"storage URL {url!r} has no file path; use sqlite:///relative/path.db or "
+            f"sqlite:////absolute/path.db"
+        )
+    params, _ = _split_params(url, parts.query, _SQLITE_PARAMS, pass_through=False)
+    kwargs: dict[str, Any] = {}
+    if "table" in params:
+        kwargs["table"] = validate_table_name(params["table"])
+    timeout = _int_param(url, params, "busy_timeout_ms")
+    if timeout is not None:
+        kwargs["busy_timeout_ms"] = timeout
+    if "synchronous" in params:
+        kwargs["synchronous"] = params["synchronous"]
+    storage: Storage = SqliteStorage(path, **kwargs)
+    return storage
+
+
+def _open_postgres(url: str) -> Storage:
+    parts = urlsplit(url)
+    params, rest = _split_params(url, parts.query, _POSTGRES_PARAMS, pass_through=True)
+    dsn = urlunsplit((parts.scheme, parts.netloc, parts.path, urlencode(rest), parts.fragment))
+    kwargs: dict[str, Any] = {}
+    if "table" in params:
+        kwargs["table"] = validate_table_name(params["table"])
+    for name in ("min_size", "max_size"):
+        value = _int_param(url, params, name)
+        if value is not None:
+            kwargs[name] = value
+    if "timeout" in params:
+        try:
+            kwargs["timeout"] = float(params["timeout"])
+        except ValueError:
+            raise ValueError(
+                f"parameter timeout={params['timeout']!r} in storage URL {url!r} must be a "
+                f"number of seconds"
+            ) from None
+    from .postgres import PostgresStorage
+
+    storage: Storage = PostgresStorage(dsn, **kwargs)
+    return storage

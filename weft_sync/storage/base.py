@@ -1,0 +1,237 @@
+"""The storage contract every backend implements, and helpers shared by the backends."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Protocol, runtime_checkable
+
+from ..errors import StorageCapabilityError
+
+__all__ = [
+    "Batch",
+    "Condition",
+    "Delete",
+    "Operation",
+    "Put",
+    "Storage",
+    "StorageCapabilities",
+    "prefix_upper_bound",
+    "storage_conditional_batch",
+    "validate_batch",
+    "validate_key",
+    "validate_operations",
+    "validate_table_name",
+]
+
+_TABLE_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,62}$")
+
+
+@dataclass(frozen=True, slots=True)
+class Condition:
+    """``key`` must hold exactly ``expected`` (``None``: the key must be absent)."""
+
+    key: str
+    expected: bytes | None
+
+
+@dataclass(frozen=True, slots=True)
+class Put:
+    """Write ``value`` at ``key``."""
+
+    key: str
+    value: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class Delete:
+    """Remove ``key``; deleting an absent key is a no-op."""
+
+    key: str
+
+
+Operation = Put | Delete
+Batch = tuple[Sequence[Condition], Sequence[Operation]]
+
+
+@dataclass(frozen=True, slots=True)
+class StorageCapabilities:
+    """What a backend can promise.
+
+    :param conditional_batch: ``conditional_batch``/``conditional_batches`` compare stored bytes
+        exactly (a value-transforming wrapper must report ``False``).
+    :param multi_process: several processes on one host may share the store safely.
+    :param multi_host: processes on several hosts may share the store safely.
+    """
+
+    conditional_batch: bool
+    multi_process: bool
+    multi_host: bool
+
+
+@runtime_checkable
+class Storage(Protocol):
+    """A byte-valued key-value store with an atomic compare-and-swap.
+
+    Keys are ``str``, values ``bytes``. Every method is safe to call from any thread.
+
+    - ``get(key)`` returns the stored bytes or ``None``.
+    - ``put``/``delete`` write one key; deleting an absent key is a no-op.
+    - ``scan(prefix, ...)`` returns a snapshot list of ``(key, value)`` pairs whose key starts with
+      ``prefix``, in ascending byte order of the UTF-8 key (descending with ``reverse``), further
+      bounded by ``gt``/``gte``/``lt``/``lte`` and capped at ``limit`` rows. The list is fully
+      materialised, so callers may write while iterating it.
+    - ``batch(operations)`` applies the operations all-or-nothing, in order (a later operation on
+      the same key wins). An empty list is a no-op.
+    - ``conditional_batch(conditions, operations)`` reads every condition key inside one atomic
+      transaction; it commits the operations and returns ``True`` only if every condition matches
+      (``expected is None`` means the key is absent, otherwise the whole stored value equals
+      ``expected`` byte for byte). If any condition fails nothing is written and it returns
+      ``False``. An empty condition list always commits. Conditions and operations may name the
+      same key.
+    - ``conditional_batches(batches)`` applies several independent conditional batches in one
+      transaction; batch ``i`` is judged against the state left by batches ``0 .. i-1`` and applied
+      on its own, exactly as if they had been committed one after another. Result ``i`` says
+      whether batch ``i`` committed.
+    - Driver failures raise :class:`~weft_sync.errors.StorageError`, never ``False``; a failed
+      transaction writes nothing. Bad arguments raise ``TypeError``/``ValueError`` before any I/O.
+    - ``close()`` is idempotent; any other call after it raises
+      :class:`~weft_sync.errors.ClosedError`. Storages are context managers that close on exit.
+    """
+
+    @property
+    def capabilities(self) -> StorageCapabilities: ...
+
+    def get(self, key: str) -> bytes | None: ...
+
+    def put(self, key: str, value: bytes) -> None: ...
+
+    def delete(self, key: str) -> None: ...
+
+    def scan(
+        self,
+        prefix: str = "",
+        *,
+        gt: str | None = None,
+        gte: str | None = None,
+        lt: str | None = None,
+        lte: str | None = None,
+        limit: int | None = None,
+        reverse: bool = False,
+    ) -> list[tuple[str, bytes]]: ...
+
+    def batch(self, operations: Sequence[Operation]) -> None: ...
+
+    def conditional_batch(
+        self, conditions: Sequence[Condition], operations: Sequence[Operation]
+    ) -> bool: ...
+
+    def conditional_batches(self, batches: Sequence[Batch]) -> list[bool]: ...
+
+    def close(self) -> None: ...
+
+    def __enter__(self) -> Storage: ...
+
+    def __exit__(self, *exc_info: object) -> None: ...
+
+
+def storage_conditional_batch(
+    storage: Storage, conditions: Sequence[Condition], operations: Sequence[Operation]
+) -> bool:
+    """Run a CAS after checking the backend *declares* the capability (not that a method exists).
+
+    :raises StorageCapabilityError: the backend declares ``conditional_batch=False``.
+    :raises TypeError: the backend declares the capability but has no ``conditional_batch``.
+    """
+    if not storage.capabilities.conditional_batch:
+        raise StorageCapabilityError("conditional_batch", "conditional_batch")
+    method = getattr(storage, "conditional_batch", None)
+    if not callable(method):
+        raise TypeError(
+            f"{type(storage).__name__} declares the 'conditional_batch' capability but has no "
+            f"conditional_batch() method"
+        )
+    result = method(conditions, operations)
+    return bool(result)
+
+
+def prefix_upper_bound(prefix: str) -> str | None:
+    """Return the smallest string above every key starting with ``prefix`` (``None``: no bound).
+
+    The last code point is incremented; an empty prefix has no upper bound.
+    """
+    if not prefix:
+        return None
+    last = ord(prefix[-1])
+    if last >= 0x10FFFF:
+        return prefix_upper_bound(prefix[:-1])
+    nxt = last + 1
+    if 0xD800 <= nxt <= 0xDFFF:
+        nxt = 0xE000
+    return prefix[:-1] + chr(nxt)
+
+
+def validate_table_name(table: object) -> str:
+    """Return ``table`` if it is a safe SQL identifier, else raise ``ValueError`` naming it."""
+    if not isinstance(table, str) or not _TABLE_NAME.match(table):
+        raise ValueError(
+            f"invalid table name {table!r}: use 1-63 characters of letters, digits and "
+            f"underscores, starting with a letter or underscore"
+        )
+    return table
+
+
+def validate_key(key: object) -> str:
+    """Return ``key`` if it is a usable storage key, else raise naming it."""
+    if not isinstance(key, str):
+        raise TypeError(f"storage keys must be str, got {type(key).__name__} {key!r}")
+    if "\x00" in key:
+        raise ValueError(f"storage key {key!r} contains a NUL character, which cannot be stored")
+    try:
+        key.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise ValueError(
+            f"storage key {key!r} is not valid Unicode text (lone surrogate at {exc.start})"
+        ) from None
+    return key
+
+
+def _validate_value(key: str, value: object) -> bytes:
+    if not isinstance(value, (bytes, bytearray, memoryview)):
+        raise TypeError(
+            f"the value for key {key!r} must be bytes, got {type(value).__name__} {value!r:.80}"
+        )
+    return bytes(value)
+
+
+def validate_operations(operations: Sequence[Operation]) -> list[Operation]:
+    """Check every operation before any I/O; return them as a list with ``bytes`` values."""
+    checked: list[Operation] = []
+    for op in operations:
+        if isinstance(op, Put):
+            key = validate_key(op.key)
+            value = _validate_value(key, op.value)
+            checked.append(op if type(op.value) is bytes else Put(key, value))
+        elif isinstance(op, Delete):
+            validate_key(op.key)
+            checked.append(op)
+        else:
+            raise TypeError(f"expected a Put or Delete operation, got {op!r}")
+    return checked
+
+
+def validate_batch(
+    conditions: Sequence[Condition], operations: Sequence[Operation]
+) -> tuple[list[Condition], list[Operation]]:
+    """Check a conditional batch before any I/O; return it as lists with ``bytes`` values."""
+    checked: list[Condition] = []
+    for cond in conditions:
+        if not isinstance(cond, Condition):
+            raise TypeError(f"expected a Condition, got {cond!r}")
+        key = validate_key(cond.key)
+        if cond.expected is None or type(cond.expected) is bytes:
+            checked.append(cond)
+        else:
+            checked.append(Condition(key, _validate_value(key, cond.expected)))
+    return checked, validate_operations(operations)
