@@ -1,0 +1,551 @@
+"""The PostgreSQL backend: one table, row-locked compare-and-swap, a psycopg connection pool."""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import math
+import os
+import threading
+import weakref
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any, Final
+
+try:
+    import psycopg
+    from psycopg import sql
+    from psycopg.conninfo import conninfo_to_dict
+    from psycopg.rows import TupleRow
+    from psycopg_pool import ConnectionPool, PoolClosed
+except ImportError as exc:  # pragma: no cover - depends on the installed extras
+    raise ImportError(
+        f"PostgresStorage needs psycopg 3 and psycopg-pool ({exc}); install them with "
+        f"'pip install weft_sync[postgres]'"
+    ) from exc
+
+from ..errors import ClosedError, StorageError
+from .base import (
+    Batch,
+    Condition,
+    Operation,
+    Put,
+    StorageCapabilities,
+    prefix_upper_bound,
+    validate_batch,
+    validate_key,
+    validate_operations,
+    validate_table_name,
+)
+
+__all__ = ["PostgresStorage"]
+
+_log = logging.getLogger(__name__)
+
+_Conn = psycopg.Connection[TupleRow]
+
+_CAPABILITIES: Final = StorageCapabilities(
+    conditional_batch=True, multi_process=True, multi_host=True
+)
+# Written into a key that a batch requires absent but does not write; deleted before commit.
+_PLACEHOLDER: Final = b""
+# Pools inherited across os.fork() are never closed in the child (closing would end the parent's
+# sessions); keeping them referenced here keeps their finalisers from running in the child.
+_INHERITED: list[object] = []
+_LIVE: weakref.WeakSet[PostgresStorage] = weakref.WeakSet()
+
+
+def _after_fork_in_child() -> None:
+    for store in list(_LIVE):
+        store._reset_lock_after_fork()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
+class _Refused(Exception):
+    """A conditional batch failed after it had written; its transaction or savepoint rolls back."""
+
+
+@dataclass(frozen=True, slots=True)
+class _Plan:
+    """One validated conditional batch, reduced to the rows it locks, claims and writes."""
+
+    conditions: list[Condition]
+    lock_keys: list[str]
+    absent: frozenset[str]
+    put_keys: list[str]
+    put_values: list[bytes]
+    delete_keys: list[str]
+
+    @classmethod
+    def build(cls, conditions: list[Condition], operations: list[Operation]) -> _Plan:
+        final: dict[str, bytes | None] = {}
+        for op in operations:
+            final[op.key] = op.value if isinstance(op, Put) else None
+        puts = sorted((k, v) for k, v in final.items() if v is not None)
+        cond_keys = {c.key for c in conditions}
+        return cls(
+            conditions=conditions,
+            lock_keys=sorted(cond_keys | final.keys()) if conditions else [],
+            absent=frozenset(c.key for c in conditions if c.expected is None),
+            put_keys=[k for k, _ in puts],
+            put_values=[v for _, v in puts],
+            delete_keys=sorted(k for k, v in final.items() if v is None),
+        )
+
+    def holds(self, found: dict[str, bytes]) -> bool:
+        return all(found.get(c.key) == c.expected for c in self.conditions)
+
+
+class _Queries:
+    """The SQL statements for one table, composed once."""
+
+    def __init__(self, table: str) -> None:
+        t = sql.Identifier(table)
+        self.create = sql.SQL(
+            'CREATE TABLE {t} (key TEXT COLLATE "C" PRIMARY KEY, value BYTEA NOT NULL)'
+        ).format(t=t)
+        self.get = sql.SQL("SELECT value FROM {t} WHERE key = %s").format(t=t)
+        self.put = sql.SQL(
+            "INSERT INTO {t} (key, value) VALUES (%s, %b) "
+            "ON CONFLICT (key) DO UPDATE SET value = EXCLUDED.value"
+        ).format(t=t)
+        self.delete = sql.SQL("DELETE FROM {t} WHERE key = %s").format(t=t)
+        self.upsert_many = sql.SQL(
+            "INSERT INTO {t} (key, value) SELECT k, v FROM unnest(%b::text[], %b::bytea[]) "
+            "AS u(k, v) ON CONFLICT (key) DO UPDATE SET value = EXCLUDED.value"
+        ).format(t=t)
+        self.insert_absent = sql.SQL(
+            "INSERT INTO {t} (key, value) SELECT k, v FROM unnest(%b::text[], %b::bytea[]) "
+            "AS u(k, v) ON CONFLICT (key) DO NOTHING RETURNING key"
+        ).format(t=t)
+        self.delete_many = sql.SQL("DELETE FROM {t} WHERE key = ANY(%b::text[])").format(t=t)
+        self.lock = sql.SQL(
+            "SELECT key, value FROM {t} WHERE key = ANY(%b::text[]) ORDER BY key FOR UPDATE"
+        ).format(t=t)
+        self.renew = sql.SQL(
+            "UPDATE {t} SET value = u.v "
+            "FROM unnest(%b::text[], %b::bytea[], %b::bytea[]) AS u(k, e, v) "
+            "WHERE {t}.key = u.k AND {t}.value = u.e RETURNING {t}.key"
+        ).format(t=t)
+        self.scan = sql.SQL("SELECT key, value FROM {t}").format(t=t)
+
+
+def _advisory_key(table: str) -> int:
+    digest = hashlib.blake2b(f"weft_sync.create:{table}".encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "big", signed=True)
+
+
+def _renewal_rows(batches: Sequence[tuple[list[Condition], list[Operation]]]) -> list[str] | None:
+    """Return the batch keys if every batch is ``[Condition(k, bytes)] -> [Put(k, v)]`` on
+    distinct keys, else ``None``; such batches are independent, so one UPDATE judges them all."""
+    keys: list[str] = []
+    for conditions, operations in batches:
+        if len(conditions) != 1 or len(operations) != 1:
+            return None
+        cond, op = conditions[0], operations[0]
+        if cond.expected is None or not isinstance(op, Put) or op.key != cond.key:
+            return None
+        keys.append(cond.key)
+    return keys if len(set(keys)) == len(keys) else None
+
+
+class PostgresStorage:
+    """Store keys in one PostgreSQL table, safely across threads, processes and hosts.
+
+    The table is ``(key TEXT COLLATE "C" PRIMARY KEY, value BYTEA NOT NULL)``, created if
+    missing, so keys sort in UTF-8 byte order (in a UTF8 database), as on SQLite.
+
+    A conditional batch runs in one READ COMMITTED transaction: it locks the existing rows of
+    every key it names with one ``SELECT … ORDER BY key FOR UPDATE`` (one order for every caller,
+    so batches over the same keys queue rather than deadlock), compares, then writes. A key a
+    condition requires absent has no row to lock, so it is claimed with ``INSERT … ON CONFLICT DO
+    NOTHING`` and the row count checked: the uncommitted row holds the key's unique-index entry,
+    and a concurrent writer of that key waits for this transaction. ``conditional_batches`` runs
+    all batches in one transaction and gives a batch a SAVEPOINT when it could fail after writing;
+    a list of renewal-shaped batches (one condition expecting bytes and one put, on the same key,
+    keys distinct across the list) runs as a single ``UPDATE … FROM unnest(…)``.
+
+    Connections come from a ``psycopg_pool.ConnectionPool`` (autocommit sessions) that checks each
+    connection before lending it, so calls succeed again once a restarted server is back. A
+    connection lost during COMMIT leaves the outcome unknown: ``StorageError`` is raised and the
+    caller must re-read. After ``os.fork()`` the child leaves the inherited pool alone and opens
+    its own on first use.
+
+    :param dsn: a libpq connection string or ``postgresql://`` URL. ``connect_timeout`` defaults
+        to ``timeout`` when it does not set one.
+    :param table: the table name (letters, digits, underscores).
+    :param min_size: connections the pool keeps open.
+    :param max_size: connections the pool may open at most.
+    :param timeout: seconds a call waits for a pooled connection before raising ``StorageError``.
+    :raises ValueError: a bad table name, pool size or timeout, or a malformed ``dsn``.
+    :raises StorageError: the server cannot be reached, or the table exists with another key
+        collation.
+    """
+
+    def __init__(
+        self,
+        dsn: str,
+        *,
+        table: str = "weft_kv",
+        min_size: int = 1,
+        max_size: int = 16,
+        timeout: float = 30.0,
+    ) -> None:
+        if not isinstance(dsn, str):
+            raise TypeError(f"dsn must be a connection string, got {type(dsn).__name__}")
+        self._table = validate_table_name(table)
+        _check_pool_sizes(min_size, max_size)
+        if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not timeout > 0:
+            raise ValueError(f"timeout must be a positive number of seconds, got {timeout!r}")
+        self._dsn = dsn
+        self._min_size = min_size
+        self._max_size = max_size
+        self._timeout = float(timeout)
+        self._connect_kwargs = _connect_kwargs(dsn, self._timeout)
+        self._q = _Queries(self._table)
+        self._lock = threading.Lock()  # guards _pool, _pool_pid and _closed
+        self._pool: ConnectionPool[_Conn] | None = None
+        self._pool_pid = os.getpid()
+        self._closed = False
+        with self._translate("table setup"):
+            self._ensure_table()
+        pool = self._new_pool()
+        try:
+            with self._translate("connection pool start"):
+                pool.open(wait=True, timeout=self._timeout)
+        except BaseException:
+            pool.close()
+            raise
+        self._pool = pool
+        _LIVE.add(self)
+
+    # -- setup -------------------------------------------------------------------------------
+
+    def _ensure_table(self) -> None:
+        """Create the table if missing and check its key collation, on a direct connection."""
+        with psycopg.connect(self._dsn, **self._connect_kwargs) as conn:
+            ident = sql.Identifier(self._table).as_string(conn)
+            # The advisory lock serialises creation by several processes: CREATE TABLE IF NOT
+            # EXISTS alone can still fail with a unique violation when two run at once.
+            with conn.transaction():
+                conn.execute("SELECT pg_advisory_xact_lock(%s)", [_advisory_key(self._table)])
+                row = conn.execute(
+                    "SELECT co.collname FROM pg_attribute a "
+                    "LEFT JOIN pg_collation co ON co.oid = a.attcollation "
+                    "WHERE a.attrelid = to_regclass(%s) AND a.attname = 'key'",
+                    [ident],
+                ).fetchone()
+                if row is None:
+                    conn.execute(self._q.create)
+                    _log.debug("created PostgreSQL table %s", self._table)
+                    return
+        if row[0] not in ("C", "POSIX"):
+            raise StorageError(
+                f"table {self._table!r} exists but its key column uses collation {row[0]!r}; "
+                f'weft_sync needs COLLATE "C" so keys sort in byte order: migrate the table or '
+                f"choose another table name"
+            )
+
+    def _new_pool(self) -> ConnectionPool[_Conn]:
+        return ConnectionPool(
+            self._dsn,
+            kwargs=self._connect_kwargs,
+            min_size=self._min_size,
+            max_size=self._max_size,
+            open=False,
+            check=ConnectionPool.check_connection,
+            name=f"weft-pg[{self._table}]",
+            timeout=self._timeout,
+        )
+
+    # -- connections -------------------------------------------------------------------------
+
+    def _reset_lock_after_fork(self) -> None:
+        # Another parent thread may have held the lock at fork(); the child has only this thread.
+        self._lock = threading.Lock()
+
+    def _check_open(self) -> None:
+        with self._lock:
+            closed = self._closed
+        if closed:
+            raise self._closed_error()
+
+    def _current_pool(self) -> ConnectionPool[_Conn]:
+        """Return this process's pool, abandoning one inherited across ``fork()``."""
+        pid = os.getpid()
+        with self._lock:
+            if self._closed:
+                raise self._closed_error()
+            if self._pool is not None and self._pool_pid == pid:
+                return self._pool
+            if self._pool is not None:
+                _INHERITED.append(self._pool)
+                self._pool = None
+        fresh = self._new_pool()
+        fresh.open(wait=False)
+        with self._lock:
+            current, closed = self._state()
+            if current is None and not closed:
+                self._pool, self._pool_pid = fresh, pid
+                _log.debug("PostgresStorage(%r) opened a new pool in process %d", self._table, pid)
+                return fresh
+        fresh.close()
+        if current is None:
+            raise self._closed_error()
+        return current
+
+    def _state(self) -> tuple[ConnectionPool[_Conn] | None, bool]:
+        return self._pool, self._closed
+
+    @contextmanager
+    def _translate(self, action: str) -> Iterator[None]:
+        """Turn every driver and pool error raised inside the block into ``StorageError``."""
+        try:
+            yield
+        except psycopg.Error as exc:
+            if isinstance(exc, PoolClosed) and self._closed:
+                raise self._closed_error() from None
+            raise StorageError(
+                f"PostgreSQL {action} on table {self._table!r} failed: {exc}"
+            ) from exc
+
+    def _closed_error(self) -> ClosedError:
+        return ClosedError(f"PostgresStorage for table {self._table!r} is closed")
+
+    @contextmanager
+    def _connection(self, action: str) -> Iterator[_Conn]:
+        pool = self._current_pool()
+        with self._translate(action), pool.connection() as conn:
+            yield conn
+
+    # -- protocol ----------------------------------------------------------------------------
+
+    @property
+    def capabilities(self) -> StorageCapabilities:
+        return _CAPABILITIES
+
+    def get(self, key: str) -> bytes | None:
+        validate_key(key)
+        with self._connection("get") as conn:
+            row = conn.execute(self._q.get, [key], binary=True).fetchone()
+        return None if row is None else bytes(row[0])
+
+    def put(self, key: str, value: bytes) -> None:
+        (op,) = validate_operations([Put(key, value)])
+        assert isinstance(op, Put)
+        with self._connection("put") as conn:
+            conn.execute(self._q.put, [op.key, op.value])
+
+    def delete(self, key: str) -> None:
+        validate_key(key)
+        with self._connection("delete") as conn:
+            conn.execute(self._q.delete, [key])
+
+    def scan(
+        self,
+        prefix: str = "",
+        *,
+        gt: str | None = None,
+        gte: str | None = None,
+        lt: str | None = None,
+        lte: str | None = None,
+        limit: int | None = None,
+        reverse: bool = False,
+    ) -> list[tuple[str, bytes]]:
+        validate_key(prefix)
+        if limit is not None and (type(limit) is not int or limit < 0):
+            raise ValueError(f"scan limit must be None or a non-negative int, got {limit!r}")
+        clauses: list[sql.Composable] = []
+        params: list[object] = []
+        bounds: list[tuple[str, str | None]] = [
+            (">=", prefix or None),
+            ("<", prefix_upper_bound(prefix)),
+        ]
+        named = (("gt", gt, ">"), ("gte", gte, ">="), ("lt", lt, "<"), ("lte", lte, "<="))
+        for name, bound, op in named:
+            if bound is not None:
+                try:
+                    validate_key(bound)
+                except (TypeError, ValueError) as exc:
+                    raise type(exc)(f"scan bound {name}: {exc}") from None
+            bounds.append((op, bound))
+        for op, bound in bounds:
+            if bound is not None:
+                clauses.append(sql.SQL("key {} %s").format(sql.SQL(op)))
+                params.append(bound)
+        query = sql.Composed([self._q.scan])
+        if clauses:
+            query += sql.SQL(" WHERE ") + sql.SQL(" AND ").join(clauses)
+        query += sql.SQL(" ORDER BY key DESC LIMIT %s" if reverse else " ORDER BY key LIMIT %s")
+        params.append(limit)
+        with self._connection("scan") as conn:
+            rows = conn.execute(query, params, binary=True).fetchall()
+        return [(str(k), bytes(v)) for k, v in rows]
+
+    def batch(self, operations: Sequence[Operation]) -> None:
+        plan = _Plan.build([], validate_operations(operations))
+        if not plan.put_keys and not plan.delete_keys:
+            self._check_open()
+            return
+        with self._connection("batch") as conn:
+            if plan.put_keys and plan.delete_keys:
+                with conn.transaction():
+                    self._write(conn, plan.put_keys, plan.put_values, plan.delete_keys)
+            else:
+                self._write(conn, plan.put_keys, plan.put_values, plan.delete_keys)
+
+    def conditional_batch(
+        self, conditions: Sequence[Condition], operations: Sequence[Operation]
+    ) -> bool:
+        conds, ops = validate_batch(conditions, operations)
+        if _renewal_rows([(conds, ops)]) is not None:
+            return self._renew([(conds, ops)], "conditional_batch")[0]
+        if not conds and not ops:
+            self._check_open()
+            return True
+        plan = _Plan.build(conds, ops)
+        with self._connection("conditional_batch") as conn:
+            try:
+                with conn.transaction():
+                    return self._run(conn, plan, savepoint=False)
+            except _Refused:
+                return False
+
+    def conditional_batches(self, batches: Sequence[Batch]) -> list[bool]:
+        checked: list[tuple[list[Condition], list[Operation]]] = []
+        for item in batches:
+            if not isinstance(item, tuple) or len(item) != 2:
+                raise TypeError(
+                    f"each conditional batch must be a (conditions, operations) tuple, got {item!r}"
+                )
+            checked.append(validate_batch(item[0], item[1]))
+        if not checked:
+            self._check_open()
+            return []
+        if _renewal_rows(checked) is not None:
+            return self._renew(checked, "conditional_batches")
+        plans = [_Plan.build(conds, ops) for conds, ops in checked]
+        with self._connection("conditional_batches") as conn, conn.transaction():
+            return [self._run(conn, plan, savepoint=True) for plan in plans]
+
+    def close(self) -> None:
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            pool, owned = self._pool, self._pool_pid == os.getpid()
+            self._pool = None
+        _LIVE.discard(self)
+        if pool is None:
+            return
+        if owned:
+            pool.close()
+        else:
+            _INHERITED.append(pool)
+
+    def __enter__(self) -> PostgresStorage:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    # -- conditional writes ------------------------------------------------------------------
+
+    def _renew(
+        self, batches: Sequence[tuple[list[Condition], list[Operation]]], action: str
+    ) -> list[bool]:
+        """Apply renewal-shaped batches on distinct keys with one UPDATE (atomic by itself)."""
+        rows = sorted(
+            (
+                (conds[0].key, conds[0].expected, ops[0].value)
+                for conds, ops in batches
+                if isinstance(ops[0], Put)
+            ),
+            key=lambda row: row[0],
+        )
+        with self._connection(action) as conn:
+            cur = conn.execute(
+                self._q.renew, [[r[0] for r in rows], [r[1] for r in rows], [r[2] for r in rows]]
+            )
+            renewed = {str(row[0]) for row in cur.fetchall()}
+        return [conds[0].key in renewed for conds, _ in batches]
+
+    def _run(self, conn: _Conn, plan: _Plan, *, savepoint: bool) -> bool:
+        """Judge and apply one plan inside the caller's transaction.
+
+        :raises _Refused: the batch failed after writing and ``savepoint`` is false; the caller
+            must roll its transaction back.
+        """
+        found: dict[str, bytes] = {}
+        if plan.lock_keys:
+            rows = conn.execute(self._q.lock, [plan.lock_keys], binary=True).fetchall()
+            found = {str(k): bytes(v) for k, v in rows}
+            if not plan.holds(found):
+                return False
+        if not plan.absent:
+            self._write(conn, plan.put_keys, plan.put_values, plan.delete_keys)
+            return True
+        if not savepoint:
+            self._claim_and_write(conn, plan, found)
+            return True
+        try:
+            with conn.transaction():
+                self._claim_and_write(conn, plan, found)
+        except _Refused:
+            return False
+        return True
+
+    def _claim_and_write(self, conn: _Conn, plan: _Plan, found: dict[str, bytes]) -> None:
+        """Insert the plan's keys that had no row, in key order, then write the rest.
+
+        :raises _Refused: another transaction created a key the plan requires absent.
+        """
+        puts = dict(zip(plan.put_keys, plan.put_values, strict=True))
+        # A key required absent but not written gets a placeholder row, deleted below: holding its
+        # unique-index entry until commit makes a concurrent insert of it wait for this
+        # transaction, where a mere re-check would let it land between check and commit.
+        claim = sorted(plan.absent | {k for k in plan.put_keys if k not in found})
+        values = [puts.get(k, _PLACEHOLDER) for k in claim]
+        rows = conn.execute(self._q.insert_absent, [claim, values]).fetchall()
+        inserted = {str(row[0]) for row in rows}
+        if not plan.absent <= inserted:
+            raise _Refused
+        put_keys = [k for k in plan.put_keys if k not in inserted]
+        placeholders = [k for k in claim if k not in puts]
+        deletes = sorted(set(plan.delete_keys).union(placeholders))
+        self._write(conn, put_keys, [puts[k] for k in put_keys], deletes)
+
+    def _write(
+        self, conn: _Conn, put_keys: list[str], put_values: list[bytes], delete_keys: list[str]
+    ) -> None:
+        if put_keys:
+            conn.execute(self._q.upsert_many, [put_keys, put_values])
+        if delete_keys:
+            conn.execute(self._q.delete_many, [delete_keys])
+
+
+def _check_pool_sizes(min_size: object, max_size: object) -> None:
+    for name, value in (("min_size", min_size), ("max_size", max_size)):
+        if type(value) is not int:
+            raise TypeError(f"{name} must be an int, got {type(value).__name__} {value!r}")
+    assert isinstance(min_size, int) and isinstance(max_size, int)
+    if not 1 <= min_size <= max_size:
+        raise ValueError(
+            f"pool sizes must satisfy 1 <= min_size <= max_size, got min_size={min_size} and "
+            f"max_size={max_size}"
+        )
+
+
+def _connect_kwargs(dsn: str, timeout: float) -> dict[str, Any]:
+    try:
+        params = conninfo_to_dict(dsn)
+    except psycopg.ProgrammingError as exc:
+        raise ValueError(f"invalid PostgreSQL connection string: {exc}") from None
+    kwargs: dict[str, Any] = {"autocommit": True}
+    if "connect_timeout" not in params:
+        kwargs["connect_timeout"] = max(2, math.ceil(timeout))
+    return kwargs
