@@ -1,0 +1,305 @@
+"""Test helpers: a gated wrapper around a real store, a log watcher and a thread runner.
+
+``GatedStorage`` delegates every call to a real backend and counts it. Tests can arm one-shot
+intercepts on the next compare-and-swap (``conditional_batch`` or ``conditional_batches``) that
+match a predicate: force its result without writing, raise before or after committing, run a
+callback just before it commits, or pause the calling thread at a gate until the test opens it.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections import Counter
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any, Generic, TypeVar
+
+from weft_sync import keys
+from weft_sync.storage.base import Batch, Condition, Operation, Storage, StorageCapabilities
+
+GATE_TIMEOUT_S = 30.0
+_T = TypeVar("_T")
+
+BatchMatcher = Callable[[Sequence[Batch]], bool]
+
+
+def touches(workflow_id: str) -> BatchMatcher:
+    """Match a CAS that names either claim key of ``workflow_id``."""
+    claim_keys = {keys.workflow_owner_holder(workflow_id), keys.workflow_owner_epoch(workflow_id)}
+
+    def match(batches: Sequence[Batch]) -> bool:
+        for conditions, operations in batches:
+            if any(c.key in claim_keys for c in conditions):
+                return True
+            if any(op.key in claim_keys for op in operations):
+                return True
+        return False
+
+    return match
+
+
+@dataclass
+class Intercept:
+    """One armed intercept; ``reached`` is set when a CAS hits it, ``open()`` lets it continue."""
+
+    match: BatchMatcher | None = None
+    pause: bool = False
+    before: Callable[[], object] | None = None
+    force: bool | None = None
+    error: BaseException | None = None
+    after_commit: bool = False
+    reached: threading.Event = field(default_factory=threading.Event)
+    _opened: threading.Event = field(default_factory=threading.Event)
+
+    def open(self) -> None:
+        """Let the paused caller continue."""
+        self._opened.set()
+
+    def wait_reached(self, timeout: float = GATE_TIMEOUT_S) -> None:
+        """Block until a CAS hit this intercept, failing the test after ``timeout`` seconds."""
+        if not self.reached.wait(timeout):
+            raise AssertionError("no compare-and-swap reached the gate")
+
+
+class GatedStorage:
+    """A real store plus call counting and one-shot intercepts on the next matching CAS.
+
+    :param inner: the real store every call is delegated to.
+    :param conditional_batch: override the declared ``conditional_batch`` capability.
+    """
+
+    def __init__(self, inner: Storage, *, conditional_batch: bool | None = None) -> None:
+        self.inner = inner
+        self._capability_override = conditional_batch
+        # _lock guards calls and _intercepts.
+        self._lock = threading.Lock()
+        self.calls: Counter[str] = Counter()
+        self._intercepts: list[Intercept] = []
+
+    # -- arming ----------------------------------------------------------------------------
+
+    def intercept_next_cas(self, **kwargs: Any) -> Intercept:
+        """Arm an intercept (see :class:`Intercept` fields) for the next matching CAS."""
+        intercept = Intercept(**kwargs)
+        with self._lock:
+            self._intercepts.append(intercept)
+        return intercept
+
+    def force_next_cas(self, result: bool, *, match: BatchMatcher | None = None) -> Intercept:
+        """Make the next matching CAS return ``result`` without touching the store."""
+        return self.intercept_next_cas(force=result, match=match)
+
+    def raise_on_next_cas(
+        self, error: BaseException, *, after_commit: bool = False, match: BatchMatcher | None = None
+    ) -> Intercept:
+        """Make the next matching CAS raise ``error``, before or after it commits."""
+        return self.intercept_next_cas(error=error, after_commit=after_commit, match=match)
+
+    def pause_next_cas(self, *, match: BatchMatcher | None = None, **kwargs: Any) -> Intercept:
+        """Pause the next matching CAS until ``open()``; extra fields apply after the gate."""
+        return self.intercept_next_cas(pause=True, match=match, **kwargs)
+
+    def before_next_cas(
+        self, callback: Callable[[], object], *, match: BatchMatcher | None = None
+    ) -> Intercept:
+        """Run ``callback`` (e.g. a competitor's write) just before the next matching CAS."""
+        return self.intercept_next_cas(before=callback, match=match)
+
+    # -- counters --------------------------------------------------------------------------
+
+    @property
+    def transactions(self) -> int:
+        """How many compare-and-swap transactions were started."""
+        with self._lock:
+            return self.calls["conditional_batch"] + self.calls["conditional_batches"]
+
+    @property
+    def total_calls(self) -> int:
+        """How many calls of any kind (including capability reads) reached this wrapper."""
+        with self._lock:
+            return sum(self.calls.values())
+
+    def _count(self, name: str) -> None:
+        with self._lock:
+            self.calls[name] += 1
+
+    def _take(self, batches: Sequence[Batch]) -> Intercept | None:
+        with self._lock:
+            for index, intercept in enumerate(self._intercepts):
+                if intercept.match is None or intercept.match(batches):
+                    del self._intercepts[index]
+                    return intercept
+        return None
+
+    # -- the Storage protocol --------------------------------------------------------------
+
+    @property
+    def capabilities(self) -> StorageCapabilities:
+        self._count("capabilities")
+        caps = self.inner.capabilities
+        if self._capability_override is None:
+            return caps
+        return StorageCapabilities(
+            conditional_batch=self._capability_override,
+            multi_process=caps.multi_process,
+            multi_host=caps.multi_host,
+        )
+
+    def get(self, key: str) -> bytes | None:
+        self._count("get")
+        return self.inner.get(key)
+
+    def put(self, key: str, value: bytes) -> None:
+        self._count("put")
+        self.inner.put(key, value)
+
+    def delete(self, key: str) -> None:
+        self._count("delete")
+        self.inner.delete(key)
+
+    def scan(self, prefix: str = "", **kwargs: Any) -> list[tuple[str, bytes]]:
+        self._count("scan")
+        return self.inner.scan(prefix, **kwargs)
+
+    def batch(self, operations: Sequence[Operation]) -> None:
+        self._count("batch")
+        self.inner.batch(operations)
+
+    def conditional_batch(
+        self, conditions: Sequence[Condition], operations: Sequence[Operation]
+    ) -> bool:
+        self._count("conditional_batch")
+        batch: Batch = (conditions, operations)
+        results = self._run([batch], lambda: [self.inner.conditional_batch(conditions, operations)])
+        return results[0]
+
+    def conditional_batches(self, batches: Sequence[Batch]) -> list[bool]:
+        self._count("conditional_batches")
+        return self._run(batches, lambda: self.inner.conditional_batches(batches))
+
+    def _run(self, batches: Sequence[Batch], commit: Callable[[], list[bool]]) -> list[bool]:
+        intercept = self._take(batches)
+        if intercept is None:
+            return commit()
+        intercept.reached.set()
+        if intercept.pause and not intercept._opened.wait(GATE_TIMEOUT_S):
+            raise AssertionError("the test never opened the gate")
+        if intercept.before is not None:
+            intercept.before()
+        if intercept.error is not None and not intercept.after_commit:
+            raise intercept.error
+        if intercept.force is not None:
+            return [intercept.force] * len(batches)
+        results = commit()
+        if intercept.error is not None:
+            raise intercept.error
+        return results
+
+    def close(self) -> None:
+        self.inner.close()
+
+    def __enter__(self) -> GatedStorage:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+
+class LogWatcher(logging.Handler):
+    """Collects records of one logger and lets a test wait for a message to appear."""
+
+    def __init__(self) -> None:
+        super().__init__(level=logging.DEBUG)
+        # _cond guards records.
+        self._cond = threading.Condition()
+        self.records: list[logging.LogRecord] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        with self._cond:
+            self.records.append(record)
+            self._cond.notify_all()
+
+    def messages(self, level: int | None = None) -> list[str]:
+        with self._cond:
+            return [r.getMessage() for r in self.records if level is None or r.levelno == level]
+
+    def wait_for(self, fragment: str, *, count: int = 1, timeout: float = GATE_TIMEOUT_S) -> None:
+        """Block until ``count`` messages containing ``fragment`` were logged."""
+
+        def seen() -> bool:
+            return sum(fragment in r.getMessage() for r in self.records) >= count
+
+        with self._cond:
+            if not self._cond.wait_for(seen, timeout):
+                raise AssertionError(f"never logged {count} x {fragment!r}")
+
+
+@contextmanager
+def watch_log(name: str) -> Iterator[LogWatcher]:
+    """Attach a :class:`LogWatcher` to logger ``name`` at DEBUG for the block."""
+    logger = logging.getLogger(name)
+    watcher = LogWatcher()
+    old_level = logger.level
+    logger.setLevel(logging.DEBUG)
+    logger.addHandler(watcher)
+    try:
+        yield watcher
+    finally:
+        logger.removeHandler(watcher)
+        logger.setLevel(old_level)
+
+
+class Worker(Generic[_T]):
+    """Runs ``fn`` on a named daemon thread; ``result()`` joins and re-raises its exception."""
+
+    def __init__(self, fn: Callable[[], _T], name: str) -> None:
+        self._fn = fn
+        self._value: _T | None = None
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        try:
+            self._value = self._fn()
+        except BaseException as exc:  # re-raised in the test thread by result()
+            self._error = exc
+
+    def join(self, timeout: float = GATE_TIMEOUT_S) -> None:
+        self._thread.join(timeout)
+        if self._thread.is_alive():
+            raise AssertionError(f"thread {self._thread.name} did not finish")
+
+    def result(self, timeout: float = GATE_TIMEOUT_S) -> _T:
+        self.join(timeout)
+        if self._error is not None:
+            raise self._error
+        return self._value  # type: ignore[return-value]
+
+    def error(self, timeout: float = GATE_TIMEOUT_S) -> BaseException | None:
+        self.join(timeout)
+        return self._error
+
+
+TTL_MS = 30_000
+RENEW_MS = 5_000
+START_MS = 1_000
+
+
+class WarningSink:
+    """A thread-safe ``warn`` sink that records what it receives."""
+
+    def __init__(self) -> None:
+        # _lock guards received.
+        self._lock = threading.Lock()
+        self.received: list[Warning] = []
+
+    def __call__(self, warning: Warning) -> None:
+        with self._lock:
+            self.received.append(warning)
+
+    def lost_ids(self) -> list[str]:
+        with self._lock:
+            return [getattr(w, "workflow_id", "?") for w in self.received]

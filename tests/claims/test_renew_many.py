@@ -1,0 +1,372 @@
+"""Batched renewal: ``renew_many`` gives each id what ``renew`` would, in few transactions."""
+
+from __future__ import annotations
+
+import tempfile
+from collections.abc import Sequence
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from tests.claims.gated import (
+    RENEW_MS,
+    START_MS,
+    TTL_MS,
+    GatedStorage,
+    WarningSink,
+    Worker,
+    touches,
+    watch_log,
+)
+from weft_sync import keys
+from weft_sync.claims.registry import ClaimRegistry
+from weft_sync.claims.transitions import build_external_rotation_transition
+from weft_sync.clock import ManualClock
+from weft_sync.codec import HolderRecord, decode_holder, encode_holder
+from weft_sync.errors import StorageCapabilityError, StorageError
+from weft_sync.storage import SqliteStorage, Storage
+
+
+@pytest.fixture
+def clock() -> ManualClock:
+    return ManualClock(START_MS)
+
+
+@pytest.fixture
+def gated(storage: Storage) -> GatedStorage:
+    return GatedStorage(storage)
+
+
+@pytest.fixture
+def sink() -> WarningSink:
+    return WarningSink()
+
+
+@pytest.fixture
+def reg(gated: GatedStorage, clock: ManualClock, sink: WarningSink) -> ClaimRegistry:
+    return ClaimRegistry(
+        gated,
+        engine_id="engine-a",
+        clock=clock,
+        claim_ttl_ms=TTL_MS,
+        claim_renew_interval_ms=RENEW_MS,
+        warn=sink,
+    )
+
+
+def _hold(reg: ClaimRegistry, storage: Storage, ids: Sequence[str]) -> None:
+    """Acquire many claims in one transaction through folded acquires."""
+    preparations = [reg.prepare_acquire_fragment(wid) for wid in ids]
+    committed = storage.conditional_batches(
+        [(p.fragment.conditions, p.fragment.operations) for p in preparations]
+    )
+    assert all(committed)
+    for wid, prep in zip(ids, preparations, strict=True):
+        reg.record_folded_acquire(wid, prep)
+
+
+def _expires_at(storage: Storage, wid: str) -> int | None:
+    holder = decode_holder(storage.get(keys.workflow_owner_holder(wid)))
+    return None if holder is None else holder.expires_at
+
+
+def _steal(storage: Storage, wid: str) -> None:
+    storage.put(keys.workflow_owner_holder(wid), encode_holder(HolderRecord("engine-b", 9, 0, 0)))
+
+
+def test_each_id_gets_the_outcome_renew_would_give_it(
+    reg: ClaimRegistry, storage: Storage, clock: ManualClock, sink: WarningSink
+) -> None:
+    _hold(reg, storage, ["held", "stolen"])
+    _steal(storage, "stolen")
+    clock.advance(3 * RENEW_MS)
+    results = reg.renew_many(["held", "stolen", "never"])
+    assert [(r.workflow_id, r.status) for r in results] == [
+        ("held", "renewed"),
+        ("stolen", "lost"),
+        ("never", "not-held"),
+    ]
+    assert sink.lost_ids() == ["stolen"]
+    assert reg.list_held_workflow_ids() == ["held"]
+    assert _expires_at(storage, "held") == clock() + TTL_MS
+    assert reg.takeover("stolen").status == "backoff-skipped"
+    assert reg.renew("held").status == "renewed"
+
+
+def test_a_repeated_id_is_renewed_once_and_shares_its_result_object(
+    reg: ClaimRegistry, gated: GatedStorage, storage: Storage, sink: WarningSink
+) -> None:
+    _hold(reg, storage, ["a", "b"])
+    _steal(storage, "b")
+    before = gated.transactions
+    results = reg.renew_many(["a", "b", "a", "b"])
+    assert results[0] is results[2]
+    assert results[1] is results[3]
+    assert [r.status for r in results] == ["renewed", "lost", "renewed", "lost"]
+    assert sink.lost_ids() == ["b"]
+    assert gated.transactions - before == 1
+
+
+def test_renewing_500_held_claims_takes_one_transaction_per_chunk(
+    reg: ClaimRegistry, gated: GatedStorage, storage: Storage, clock: ManualClock
+) -> None:
+    ids = [f"wf-{n:03d}" for n in range(500)]
+    _hold(reg, storage, ids)
+    clock.advance(RENEW_MS)
+    before = gated.transactions
+    results = reg.renew_many(ids)
+    assert gated.transactions - before == 1
+    assert all(r.status == "renewed" for r in results)
+    assert _expires_at(storage, "wf-499") == clock() + TTL_MS
+    before = gated.transactions
+    reg.renew_many(ids, chunk_size=100)
+    assert gated.transactions - before == 5
+
+
+def test_a_failing_chunk_fails_only_its_own_ids(
+    reg: ClaimRegistry, gated: GatedStorage, storage: Storage, clock: ManualClock, sink: WarningSink
+) -> None:
+    ids = [f"wf-{n}" for n in range(6)]
+    _hold(reg, storage, ids)
+    clock.advance(RENEW_MS)
+    error = StorageError("chunk two failed")
+    gated.raise_on_next_cas(error, match=touches("wf-2"))
+    outcomes = reg.renew_many_outcomes(ids, chunk_size=2)
+    assert outcomes[2] is error
+    assert outcomes[3] is error
+    assert [getattr(o, "status", None) for o in outcomes] == [
+        "renewed",
+        "renewed",
+        None,
+        None,
+        "renewed",
+        "renewed",
+    ]
+    assert _expires_at(storage, "wf-2") == START_MS + TTL_MS
+    assert _expires_at(storage, "wf-5") == clock() + TTL_MS
+    assert sorted(reg.list_held_workflow_ids()) == ids
+    assert sink.received == []
+    assert reg.renew("wf-2").status == "renewed"
+
+
+def test_renew_many_raises_the_first_chunk_error_after_attempting_every_chunk(
+    reg: ClaimRegistry, gated: GatedStorage, storage: Storage, clock: ManualClock
+) -> None:
+    ids = [f"wf-{n}" for n in range(6)]
+    _hold(reg, storage, ids)
+    clock.advance(RENEW_MS)
+    gated.raise_on_next_cas(StorageError("first"), match=touches("wf-0"))
+    gated.raise_on_next_cas(StorageError("second"), match=touches("wf-2"))
+    with pytest.raises(StorageError, match="first"):
+        reg.renew_many(ids, chunk_size=2)
+    assert _expires_at(storage, "wf-4") == clock() + TTL_MS
+    assert _expires_at(storage, "wf-5") == clock() + TTL_MS
+
+
+def test_renew_many_waits_for_a_renewal_another_caller_has_in_flight(
+    reg: ClaimRegistry, gated: GatedStorage, storage: Storage
+) -> None:
+    _hold(reg, storage, ["wf-1", "wf-2"])
+    single_gate = gated.pause_next_cas(match=touches("wf-1"))
+    single = Worker(lambda: reg.renew("wf-1"), "renew")
+    single_gate.wait_reached()
+    # The batch arrives at its own commit only after registering as a waiter on wf-1.
+    batch_gate = gated.pause_next_cas(match=touches("wf-2"))
+    batch = Worker(lambda: reg.renew_many(["wf-1", "wf-2"]), "renew-many")
+    batch_gate.wait_reached()
+    batch_gate.open()
+    single_gate.open()
+    single_result = single.result()
+    batch_results = batch.result()
+    assert batch_results[0] is single_result
+    assert batch_results[1].status == "renewed"
+    assert gated.calls["conditional_batches"] == 1  # the batch committed wf-2 alone
+
+
+def test_renew_shares_a_renewal_that_renew_many_has_in_flight(
+    reg: ClaimRegistry, gated: GatedStorage, storage: Storage
+) -> None:
+    _hold(reg, storage, ["wf-1", "wf-2"])
+    gate = gated.pause_next_cas(match=touches("wf-1"))
+    with watch_log("weft_sync.claims.registry") as log:
+        batch = Worker(lambda: reg.renew_many(["wf-1", "wf-2"]), "renew-many")
+        gate.wait_reached()
+        single = Worker(lambda: reg.renew("wf-1"), "renew")
+        log.wait_for("joins the renewal already in flight")
+        gate.open()
+        assert single.result() is batch.result()[0]
+    assert gated.calls["conditional_batch"] == 0
+
+
+def test_a_chunk_error_reaches_a_renew_sharing_that_renewal(
+    reg: ClaimRegistry, gated: GatedStorage, storage: Storage
+) -> None:
+    _hold(reg, storage, ["wf-1"])
+    error = StorageError("batch failed")
+    gate = gated.pause_next_cas(match=touches("wf-1"), error=error)
+    with watch_log("weft_sync.claims.registry") as log:
+        batch = Worker(lambda: reg.renew_many_outcomes(["wf-1"]), "renew-many")
+        gate.wait_reached()
+        single = Worker(lambda: reg.renew("wf-1"), "renew")
+        log.wait_for("joins the renewal already in flight")
+        gate.open()
+        assert single.error() is error
+        assert batch.result() == [error]
+
+
+def test_renew_many_of_nothing_does_nothing(reg: ClaimRegistry, gated: GatedStorage) -> None:
+    assert reg.renew_many([]) == []
+    assert reg.renew_many(["untracked"])[0].status == "not-held"
+    assert gated.total_calls == 0
+
+
+@pytest.mark.parametrize("chunk_size", [0, -1, 2.5, True])
+def test_renew_many_rejects_a_bad_chunk_size(reg: ClaimRegistry, chunk_size: object) -> None:
+    with pytest.raises(ValueError, match="chunk_size"):
+        reg.renew_many(["a"], chunk_size=chunk_size)  # type: ignore[arg-type]
+
+
+def test_renew_many_on_a_store_without_compare_and_swap_is_refused(
+    reg: ClaimRegistry, storage: Storage, clock: ManualClock
+) -> None:
+    _hold(reg, storage, ["a"])
+    refusing = ClaimRegistry(
+        GatedStorage(storage, conditional_batch=False),
+        engine_id="engine-z",
+        clock=clock,
+        claim_ttl_ms=TTL_MS,
+        claim_renew_interval_ms=RENEW_MS,
+    )
+    _hold(refusing, storage, ["b"])
+    with pytest.raises(StorageCapabilityError, match="conditional_batch"):
+        refusing.renew_many(["b"])
+    assert refusing.current_epoch("b") == 1
+
+
+def test_a_raising_warning_sink_fails_only_the_id_it_was_reporting(
+    storage: Storage, clock: ManualClock
+) -> None:
+    heard: list[str] = []
+
+    def sink(warning: Warning) -> None:
+        heard.append(getattr(warning, "workflow_id", "?"))
+        raise RuntimeError("sink failed")
+
+    reg = ClaimRegistry(
+        storage,
+        engine_id="engine-a",
+        clock=clock,
+        claim_ttl_ms=TTL_MS,
+        claim_renew_interval_ms=RENEW_MS,
+        warn=sink,
+    )
+    _hold(reg, storage, ["a", "b", "c"])
+    _steal(storage, "a")
+    _steal(storage, "b")
+    outcomes = reg.renew_many_outcomes(["a", "b", "c"])
+    assert heard == ["a", "b"]
+    assert isinstance(outcomes[0], RuntimeError)
+    assert isinstance(outcomes[1], RuntimeError)
+    assert getattr(outcomes[2], "status", None) == "renewed"
+    assert reg.list_held_workflow_ids() == ["c"]
+    _steal(storage, "c")
+    with pytest.raises(RuntimeError, match="sink failed"):
+        reg.renew_many(["a", "c"])
+    assert heard == ["a", "b", "c"]
+
+
+# -- property: renew_many == sequential renew ---------------------------------------------
+
+IDS = ["a", "b", "c", "d", "e"]
+ENGINES = ["engine-a", "engine-b", "engine-c"]
+
+_step = st.one_of(
+    st.tuples(
+        st.sampled_from(["acquire", "takeover", "release", "renew"]),
+        st.integers(0, len(ENGINES) - 1),
+        st.sampled_from(IDS),
+    ),
+    st.tuples(st.just("advance"), st.integers(0, 6 * RENEW_MS), st.just("")),
+    st.tuples(st.sampled_from(["rotate", "garbage"]), st.just(0), st.sampled_from(IDS)),
+)
+
+
+class _World:
+    """One store with three registries driven through the same history."""
+
+    def __init__(self, path: Path) -> None:
+        self.store = SqliteStorage(path)
+        self.clock = ManualClock(START_MS)
+        self.sinks = [WarningSink() for _ in ENGINES]
+        self.registries = [
+            ClaimRegistry(
+                self.store,
+                engine_id=engine,
+                clock=self.clock,
+                claim_ttl_ms=TTL_MS,
+                claim_renew_interval_ms=RENEW_MS,
+                warn=sink,
+            )
+            for engine, sink in zip(ENGINES, self.sinks, strict=True)
+        ]
+
+    def apply(self, step: tuple[str, int, str]) -> None:
+        kind, number, wid = step
+        if kind == "advance":
+            self.clock.advance(number)
+        elif kind == "rotate":
+            observed = self.store.get(keys.workflow_owner_epoch(wid))
+            fragment = build_external_rotation_transition(
+                workflow_id=wid, observed_epoch_bytes=observed
+            )
+            self.store.conditional_batch(fragment.conditions, fragment.operations)
+        elif kind == "garbage":
+            self.store.put(keys.workflow_owner_holder(wid), b"\x92garbage")
+        else:
+            getattr(self.registries[number], kind)(wid)
+
+    def local_state(self) -> list[tuple[str, int | None, bytes | None]]:
+        ours = self.registries[0]
+        return [(w, ours.current_epoch(w), ours.current_epoch_bytes(w)) for w in IDS]
+
+
+@settings(
+    max_examples=50,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow],
+)
+@given(
+    held=st.lists(st.sampled_from(IDS), unique=True),
+    history=st.lists(_step, max_size=12),
+    ids=st.lists(st.sampled_from([*IDS, "untracked"]), unique=True, min_size=1),
+    chunk_size=st.integers(1, 3),
+)
+def test_renew_many_matches_sequential_renew_on_an_identical_store(
+    held: list[str], history: list[tuple[str, int, str]], ids: list[str], chunk_size: int
+) -> None:
+    with tempfile.TemporaryDirectory() as tmp:
+        batched, sequential = _World(Path(tmp) / "one.db"), _World(Path(tmp) / "two.db")
+        try:
+            for step in [("acquire", 0, wid) for wid in held] + history:
+                batched.apply(step)
+                sequential.apply(step)
+            for world in (batched, sequential):
+                world.sinks[0].received.clear()
+            ours_batched, ours_sequential = batched.registries[0], sequential.registries[0]
+
+            many = ours_batched.renew_many(ids, chunk_size=chunk_size)
+            one_by_one = [ours_sequential.renew(wid) for wid in ids]
+
+            assert many == one_by_one
+            assert batched.sinks[0].lost_ids() == sequential.sinks[0].lost_ids()
+            assert batched.local_state() == sequential.local_state()
+            assert batched.store.scan("") == sequential.store.scan("")
+            # Releasing proves the cached holder bytes match too (release conditions on them).
+            released = [ours_batched.release(w) for w in IDS]
+            assert released == [ours_sequential.release(w) for w in IDS]
+            assert batched.store.scan("") == sequential.store.scan("")
+        finally:
+            batched.store.close()
+            sequential.store.close()

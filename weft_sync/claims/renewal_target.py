@@ -1,0 +1,98 @@
+"""Adapts a :class:`~weft_sync.claims.registry.ClaimRegistry` to the renewal task's target.
+
+The renewal task only knows "renewed" and "failed". ``renewed`` and ``not-held`` (a benign race
+with this engine's own release) are successes; ``lost`` becomes a raised
+:class:`ClaimRenewalLostError` and counts one ``deposed`` attempt. The registry has already emitted
+the claim-lost warning, so the adapter does not emit another; when the warning sink raised that
+warning (warnings turned into errors), the renewal is still reported as lost.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from ..errors import WorkflowClaimLostError, WorkflowClaimLostWarning
+from ..metrics import ClaimMetrics
+from .registry import DEFAULT_RENEW_CHUNK_SIZE, ClaimRegistry
+from .results import RenewResult, RenewStatus
+
+__all__ = ["ClaimRenewalLostError", "RegistryRenewalTarget", "create_renewal_target"]
+
+
+class ClaimRenewalLostError(WorkflowClaimLostError):
+    """A renewal found that another writer had replaced this engine's claim.
+
+    :param workflow_id: the workflow whose claim was lost.
+    """
+
+    def __init__(self, workflow_id: str) -> None:
+        super().__init__(workflow_id)
+        self.args = (
+            f'workflow "{workflow_id}" lost its ownership claim during renewal; another engine '
+            f"or an external cancel/timeout/suspend/purge now owns its epoch, so this engine "
+            f"must stop driving it",
+        )
+
+
+class RegistryRenewalTarget:
+    """The renewal target over one registry, counting lost renewals as ``deposed``.
+
+    :param registry: the registry whose claims are renewed.
+    :param metrics: where ``deposed`` attempts are counted (optional).
+    """
+
+    def __init__(self, registry: ClaimRegistry, metrics: ClaimMetrics | None = None) -> None:
+        self._registry = registry
+        self._metrics = metrics
+
+    def list_held_workflow_ids(self) -> list[str]:
+        """The ids the registry currently holds (a snapshot)."""
+        return self._registry.list_held_workflow_ids()
+
+    def renew_workflow_claim(self, workflow_id: str) -> None:
+        """Renew one claim.
+
+        :raises ClaimRenewalLostError: the claim was lost.
+        :raises StorageError: the commit failed (the claim is still held).
+        """
+        try:
+            result = self._registry.renew(workflow_id)
+        except WorkflowClaimLostWarning as warning:
+            raise self._lost(workflow_id) from warning
+        if result.status is RenewStatus.LOST:
+            raise self._lost(workflow_id)
+
+    def renew_workflow_claims(
+        self, workflow_ids: Sequence[str], *, chunk_size: int = DEFAULT_RENEW_CHUNK_SIZE
+    ) -> list[Exception | None]:
+        """Renew many claims in a few transactions; return each id's error (``None``: success).
+
+        Positional; a repeated id shares one outcome (and counts one ``deposed`` if lost).
+        """
+        outcomes = self._registry.renew_many_outcomes(workflow_ids, chunk_size=chunk_size)
+        errors: dict[str, Exception | None] = {}
+        for workflow_id, outcome in zip(workflow_ids, outcomes, strict=True):
+            if workflow_id not in errors:
+                errors[workflow_id] = self._error_for(workflow_id, outcome)
+        return [errors[workflow_id] for workflow_id in workflow_ids]
+
+    def _error_for(self, workflow_id: str, outcome: RenewResult | Exception) -> Exception | None:
+        if isinstance(outcome, WorkflowClaimLostWarning):
+            lost = self._lost(workflow_id)
+            lost.__cause__ = outcome
+            return lost
+        if isinstance(outcome, Exception):
+            return outcome
+        return self._lost(workflow_id) if outcome.status is RenewStatus.LOST else None
+
+    def _lost(self, workflow_id: str) -> ClaimRenewalLostError:
+        if self._metrics is not None:
+            self._metrics.record_claim_attempt("deposed")
+        return ClaimRenewalLostError(workflow_id)
+
+
+def create_renewal_target(
+    registry: ClaimRegistry, metrics: ClaimMetrics | None = None
+) -> RegistryRenewalTarget:
+    """Build the renewal task's target over ``registry`` (see :class:`RegistryRenewalTarget`)."""
+    return RegistryRenewalTarget(registry, metrics)

@@ -1,0 +1,212 @@
+"""Claim metrics: attempt counters by outcome, an active-claims gauge and renewal failures.
+
+Workflow ids are never labels (their number is unbounded); the only label is the attempt outcome,
+drawn from the closed set :data:`CLAIM_ATTEMPT_OUTCOMES`. :func:`serialize_prometheus` renders a
+snapshot in the Prometheus text format without any dependency; :func:`register_prometheus` exposes
+the same families through ``prometheus_client`` when the ``prometheus`` extra is installed.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Final, Literal
+
+if TYPE_CHECKING:
+    from prometheus_client.metrics_core import Metric
+    from prometheus_client.registry import CollectorRegistry
+
+__all__ = [
+    "CLAIM_ATTEMPT_OUTCOMES",
+    "ClaimAttemptOutcome",
+    "ClaimMetricsCollector",
+    "ClaimMetrics",
+    "MetricsSnapshot",
+    "register_prometheus",
+    "serialize_prometheus",
+]
+
+ClaimAttemptOutcome = Literal["acquired", "takeover", "lost_race", "deposed", "backoff_skipped"]
+
+CLAIM_ATTEMPT_OUTCOMES: Final[tuple[ClaimAttemptOutcome, ...]] = (
+    "acquired",
+    "takeover",
+    "lost_race",
+    "deposed",
+    "backoff_skipped",
+)
+
+_MAX_SAFE_INTEGER: Final = 2**53 - 1
+
+ATTEMPTS_FAMILY: Final = "weft_workflow_claim_attempts_total"
+ACTIVE_FAMILY: Final = "weft_workflow_claims_active"
+FAILURES_FAMILY: Final = "weft_workflow_claim_renewal_failures_total"
+_ATTEMPTS_HELP: Final = "Total per-workflow ownership claim attempts, by outcome"
+_ACTIVE_HELP: Final = "Workflows this engine currently holds a claim for"
+_FAILURES_HELP: Final = "Total per-workflow claim renewal failures"
+
+
+@dataclass(frozen=True, slots=True)
+class MetricsSnapshot:
+    """A point-in-time copy of a :class:`ClaimMetrics`; later recordings do not change it.
+
+    :param attempts: count per outcome, with every outcome of :data:`CLAIM_ATTEMPT_OUTCOMES`
+        present, in that order.
+    :param active_claims: the last value set for the active-claims gauge.
+    :param renewal_failures: how many renewals failed.
+    """
+
+    attempts: dict[str, int]
+    active_claims: int
+    renewal_failures: int
+
+
+class ClaimMetrics:
+    """Thread-safe in-memory claim metrics for one engine.
+
+    Counters start at zero and only grow until :meth:`reset`; the gauge is set absolutely.
+    """
+
+    def __init__(self) -> None:
+        # _lock guards _attempts, _active_claims and _renewal_failures.
+        self._lock = threading.Lock()
+        self._attempts: dict[str, int] = dict.fromkeys(CLAIM_ATTEMPT_OUTCOMES, 0)
+        self._active_claims = 0
+        self._renewal_failures = 0
+
+    def record_claim_attempt(self, outcome: ClaimAttemptOutcome) -> None:
+        """Count one claim attempt with ``outcome``.
+
+        :raises ValueError: ``outcome`` is not one of :data:`CLAIM_ATTEMPT_OUTCOMES`.
+        """
+        if outcome not in CLAIM_ATTEMPT_OUTCOMES:
+            raise ValueError(
+                f"unknown claim attempt outcome {outcome!r}; valid outcomes are "
+                f"{', '.join(CLAIM_ATTEMPT_OUTCOMES)}"
+            )
+        with self._lock:
+            self._attempts[outcome] += 1
+
+    def set_active_claims(self, count: int) -> None:
+        """Set the active-claims gauge to ``count``.
+
+        :raises ValueError: ``count`` is not an integer in ``0 .. 2**53 - 1``.
+        """
+        if isinstance(count, bool) or not isinstance(count, int):
+            raise ValueError(f"active claims must be a whole number, got {count!r}")
+        if not 0 <= count <= _MAX_SAFE_INTEGER:
+            raise ValueError(
+                f"active claims must be between 0 and {_MAX_SAFE_INTEGER}, got {count}"
+            )
+        with self._lock:
+            self._active_claims = count
+
+    def record_claim_renewal_failure(self) -> None:
+        """Count one failed renewal."""
+        with self._lock:
+            self._renewal_failures += 1
+
+    def snapshot(self) -> MetricsSnapshot:
+        """Return an independent copy of the current values."""
+        with self._lock:
+            return MetricsSnapshot(
+                attempts=dict(self._attempts),
+                active_claims=self._active_claims,
+                renewal_failures=self._renewal_failures,
+            )
+
+    def reset(self) -> None:
+        """Zero every counter and the gauge."""
+        with self._lock:
+            self._attempts = dict.fromkeys(CLAIM_ATTEMPT_OUTCOMES, 0)
+            self._active_claims = 0
+            self._renewal_failures = 0
+
+    def __repr__(self) -> str:
+        snap = self.snapshot()
+        return (
+            f"ClaimMetrics(attempts={snap.attempts}, active_claims={snap.active_claims}, "
+            f"renewal_failures={snap.renewal_failures})"
+        )
+
+
+def serialize_prometheus(snapshot: MetricsSnapshot) -> str:
+    """Render ``snapshot`` in the Prometheus text exposition format.
+
+    Every outcome is printed, zeros included, so a fresh engine still exposes the full schema.
+    The text ends with a newline.
+    """
+    lines = [
+        f"# HELP {ATTEMPTS_FAMILY} {_ATTEMPTS_HELP}",
+        f"# TYPE {ATTEMPTS_FAMILY} counter",
+    ]
+    for outcome in CLAIM_ATTEMPT_OUTCOMES:
+        count = snapshot.attempts.get(outcome, 0)
+        lines.append(f'{ATTEMPTS_FAMILY}{{outcome="{outcome}"}} {count}')
+    lines += [
+        f"# HELP {ACTIVE_FAMILY} {_ACTIVE_HELP}",
+        f"# TYPE {ACTIVE_FAMILY} gauge",
+        f"{ACTIVE_FAMILY} {snapshot.active_claims}",
+        f"# HELP {FAILURES_FAMILY} {_FAILURES_HELP}",
+        f"# TYPE {FAILURES_FAMILY} counter",
+        f"{FAILURES_FAMILY} {snapshot.renewal_failures}",
+    ]
+    return "\n".join(lines) + "\n"
+
+
+class ClaimMetricsCollector:
+    """A ``prometheus_client`` custom collector reading a :class:`ClaimMetrics` at scrape time.
+
+    Built by :func:`register_prometheus`; pass it to ``registry.unregister`` to stop exposing.
+    """
+
+    def __init__(self, metrics: ClaimMetrics) -> None:
+        self._metrics = metrics
+
+    def collect(self) -> Iterator[Metric]:
+        from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+        snap = self._metrics.snapshot()
+        attempts = CounterMetricFamily(ATTEMPTS_FAMILY, _ATTEMPTS_HELP, labels=["outcome"])
+        for outcome in CLAIM_ATTEMPT_OUTCOMES:
+            attempts.add_metric([outcome], snap.attempts.get(outcome, 0))
+        yield attempts
+        yield GaugeMetricFamily(ACTIVE_FAMILY, _ACTIVE_HELP, value=snap.active_claims)
+        yield CounterMetricFamily(FAILURES_FAMILY, _FAILURES_HELP, value=snap.renewal_failures)
+
+    def describe(self) -> Iterator[Metric]:
+        # Families without samples: the registry learns the names (to refuse duplicates)
+        # without reading the metrics.
+        from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+        yield CounterMetricFamily(ATTEMPTS_FAMILY, _ATTEMPTS_HELP, labels=["outcome"])
+        yield GaugeMetricFamily(ACTIVE_FAMILY, _ACTIVE_HELP)
+        yield CounterMetricFamily(FAILURES_FAMILY, _FAILURES_HELP)
+
+
+def register_prometheus(
+    metrics: ClaimMetrics, registry: CollectorRegistry | None = None
+) -> ClaimMetricsCollector:
+    """Expose ``metrics`` through ``prometheus_client``, read afresh on every scrape.
+
+    :param metrics: the collector to expose.
+    :param registry: the ``prometheus_client`` registry to register with (default: its global
+        ``REGISTRY``).
+    :returns: the registered collector, which can be passed to ``registry.unregister``.
+    :raises ImportError: ``prometheus_client`` is not installed (install the ``prometheus``
+        extra: ``weft_sync[prometheus]``).
+    :raises ValueError: the registry already has collectors for these metric names.
+    """
+    try:
+        import prometheus_client
+    except ImportError as exc:
+        raise ImportError(
+            "register_prometheus() needs the prometheus_client package; install the "
+            "'prometheus' extra (pip install 'weft_sync[prometheus]') or use "
+            "serialize_prometheus() for the text format"
+        ) from exc
+    target = registry if registry is not None else prometheus_client.REGISTRY
+    collector = ClaimMetricsCollector(metrics)
+    target.register(collector)
+    return collector
