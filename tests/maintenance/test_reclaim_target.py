@@ -1,0 +1,717 @@
+"""The reclaim target over real stores (spec §5.5, §7.11 items 158-178).
+
+Engine A (the one under test) writes through a :class:`GatedStorage`; competitors write to the
+same store directly, so intercepts armed on A's wrapper never touch their writes.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+from tests.claims.gated import (
+    RENEW_MS,
+    START_MS,
+    TTL_MS,
+    GatedStorage,
+    WarningSink,
+    Worker,
+    touches,
+)
+from tests.maintenance.helpers import wait_set
+from weft_sync import keys
+from weft_sync.claims.registry import ClaimRegistry
+from weft_sync.clock import ManualClock
+from weft_sync.codec import (
+    WorkflowRecord,
+    decode_epoch,
+    decode_holder,
+    encode_workflow_record,
+)
+from weft_sync.errors import StorageError
+from weft_sync.maintenance.reclaim_target import ReclaimTargetHandle, create_reclaim_target
+from weft_sync.metrics import ClaimMetrics
+from weft_sync.storage import Storage
+
+PAST_GRACE_MS = TTL_MS + 2 * RENEW_MS + 1
+"""Advancing a claim's clock by this much makes an unrenewed claim takeover-eligible."""
+
+
+class Drive:
+    """An ``on_reclaimed`` callback recording each call and the epoch held while it ran."""
+
+    def __init__(self, registry: ClaimRegistry, *errors: Exception) -> None:
+        self._registry = registry
+        # _lock guards calls, epochs and _errors.
+        self._lock = threading.Lock()
+        self._errors = list(errors)
+        self.calls: list[str] = []
+        self.epochs: list[int | None] = []
+
+    def __call__(self, workflow_id: str) -> None:
+        epoch = self._registry.current_epoch(workflow_id)
+        with self._lock:
+            self.calls.append(workflow_id)
+            self.epochs.append(epoch)
+            error = self._errors.pop(0) if self._errors else None
+        if error is not None:
+            raise error
+
+
+class ReadHookStorage(GatedStorage):
+    """A gated store that can also run a callback right after one read of a given key.
+
+    The read returns the value seen *before* the callback ran: the caller acts on a stale
+    answer, as if it had been paused between the read and its next step.
+    """
+
+    def __init__(self, inner: Storage) -> None:
+        super().__init__(inner)
+        # _hooks_lock guards _hooks.
+        self._hooks_lock = threading.Lock()
+        self._hooks: dict[str, Callable[[], object]] = {}
+
+    def after_next_get(self, key: str, callback: Callable[[], object]) -> None:
+        with self._hooks_lock:
+            self._hooks[key] = callback
+
+    def get(self, key: str) -> bytes | None:
+        value = super().get(key)
+        with self._hooks_lock:
+            hook = self._hooks.pop(key, None)
+        if hook is not None:
+            hook()
+        return value
+
+
+def _write_workflow(
+    storage: Storage, workflow_id: str, status: str = "running", wf_type: str = "import"
+) -> None:
+    record = WorkflowRecord(workflow_id, wf_type, status)
+    storage.put(keys.workflow(workflow_id), encode_workflow_record(record))
+    storage.put(keys.workflow_status_index(status, workflow_id), b"")
+
+
+def _complete(storage: Storage, workflow_id: str) -> None:
+    storage.delete(keys.workflow_status_index("running", workflow_id))
+    _write_workflow(storage, workflow_id, "completed")
+
+
+def _holder_engine(storage: Storage, workflow_id: str) -> str | None:
+    holder = decode_holder(storage.get(keys.workflow_owner_holder(workflow_id)))
+    return None if holder is None else holder.engine_id
+
+
+def _stored_epoch(storage: Storage, workflow_id: str) -> int | None:
+    return decode_epoch(storage.get(keys.workflow_owner_epoch(workflow_id)))
+
+
+@pytest.fixture
+def clock() -> ManualClock:
+    return ManualClock(START_MS)
+
+
+@pytest.fixture
+def gated(storage: Storage) -> ReadHookStorage:
+    return ReadHookStorage(storage)
+
+
+@pytest.fixture
+def sink() -> WarningSink:
+    return WarningSink()
+
+
+def _registry(
+    store: Storage, clock: ManualClock, engine_id: str, sink: WarningSink
+) -> ClaimRegistry:
+    return ClaimRegistry(
+        store,
+        engine_id=engine_id,
+        clock=clock,
+        claim_ttl_ms=TTL_MS,
+        claim_renew_interval_ms=RENEW_MS,
+        warn=sink,
+    )
+
+
+@pytest.fixture
+def reg(gated: ReadHookStorage, clock: ManualClock, sink: WarningSink) -> ClaimRegistry:
+    """Engine A's registry, writing through the gated store."""
+    return _registry(gated, clock, "engine-a", sink)
+
+
+@pytest.fixture
+def rival(storage: Storage, clock: ManualClock, sink: WarningSink) -> ClaimRegistry:
+    """Engine B's registry, writing to the store directly."""
+    return _registry(storage, clock, "engine-b", sink)
+
+
+@pytest.fixture
+def metrics() -> ClaimMetrics:
+    return ClaimMetrics()
+
+
+@pytest.fixture
+def drive(reg: ClaimRegistry) -> Drive:
+    return Drive(reg)
+
+
+MakeTarget = Callable[..., ReclaimTargetHandle]
+
+
+@pytest.fixture
+def make_target(
+    reg: ClaimRegistry, gated: ReadHookStorage, metrics: ClaimMetrics, drive: Drive
+) -> MakeTarget:
+    def make(**kwargs: Any) -> ReclaimTargetHandle:
+        kwargs.setdefault("on_reclaimed", drive)
+        return create_reclaim_target(reg, gated, metrics, **kwargs)
+
+    return make
+
+
+@pytest.fixture
+def target(make_target: MakeTarget) -> ReclaimTargetHandle:
+    return make_target()
+
+
+def _attempts(metrics: ClaimMetrics) -> dict[str, int]:
+    return {k: v for k, v in metrics.snapshot().attempts.items() if v}
+
+
+# -- candidates -----------------------------------------------------------------------------
+
+
+def test_candidates_exclude_claims_this_engine_holds(
+    target: ReclaimTargetHandle, reg: ClaimRegistry, rival: ClaimRegistry
+) -> None:
+    reg.acquire("mine")
+    rival.acquire("theirs")
+    assert target.list_reclaim_candidate_workflow_ids() == ["theirs"]
+
+
+def test_id_both_discovered_and_pending_redrive_is_listed_once(
+    make_target: MakeTarget,
+    reg: ClaimRegistry,
+    rival: ClaimRegistry,
+    storage: Storage,
+    clock: ManualClock,
+) -> None:
+    _write_workflow(storage, "wf-1")
+    drive = Drive(reg, RuntimeError("drive failed"))
+    target = make_target(on_reclaimed=drive)
+    with pytest.raises(RuntimeError, match="drive failed"):
+        target.attempt_workflow_claim_takeover("wf-1")
+    clock.advance(PAST_GRACE_MS)
+    assert rival.takeover("wf-1").status == "acquired"
+    assert reg.renew("wf-1").status == "lost"
+    # Now a foreign holder (discovered) and still pending a redrive here.
+    assert target.pending_redrive_ids() == ["wf-1"]
+    assert target.list_reclaim_candidate_workflow_ids() == ["wf-1"]
+
+
+# -- ownerless acquire ----------------------------------------------------------------------
+
+
+def test_ownerless_running_workflow_is_acquired_at_epoch_1_and_driven_once(
+    target: ReclaimTargetHandle,
+    reg: ClaimRegistry,
+    storage: Storage,
+    metrics: ClaimMetrics,
+    drive: Drive,
+) -> None:
+    _write_workflow(storage, "orphan")
+    assert target.list_reclaim_candidate_workflow_ids() == ["orphan"]
+    assert target.attempt_workflow_claim_takeover("orphan") == "reclaimed"
+    assert drive.calls == ["orphan"]
+    assert drive.epochs == [1]  # the claim is held while the drive runs
+    assert reg.current_epoch("orphan") == 1
+    assert _stored_epoch(storage, "orphan") == 1
+    assert _holder_engine(storage, "orphan") == "engine-a"
+    assert _attempts(metrics) == {"acquired": 1}
+    assert target.list_reclaim_candidate_workflow_ids() == []
+
+
+def test_competitor_acquiring_just_before_our_acquire_commits_wins(
+    target: ReclaimTargetHandle,
+    reg: ClaimRegistry,
+    rival: ClaimRegistry,
+    gated: ReadHookStorage,
+    storage: Storage,
+    metrics: ClaimMetrics,
+    drive: Drive,
+) -> None:
+    _write_workflow(storage, "orphan")
+    gated.before_next_cas(lambda: rival.acquire("orphan"), match=touches("orphan"))
+    # The retry's takeover sees the competitor's live holder and stops.
+    assert target.attempt_workflow_claim_takeover("orphan") == "not-eligible"
+    assert _attempts(metrics) == {"lost_race": 1}
+    assert reg.list_held_workflow_ids() == []
+    assert drive.calls == []
+    assert _holder_engine(storage, "orphan") == "engine-b"
+
+
+def test_never_claimed_workflow_without_a_record_is_not_eligible(
+    target: ReclaimTargetHandle, gated: ReadHookStorage, reg: ClaimRegistry
+) -> None:
+    assert target.attempt_workflow_claim_takeover("ghost") == "not-eligible"
+    assert gated.transactions == 0
+    assert reg.list_held_workflow_ids() == []
+
+
+def test_unclaimed_completed_workflow_is_not_eligible_and_gets_no_holder(
+    target: ReclaimTargetHandle, gated: ReadHookStorage, storage: Storage
+) -> None:
+    _write_workflow(storage, "done", "completed")
+    assert target.attempt_workflow_claim_takeover("done") == "not-eligible"
+    assert gated.transactions == 0
+    assert storage.get(keys.workflow_owner_holder("done")) is None
+    assert storage.get(keys.workflow_owner_epoch("done")) is None
+
+
+@pytest.mark.parametrize("claimed", [False, True], ids=["ownerless", "expired-holder"])
+def test_undecodable_workflow_record_is_not_eligible_and_nothing_stays_tracked(
+    target: ReclaimTargetHandle,
+    reg: ClaimRegistry,
+    rival: ClaimRegistry,
+    storage: Storage,
+    clock: ManualClock,
+    drive: Drive,
+    claimed: bool,
+) -> None:
+    storage.put(keys.workflow("wf-1"), b"\xc1 not msgpack")
+    storage.put(keys.workflow_status_index("running", "wf-1"), b"")
+    if claimed:
+        rival.acquire("wf-1")
+        clock.advance(PAST_GRACE_MS)
+    assert target.attempt_workflow_claim_takeover("wf-1") == "not-eligible"
+    assert reg.list_held_workflow_ids() == []
+    assert drive.calls == []
+    # A takeover that committed is released again; the epoch it minted stays.
+    assert storage.get(keys.workflow_owner_holder("wf-1")) is None
+    assert _stored_epoch(storage, "wf-1") == (2 if claimed else None)
+
+
+# -- takeover -------------------------------------------------------------------------------
+
+
+def test_expired_foreign_holder_is_taken_over_tracked_and_driven(
+    target: ReclaimTargetHandle,
+    reg: ClaimRegistry,
+    rival: ClaimRegistry,
+    storage: Storage,
+    clock: ManualClock,
+    metrics: ClaimMetrics,
+    drive: Drive,
+) -> None:
+    _write_workflow(storage, "wf-1")
+    rival.acquire("wf-1")
+    clock.advance(PAST_GRACE_MS)
+    assert target.attempt_workflow_claim_takeover("wf-1") == "reclaimed"
+    assert reg.current_epoch("wf-1") == 2
+    assert _holder_engine(storage, "wf-1") == "engine-a"
+    assert drive.calls == ["wf-1"]
+    assert drive.epochs == [2]
+    assert _attempts(metrics) == {"takeover": 1}
+
+
+def test_live_foreign_holder_is_not_eligible_without_any_cas(
+    target: ReclaimTargetHandle,
+    reg: ClaimRegistry,
+    rival: ClaimRegistry,
+    gated: ReadHookStorage,
+    storage: Storage,
+    clock: ManualClock,
+    metrics: ClaimMetrics,
+) -> None:
+    _write_workflow(storage, "wf-1")
+    rival.acquire("wf-1")
+    clock.advance(TTL_MS + 2 * RENEW_MS)  # exactly at the deadline: still live
+    assert target.attempt_workflow_claim_takeover("wf-1") == "not-eligible"
+    assert gated.transactions == 0
+    assert reg.list_held_workflow_ids() == []
+    assert _attempts(metrics) == {}
+
+
+@pytest.mark.parametrize(
+    ("failures", "expected"), [(4, "reclaimed"), (5, "lost-race")], ids=["4-lost", "5-lost"]
+)
+def test_takeover_gives_up_after_five_lost_races(
+    target: ReclaimTargetHandle,
+    reg: ClaimRegistry,
+    rival: ClaimRegistry,
+    gated: ReadHookStorage,
+    storage: Storage,
+    clock: ManualClock,
+    metrics: ClaimMetrics,
+    drive: Drive,
+    failures: int,
+    expected: str,
+) -> None:
+    _write_workflow(storage, "wf-1")
+    rival.acquire("wf-1")
+    clock.advance(PAST_GRACE_MS)
+    for _ in range(failures):
+        gated.force_next_cas(False, match=touches("wf-1"))
+    assert target.attempt_workflow_claim_takeover("wf-1") == expected
+    assert gated.transactions == min(failures + 1, 5)
+    assert metrics.snapshot().attempts["lost_race"] == failures
+    if expected == "reclaimed":
+        assert reg.current_epoch("wf-1") == 2
+        assert drive.calls == ["wf-1"]
+    else:
+        assert reg.list_held_workflow_ids() == []
+        assert drive.calls == []
+        assert _holder_engine(storage, "wf-1") == "engine-b"
+
+
+def test_attempt_during_this_engines_cooldown_is_backoff_skipped(
+    target: ReclaimTargetHandle,
+    reg: ClaimRegistry,
+    rival: ClaimRegistry,
+    gated: ReadHookStorage,
+    storage: Storage,
+    clock: ManualClock,
+    metrics: ClaimMetrics,
+    sink: WarningSink,
+) -> None:
+    _write_workflow(storage, "wf-1")
+    reg.acquire("wf-1")
+    clock.advance(PAST_GRACE_MS)
+    assert rival.takeover("wf-1").status == "acquired"
+    clock.advance(PAST_GRACE_MS)  # the rival's claim is stealable too, but we were just deposed
+    assert reg.renew("wf-1").status == "lost"
+    assert sink.lost_ids() == ["wf-1"]
+    transactions = gated.transactions
+    assert target.attempt_workflow_claim_takeover("wf-1") == "backoff-skipped"
+    assert gated.transactions == transactions
+    assert _attempts(metrics) == {"backoff_skipped": 1}
+    clock.advance(RENEW_MS)  # cooldown over
+    assert target.attempt_workflow_claim_takeover("wf-1") == "reclaimed"
+
+
+# -- eligibility ----------------------------------------------------------------------------
+
+
+def test_ineligible_workflow_type_is_never_claimed(
+    make_target: MakeTarget, gated: ReadHookStorage, storage: Storage, drive: Drive
+) -> None:
+    seen: list[tuple[str, str | None]] = []
+
+    def can_run(wf_type: str, revision: str | None) -> bool:
+        seen.append((wf_type, revision))
+        return wf_type == "import"
+
+    _write_workflow(storage, "other", wf_type="export")
+    target = make_target(is_eligible=can_run)
+    assert target.attempt_workflow_claim_takeover("other") == "not-eligible"
+    assert seen == [("export", None)]
+    assert gated.transactions == 0
+    assert drive.calls == []
+
+
+def test_eligibility_is_checked_again_after_the_cas(
+    make_target: MakeTarget,
+    reg: ClaimRegistry,
+    storage: Storage,
+    metrics: ClaimMetrics,
+    drive: Drive,
+) -> None:
+    answers = iter([True, False])
+    _write_workflow(storage, "wf-1")
+    target = make_target(is_eligible=lambda _type, _revision: next(answers))
+    assert target.attempt_workflow_claim_takeover("wf-1") == "not-eligible"
+    assert _attempts(metrics) == {"acquired": 1}
+    assert reg.list_held_workflow_ids() == []
+    assert storage.get(keys.workflow_owner_holder("wf-1")) is None
+    assert drive.calls == []
+
+
+# -- drives and redrives --------------------------------------------------------------------
+
+
+def test_failed_drive_keeps_the_claim_and_is_redriven_without_a_cas(
+    make_target: MakeTarget, reg: ClaimRegistry, gated: ReadHookStorage, storage: Storage
+) -> None:
+    _write_workflow(storage, "wf-1")
+    failure = RuntimeError("resume failed")
+    drive = Drive(reg, failure)
+    target = make_target(on_reclaimed=drive)
+    with pytest.raises(RuntimeError) as caught:
+        target.attempt_workflow_claim_takeover("wf-1")
+    assert caught.value is failure
+    assert reg.current_epoch("wf-1") == 1
+    assert _holder_engine(storage, "wf-1") == "engine-a"
+    assert target.list_reclaim_candidate_workflow_ids() == ["wf-1"]
+    transactions = gated.transactions
+    assert target.attempt_workflow_claim_takeover("wf-1") == "reclaimed"
+    assert gated.transactions == transactions
+    assert drive.calls == ["wf-1", "wf-1"]
+    assert drive.epochs == [1, 1]
+    assert target.list_reclaim_candidate_workflow_ids() == []
+
+
+def test_pending_redrive_of_a_completed_workflow_releases_the_claim(
+    make_target: MakeTarget, reg: ClaimRegistry, storage: Storage
+) -> None:
+    _write_workflow(storage, "wf-1")
+    drive = Drive(reg, RuntimeError("resume failed"))
+    target = make_target(on_reclaimed=drive)
+    with pytest.raises(RuntimeError):
+        target.attempt_workflow_claim_takeover("wf-1")
+    _complete(storage, "wf-1")
+    assert target.attempt_workflow_claim_takeover("wf-1") == "not-eligible"
+    assert drive.calls == ["wf-1"]
+    assert reg.list_held_workflow_ids() == []
+    assert storage.get(keys.workflow_owner_holder("wf-1")) is None
+    assert _stored_epoch(storage, "wf-1") == 1
+    assert target.list_reclaim_candidate_workflow_ids() == []
+
+
+def test_pending_redrive_of_a_lost_claim_takes_the_takeover_path(
+    make_target: MakeTarget,
+    reg: ClaimRegistry,
+    rival: ClaimRegistry,
+    storage: Storage,
+    clock: ManualClock,
+    metrics: ClaimMetrics,
+) -> None:
+    _write_workflow(storage, "wf-1")
+    drive = Drive(reg, RuntimeError("resume failed"))
+    target = make_target(on_reclaimed=drive)
+    with pytest.raises(RuntimeError):
+        target.attempt_workflow_claim_takeover("wf-1")
+    clock.advance(PAST_GRACE_MS)
+    assert rival.takeover("wf-1").status == "acquired"
+    clock.advance(PAST_GRACE_MS)
+    assert reg.renew("wf-1").status == "lost"
+    # Not a forced redrive: the takeover path applies this engine's cooldown.
+    assert target.attempt_workflow_claim_takeover("wf-1") == "backoff-skipped"
+    assert drive.calls == ["wf-1"]
+    assert target.pending_redrive_ids() == []
+    assert _holder_engine(storage, "wf-1") == "engine-b"
+    assert metrics.snapshot().attempts["backoff_skipped"] == 1
+
+
+def test_claim_this_engine_holds_without_a_failed_drive_is_not_driven_again(
+    target: ReclaimTargetHandle,
+    reg: ClaimRegistry,
+    gated: ReadHookStorage,
+    storage: Storage,
+    drive: Drive,
+) -> None:
+    # Listed as ownerless, then acquired by this engine's own host before the attempt ran:
+    # whoever acquired it drives it.
+    _write_workflow(storage, "wf-1")
+    assert target.list_reclaim_candidate_workflow_ids() == ["wf-1"]
+    reg.acquire("wf-1")
+    transactions = gated.transactions
+    assert target.attempt_workflow_claim_takeover("wf-1") == "not-eligible"
+    assert drive.calls == []
+    assert gated.transactions == transactions
+    assert reg.current_epoch("wf-1") == 1
+
+
+def test_concurrent_attempts_on_one_candidate_drive_it_once(
+    target: ReclaimTargetHandle, reg: ClaimRegistry, storage: Storage, drive: Drive
+) -> None:
+    _write_workflow(storage, "wf-1")
+    barrier = threading.Barrier(2)
+
+    def attempt() -> str:
+        barrier.wait(10)
+        return target.attempt_workflow_claim_takeover("wf-1")
+
+    workers = [Worker(attempt, f"attempt-{n}") for n in range(2)]
+    results = sorted(w.result() for w in workers)
+    assert results == ["not-eligible", "reclaimed"]
+    assert drive.calls == ["wf-1"]
+    assert reg.current_epoch("wf-1") == 1
+
+
+def test_redrive_in_progress_is_not_started_again_by_another_attempt(
+    make_target: MakeTarget, storage: Storage
+) -> None:
+    _write_workflow(storage, "wf-1")
+    calls: list[str] = []
+    entered, proceed = threading.Event(), threading.Event()
+
+    def drive(workflow_id: str) -> None:
+        calls.append(workflow_id)
+        if len(calls) == 1:
+            raise RuntimeError("resume failed")
+        entered.set()
+        wait_set(proceed, "the test to let the redrive finish")
+
+    target = make_target(on_reclaimed=drive)
+    with pytest.raises(RuntimeError):
+        target.attempt_workflow_claim_takeover("wf-1")
+    worker = Worker(lambda: target.attempt_workflow_claim_takeover("wf-1"), "redrive")
+    wait_set(entered, "the redrive")
+    assert target.attempt_workflow_claim_takeover("wf-1") == "not-eligible"
+    proceed.set()
+    assert worker.result() == "reclaimed"
+    assert calls == ["wf-1", "wf-1"]
+
+
+@pytest.mark.parametrize("path", ["redrive", "takeover"])
+def test_terminal_read_racing_a_start_new_leaves_the_replacement_claim_alone(
+    make_target: MakeTarget,
+    reg: ClaimRegistry,
+    rival: ClaimRegistry,
+    gated: ReadHookStorage,
+    storage: Storage,
+    clock: ManualClock,
+    path: str,
+) -> None:
+    _write_workflow(storage, "wf-1")
+    if path == "redrive":
+        drive = Drive(reg, RuntimeError("resume failed"))
+        target = make_target(on_reclaimed=drive)
+        with pytest.raises(RuntimeError):
+            target.attempt_workflow_claim_takeover("wf-1")
+        old_epoch = 1
+    else:
+        drive = Drive(reg)
+        target = make_target(on_reclaimed=drive)
+        rival.acquire("wf-1")
+        clock.advance(PAST_GRACE_MS)
+        old_epoch = 2
+    _complete(storage, "wf-1")
+    replacement: list[int | None] = []
+
+    def start_new() -> None:
+        # The same engine finishes the old generation and starts a new one under the same id.
+        if path == "takeover":
+            assert reg.current_epoch("wf-1") == old_epoch
+        reg.release("wf-1")
+        _write_workflow(storage, "wf-1")
+        replacement.append(reg.acquire("wf-1").epoch)
+
+    # Run start_new right after the read that judges the old generation: the redrive's running
+    # check, or the takeover's post-CAS check (armed from the CAS so no earlier read trips it).
+    if path == "redrive":
+        gated.after_next_get(keys.workflow("wf-1"), start_new)
+    else:
+        gated.before_next_cas(
+            lambda: gated.after_next_get(keys.workflow("wf-1"), start_new),
+            match=touches("wf-1"),
+        )
+    assert target.attempt_workflow_claim_takeover("wf-1") == "not-eligible"
+    assert replacement == [old_epoch + 1]
+    assert reg.current_epoch("wf-1") == old_epoch + 1
+    assert _stored_epoch(storage, "wf-1") == old_epoch + 1
+    holder = decode_holder(storage.get(keys.workflow_owner_holder("wf-1")))
+    assert holder is not None
+    assert (holder.engine_id, holder.epoch) == ("engine-a", old_epoch + 1)
+    assert drive.calls == (["wf-1"] if path == "redrive" else [])
+
+
+# -- disposal -------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("path", ["takeover", "ownerless-acquire"])
+def test_disposal_during_the_claim_cas_releases_instead_of_driving(
+    target: ReclaimTargetHandle,
+    reg: ClaimRegistry,
+    rival: ClaimRegistry,
+    gated: ReadHookStorage,
+    storage: Storage,
+    clock: ManualClock,
+    drive: Drive,
+    path: str,
+) -> None:
+    _write_workflow(storage, "wf-1")
+    if path == "takeover":
+        rival.acquire("wf-1")
+        clock.advance(PAST_GRACE_MS)
+    gate = gated.pause_next_cas(match=touches("wf-1"))
+    worker = Worker(lambda: target.attempt_workflow_claim_takeover("wf-1"), "reclaim-attempt")
+    gate.wait_reached()
+    target.mark_disposing()
+    gate.open()
+    assert worker.result() == "not-eligible"
+    assert drive.calls == []
+    assert reg.list_held_workflow_ids() == []
+    assert storage.get(keys.workflow_owner_holder("wf-1")) is None
+    # The claim did commit (a new epoch was minted) before it was released.
+    assert _stored_epoch(storage, "wf-1") == (2 if path == "takeover" else 1)
+
+
+def test_disposing_target_lists_nothing_and_claims_nothing(
+    target: ReclaimTargetHandle,
+    reg: ClaimRegistry,
+    rival: ClaimRegistry,
+    gated: ReadHookStorage,
+    storage: Storage,
+    clock: ManualClock,
+    drive: Drive,
+) -> None:
+    _write_workflow(storage, "orphan")
+    _write_workflow(storage, "stranded")
+    rival.acquire("stranded")
+    clock.advance(PAST_GRACE_MS)
+    target.mark_disposing()
+    target.mark_disposing()
+    assert target.disposing
+    assert target.list_reclaim_candidate_workflow_ids() == []
+    assert target.attempt_workflow_claim_takeover("orphan") == "not-eligible"
+    assert target.attempt_workflow_claim_takeover("stranded") == "not-eligible"
+    assert gated.transactions == 0
+    assert reg.list_held_workflow_ids() == []
+    assert drive.calls == []
+
+
+def test_disposal_during_a_pending_redrive_does_not_drive(
+    make_target: MakeTarget, reg: ClaimRegistry, storage: Storage
+) -> None:
+    _write_workflow(storage, "wf-1")
+    drive = Drive(reg, RuntimeError("resume failed"))
+    target = make_target(on_reclaimed=drive)
+    with pytest.raises(RuntimeError):
+        target.attempt_workflow_claim_takeover("wf-1")
+    target.mark_disposing()
+    assert target.attempt_workflow_claim_takeover("wf-1") == "not-eligible"
+    assert drive.calls == ["wf-1"]
+    # The claim stays for the host's own shutdown (release_all) to give up.
+    assert reg.current_epoch("wf-1") == 1
+
+
+def _fail_read() -> None:
+    raise StorageError("read failed")
+
+
+@pytest.mark.parametrize("path", ["after-claim", "redrive"])
+def test_failed_workflow_read_keeps_a_held_claim_for_a_redrive(
+    make_target: MakeTarget,
+    reg: ClaimRegistry,
+    gated: ReadHookStorage,
+    storage: Storage,
+    path: str,
+) -> None:
+    _write_workflow(storage, "wf-1")
+    if path == "redrive":
+        drive = Drive(reg, RuntimeError("resume failed"))
+        target = make_target(on_reclaimed=drive)
+        with pytest.raises(RuntimeError):
+            target.attempt_workflow_claim_takeover("wf-1")
+        gated.after_next_get(keys.workflow("wf-1"), _fail_read)
+    else:
+        drive = Drive(reg)
+        target = make_target(on_reclaimed=drive)
+        # Fail the read that confirms the workflow after the acquire committed.
+        gated.before_next_cas(
+            lambda: gated.after_next_get(keys.workflow("wf-1"), _fail_read),
+            match=touches("wf-1"),
+        )
+    with pytest.raises(StorageError, match="read failed"):
+        target.attempt_workflow_claim_takeover("wf-1")
+    assert reg.current_epoch("wf-1") == 1
+    assert target.pending_redrive_ids() == ["wf-1"]
+    assert target.list_reclaim_candidate_workflow_ids() == ["wf-1"]
+    assert target.attempt_workflow_claim_takeover("wf-1") == "reclaimed"
+    assert drive.calls == (["wf-1", "wf-1"] if path == "redrive" else ["wf-1"])
+    assert target.pending_redrive_ids() == []

@@ -1,0 +1,122 @@
+"""Wire one engine's workflow-lease ownership: gates, registry, metrics, reclaim and renewal."""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from ..claims.gates import bootstrap_ownership_gates
+from ..claims.registry import ClaimRegistry, WarnSink
+from ..claims.renewal_target import create_renewal_target
+from ..clock import Clock
+from ..metrics import ClaimMetrics
+from ..storage.base import Storage
+from .reclaim_target import EligibilityPredicate, ReclaimTargetHandle, create_reclaim_target
+from .scheduler import IntervalScheduler
+from .targets import PassResult, RenewalStatus, SignalPollTarget, UpdatePollTarget
+from .task import PassCallback, RenewalTask, create_renewal_task
+
+__all__ = ["OwnershipBootstrap", "bootstrap_workflow_lease_ownership", "metrics_bridge"]
+
+_log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class OwnershipBootstrap:
+    """What :func:`bootstrap_workflow_lease_ownership` built for one engine.
+
+    ``renewal_task.stop()`` marks ``reclaim_target`` disposing before it stops the timer, so no
+    reclaim started afterwards can claim or drive a workflow.
+    """
+
+    registry: ClaimRegistry
+    renewal_task: RenewalTask
+    metrics: ClaimMetrics
+    reclaim_target: ReclaimTargetHandle
+
+
+def metrics_bridge(
+    registry: ClaimRegistry, metrics: ClaimMetrics, then: PassCallback | None = None
+) -> PassCallback:
+    """Return a pass sink that counts failed renewals and sets the active-claims gauge.
+
+    :param then: another sink called afterwards with the same result.
+    """
+
+    def on_pass_complete(result: PassResult) -> None:
+        for outcome in result.outcomes:
+            if outcome.status is RenewalStatus.FAILED:
+                metrics.record_claim_renewal_failure()
+        metrics.set_active_claims(len(registry.list_held_workflow_ids()))
+        if then is not None:
+            then(result)
+
+    return on_pass_complete
+
+
+def bootstrap_workflow_lease_ownership(
+    *,
+    storage: Storage,
+    clock: Clock,
+    claim_ttl_ms: int,
+    claim_renew_interval_ms: int,
+    signal_poll_target: SignalPollTarget | None = None,
+    update_poll_target: UpdatePollTarget | None = None,
+    on_workflow_claim_reclaimed: Callable[[str], object] | None = None,
+    is_workflow_type_registered: EligibilityPredicate | None = None,
+    scheduler: IntervalScheduler | None = None,
+    on_pass_complete: PassCallback | None = None,
+    warn: WarnSink | None = None,
+    engine_id: str | None = None,
+) -> OwnershipBootstrap:
+    """Run the ownership gates, then build everything one engine needs; start nothing.
+
+    The caller starts interval mode (``renewal_task.start()``) or drives ``run_once()`` itself.
+
+    :param on_workflow_claim_reclaimed: drives a reclaimed workflow (see the reclaim target).
+    :param is_workflow_type_registered: ``(type, revision) -> bool``; other workflows are never
+        reclaimed by this engine.
+    :param on_pass_complete: also receives every pass result, after the metrics bridge.
+    :param engine_id: this engine's id; a fresh UUID when omitted.
+    :raises ValueError: a duration is not a positive int, or ``engine_id`` is empty (checked
+        before the store is touched).
+    :raises TypeError: ``clock`` or ``warn`` is not callable (checked before the store is
+        touched).
+    :raises StorageCapabilityError: the store has no compare-and-swap (nothing is built).
+    :raises OwnershipModeMismatchError: the store belongs to another ownership mode.
+    :raises CorruptOwnershipMarkerError: the store's mode marker is corrupt.
+    """
+    # The registry validates the arguments without touching the store, so a misconfigured
+    # engine fails before the gates can stamp a fresh store.
+    registry = ClaimRegistry(
+        storage,
+        engine_id=str(uuid.uuid4()) if engine_id is None else engine_id,
+        clock=clock,
+        claim_ttl_ms=claim_ttl_ms,
+        claim_renew_interval_ms=claim_renew_interval_ms,
+        warn=warn,
+    )
+    bootstrap_ownership_gates(storage, mode="workflow-lease", clock=clock)
+    metrics = ClaimMetrics()
+    reclaim_target = create_reclaim_target(
+        registry,
+        storage,
+        metrics,
+        on_reclaimed=on_workflow_claim_reclaimed,
+        is_eligible=is_workflow_type_registered,
+    )
+    task = create_renewal_task(
+        target=create_renewal_target(registry, metrics),
+        clock=clock,
+        interval_ms=claim_renew_interval_ms,
+        scheduler=scheduler,
+        reclaim_target=reclaim_target,
+        signal_poll_target=signal_poll_target,
+        update_poll_target=update_poll_target,
+        on_pass_complete=metrics_bridge(registry, metrics, on_pass_complete),
+        before_stop=reclaim_target.mark_disposing,
+    )
+    _log.info("bootstrapped workflow-lease ownership for engine %s", registry.engine_id)
+    return OwnershipBootstrap(registry, task, metrics, reclaim_target)

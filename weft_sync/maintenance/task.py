@@ -1,0 +1,552 @@
+"""The claim-renewal lifecycle task: renewal, reclaim and the owner-side polls, run on demand
+or on a timer.
+
+Threading model:
+
+- ``run_once()`` runs a full pass (renewal → reclaim → signal poll → update poll) on the calling
+  thread; concurrent callers share the pass in flight and all get the same result object.
+- Interval mode (``start()``) arms one repeating timer. Each tick starts up to four independent
+  single-flight *slots* — renewal, reclaim, signal poll, update poll — each on its own named
+  daemon driver thread, and returns at once. A slot whose previous run is still going is skipped
+  for that tick, so a hanging reclaim scan can never delay renewals.
+- Renewal and reclaim fan out over one worker pool owned by the task (created on first use).
+  Drivers are never pool workers and work through items themselves as well (see
+  :mod:`.subpasses`), so a pass cannot wait for pool work that cannot start.
+- Threads exist only while interval mode is on or a pass is in flight: the pool is shut down and
+  joined as soon as the task is idle and stopped, and ``wait_idle()`` joins finished drivers.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
+
+from ..clock import Clock
+from ..errors import ClosedError
+from .scheduler import IntervalScheduler, TimerScheduler
+from .subpasses import (
+    run_reclaim_pass,
+    run_renewal_subpass,
+    run_signal_poll_subpass,
+    run_update_poll_subpass,
+)
+from .targets import (
+    RENEWAL_CONCURRENCY,
+    PassKind,
+    PassResult,
+    ReclaimTarget,
+    RenewalTarget,
+    SignalPollTarget,
+    UpdatePollTarget,
+)
+
+__all__ = ["PassCallback", "RenewalTask", "create_renewal_task"]
+
+_log = logging.getLogger(__name__)
+
+PassCallback = Callable[[PassResult], None]
+
+
+def create_renewal_task(
+    *,
+    target: RenewalTarget,
+    clock: Clock,
+    interval_ms: int,
+    scheduler: IntervalScheduler | None = None,
+    reclaim_target: ReclaimTarget | None = None,
+    signal_poll_target: SignalPollTarget | None = None,
+    update_poll_target: UpdatePollTarget | None = None,
+    on_pass_complete: PassCallback | None = None,
+    executor_workers: int = RENEWAL_CONCURRENCY,
+    before_stop: Callable[[], None] | None = None,
+) -> RenewalTask:
+    """Build a renewal task; it does nothing until ``run_once()`` or ``start()`` is called.
+
+    :param target: renews the held claims (a batched target is renewed in chunks).
+    :param clock: integer-millisecond clock; required, read for ``started_at``/``finished_at``.
+    :param interval_ms: tick interval of interval mode (the claim renew interval).
+    :param scheduler: fires the ticks; defaults to a :class:`~.scheduler.TimerScheduler`.
+    :param reclaim_target: signal_poll_target: update_poll_target: optional sub-passes; a pass
+        result's matching field is ``None`` exactly when the target is not configured.
+    :param on_pass_complete: called with every (full or partial) result, possibly from several
+        threads at once; an exception it raises is logged and does not affect the pass.
+    :param executor_workers: size of the worker pool renewal and reclaim fan out over.
+    :param before_stop: called first by every ``stop()`` (and so by ``close()``), even before
+        ``start()``; the bootstrap passes the reclaim target's ``mark_disposing`` here.
+    :raises TypeError: a target lacks its methods, or ``clock``, ``on_pass_complete`` or
+        ``before_stop`` is not callable.
+    :raises ValueError: ``interval_ms`` or ``executor_workers`` is not a positive integer.
+    """
+    _require_methods("target", target, ("list_held_workflow_ids", "renew_workflow_claim"))
+    if reclaim_target is not None:
+        _require_methods(
+            "reclaim_target",
+            reclaim_target,
+            ("list_reclaim_candidate_workflow_ids", "attempt_workflow_claim_takeover"),
+        )
+    if signal_poll_target is not None:
+        _require_methods(
+            "signal_poll_target",
+            signal_poll_target,
+            ("list_parked_signal_waits", "has_buffered_signal", "wake_workflow"),
+        )
+    if update_poll_target is not None:
+        _require_methods(
+            "update_poll_target",
+            update_poll_target,
+            ("list_held_workflow_ids", "has_pending_updates", "drain_pending_updates"),
+        )
+    if not callable(clock):
+        raise TypeError(f"clock must be a zero-argument callable returning ms, got {clock!r}")
+    if on_pass_complete is not None and not callable(on_pass_complete):
+        raise TypeError(f"on_pass_complete must be callable or None, got {on_pass_complete!r}")
+    if before_stop is not None and not callable(before_stop):
+        raise TypeError(f"before_stop must be callable or None, got {before_stop!r}")
+    _check_positive("interval_ms", interval_ms)
+    _check_positive("executor_workers", executor_workers)
+    return RenewalTask(
+        target=target,
+        clock=clock,
+        interval_ms=interval_ms,
+        scheduler=scheduler if scheduler is not None else TimerScheduler(),
+        reclaim_target=reclaim_target,
+        signal_poll_target=signal_poll_target,
+        update_poll_target=update_poll_target,
+        on_pass_complete=on_pass_complete,
+        executor_workers=executor_workers,
+        before_stop=before_stop,
+    )
+
+
+class RenewalTask:
+    """Runs maintenance passes; build it with :func:`create_renewal_task`."""
+
+    def __init__(
+        self,
+        *,
+        target: RenewalTarget,
+        clock: Clock,
+        interval_ms: int,
+        scheduler: IntervalScheduler,
+        reclaim_target: ReclaimTarget | None,
+        signal_poll_target: SignalPollTarget | None,
+        update_poll_target: UpdatePollTarget | None,
+        on_pass_complete: PassCallback | None,
+        executor_workers: int,
+        before_stop: Callable[[], None] | None = None,
+    ) -> None:
+        self._target = target
+        self._clock = clock
+        self._interval_ms = interval_ms
+        self._scheduler = scheduler
+        self._reclaim_target = reclaim_target
+        self._signal_poll_target = signal_poll_target
+        self._update_poll_target = update_poll_target
+        self._on_pass_complete = on_pass_complete
+        self._executor_workers = executor_workers
+        self._before_stop = before_stop
+        self._slot_bodies: dict[PassKind, Callable[[], PassResult]] = {
+            PassKind.RENEWAL: self._renewal_slot
+        }
+        if reclaim_target is not None:
+            self._slot_bodies[PassKind.RECLAIM] = self._reclaim_slot
+        if signal_poll_target is not None:
+            self._slot_bodies[PassKind.SIGNAL_POLL] = self._signal_poll_slot
+        if update_poll_target is not None:
+            self._slot_bodies[PassKind.UPDATE_POLL] = self._update_poll_slot
+        self._closed = False
+        self._reset_runtime_state()
+
+    def _reset_runtime_state(self) -> None:
+        # _lock guards the lifecycle (_started, _generation, _handle, _closed), the worker pool
+        # (_pool, _pool_shutdowns) and the passes in flight (_in_flight, _shared_pass, _busy,
+        # _drivers).
+        self._lock = threading.Lock()
+        self._idle = threading.Condition(self._lock)
+        self._started = False
+        self._generation = 0
+        self._handle: object | None = None
+        self._pool: ThreadPoolExecutor | None = None
+        self._pool_shutdowns = 0
+        self._in_flight = 0
+        self._shared_pass: Future[PassResult] | None = None
+        self._busy = dict.fromkeys(self._slot_bodies, False)
+        self._drivers: set[threading.Thread] = set()
+        # Marks threads running a pass of this task (drivers, pool workers, run_once callers).
+        self._local = threading.local()
+
+    @property
+    def interval_ms(self) -> int:
+        """The interval between ticks in interval mode."""
+        return self._interval_ms
+
+    @property
+    def started(self) -> bool:
+        """Whether interval mode is on."""
+        with self._lock:
+            return self._started
+
+    # ----------------------------------------------------------------------------------------
+    # Manual mode
+    # ----------------------------------------------------------------------------------------
+
+    def run_once(self) -> PassResult:
+        """Run one full pass now and return its result (also handed to ``on_pass_complete``).
+
+        Held ids are read once, then renewal, reclaim, signal poll and update poll run in that
+        order. A caller arriving while a ``run_once()`` pass is in flight waits for it and gets
+        the same result object (or the same exception). Interval-mode slots do not delay it.
+
+        :raises Exception: whatever ``list_held_workflow_ids()`` or the clock raised.
+        :raises ClosedError: the task was closed.
+        :raises RuntimeError: called from inside a pass of this task (it would wait for itself).
+        """
+        self._refuse_reentry("run_once()")
+        with self._lock:
+            if self._closed:
+                raise ClosedError("run_once() was called on a closed renewal task")
+            shared = self._shared_pass
+            leader = shared is None
+            if shared is None:
+                shared = self._shared_pass = Future()
+                self._in_flight += 1
+        if not leader:
+            return shared.result()
+        self._local.in_pass = True
+        try:
+            result = self._run_full_pass()
+        except BaseException as exc:
+            self._settle_shared(shared)
+            shared.set_exception(exc)
+            raise
+        else:
+            self._settle_shared(shared)
+            shared.set_result(result)
+            return result
+        finally:
+            self._local.in_pass = False
+            self._pass_finished(None)
+
+    def _settle_shared(self, shared: Future[PassResult]) -> None:
+        # Cleared before the result is published, so a caller arriving later starts a new pass.
+        with self._lock:
+            if self._shared_pass is shared:
+                self._shared_pass = None
+
+    def _run_full_pass(self) -> PassResult:
+        started_at = self._clock()
+        held = list(self._target.list_held_workflow_ids())
+        pool = self._executor()
+        renewal = run_renewal_subpass(self._target, held, executor=pool)
+        reclaim = signal_poll = update_poll = None
+        if self._reclaim_target is not None:
+            reclaim = run_reclaim_pass(self._reclaim_target, executor=pool)
+        if self._signal_poll_target is not None:
+            signal_poll = run_signal_poll_subpass(self._signal_poll_target, self._clock)
+        if self._update_poll_target is not None:
+            update_poll = run_update_poll_subpass(self._update_poll_target, self._clock)
+        result = PassResult(
+            started_at,
+            self._clock(),
+            renewal.outcomes,
+            renewal.renewed_count,
+            renewal.failed_count,
+            reclaim,
+            signal_poll,
+            update_poll,
+            PassKind.FULL,
+        )
+        self._report(result)
+        return result
+
+    # ----------------------------------------------------------------------------------------
+    # Interval mode
+    # ----------------------------------------------------------------------------------------
+
+    def start(self) -> None:
+        """Turn interval mode on; idempotent. The first tick comes after one interval.
+
+        :raises ClosedError: the task was closed.
+        """
+        with self._lock:
+            if self._closed:
+                raise ClosedError("start() was called on a closed renewal task")
+            if self._started:
+                return
+            self._started = True
+            self._generation += 1
+            generation = self._generation
+        try:
+            handle = self._scheduler.set_interval(lambda: self._tick(generation), self._interval_ms)
+        except BaseException:
+            with self._lock:
+                if self._generation == generation:
+                    self._started = False
+            raise
+        with self._lock:
+            current = self._started and self._generation == generation
+            if current:
+                self._handle = handle
+        if not current:
+            # stop() ran while the timer was being armed: this timer belongs to no one.
+            self._scheduler.clear_interval(handle)
+
+    def stop(self) -> None:
+        """Turn interval mode off; idempotent and safe before ``start()``.
+
+        Calls ``before_stop`` first (every time), then cancels the timer: passes already running
+        finish (see :meth:`wait_idle`). If ``before_stop`` raises, the timer is still cancelled
+        and the exception propagates.
+        """
+        try:
+            if self._before_stop is not None:
+                self._before_stop()
+        finally:
+            self._stop_timer()
+
+    def _stop_timer(self) -> None:
+        with self._lock:
+            if not self._started:
+                return
+            self._started = False
+            handle, self._handle = self._handle, None
+            pool = self._take_idle_pool()
+        if handle is not None:
+            self._scheduler.clear_interval(handle)
+        self._release_pool(pool)
+
+    def _tick(self, generation: int) -> None:
+        launched: list[tuple[PassKind, threading.Thread]] = []
+        skipped: list[PassKind] = []
+        with self._lock:
+            if not self._started or self._generation != generation:
+                return
+            self._drivers = {t for t in self._drivers if t.ident is None or t.is_alive()}
+            for kind in self._slot_bodies:
+                if self._busy[kind]:
+                    skipped.append(kind)
+                    continue
+                thread = threading.Thread(
+                    target=self._drive_slot,
+                    args=(kind,),
+                    name=f"weft-maintenance-{kind.value}",
+                    daemon=True,
+                )
+                self._busy[kind] = True
+                self._in_flight += 1
+                self._drivers.add(thread)
+                launched.append((kind, thread))
+        for kind in skipped:
+            _log.warning(
+                "weft_sync: the %s sub-pass is still running after one interval (%d ms); "
+                "skipping it this tick",
+                kind.value,
+                self._interval_ms,
+            )
+        for kind, thread in launched:
+            try:
+                thread.start()
+            except Exception:
+                _log.exception("weft_sync: could not start the %s sub-pass thread", kind.value)
+                with self._lock:
+                    self._drivers.discard(thread)
+                self._pass_finished(kind)
+
+    def _drive_slot(self, kind: PassKind) -> None:
+        self._local.in_pass = True
+        try:
+            result = self._slot_bodies[kind]()
+            self._report(result)
+        except Exception:
+            _log.exception("weft_sync: the %s maintenance sub-pass failed", kind.value)
+        finally:
+            self._pass_finished(kind)
+
+    def _renewal_slot(self) -> PassResult:
+        started_at = self._clock()
+        held = list(self._target.list_held_workflow_ids())
+        renewal = run_renewal_subpass(self._target, held, executor=self._executor())
+        return PassResult(
+            started_at,
+            self._clock(),
+            renewal.outcomes,
+            renewal.renewed_count,
+            renewal.failed_count,
+            kind=PassKind.RENEWAL,
+        )
+
+    def _reclaim_slot(self) -> PassResult:
+        target = self._reclaim_target
+        if target is None:
+            raise RuntimeError("the reclaim slot runs only with a reclaim target")
+        started_at = self._clock()
+        reclaim = run_reclaim_pass(target, executor=self._executor())
+        return PassResult(
+            started_at, self._clock(), (), 0, 0, reclaim=reclaim, kind=PassKind.RECLAIM
+        )
+
+    def _signal_poll_slot(self) -> PassResult:
+        target = self._signal_poll_target
+        if target is None:
+            raise RuntimeError("the signal-poll slot runs only with a signal-poll target")
+        started_at = self._clock()
+        poll = run_signal_poll_subpass(target, self._clock)
+        return PassResult(
+            started_at, self._clock(), (), 0, 0, signal_poll=poll, kind=PassKind.SIGNAL_POLL
+        )
+
+    def _update_poll_slot(self) -> PassResult:
+        target = self._update_poll_target
+        if target is None:
+            raise RuntimeError("the update-poll slot runs only with an update-poll target")
+        started_at = self._clock()
+        poll = run_update_poll_subpass(target, self._clock)
+        return PassResult(
+            started_at, self._clock(), (), 0, 0, update_poll=poll, kind=PassKind.UPDATE_POLL
+        )
+
+    # ----------------------------------------------------------------------------------------
+    # Shutdown
+    # ----------------------------------------------------------------------------------------
+
+    def wait_idle(self, timeout: float | None = None) -> bool:
+        """Wait until no pass is in flight and their driver threads have ended.
+
+        :param timeout: seconds to wait at most (``None``: no bound).
+        :returns: ``True`` if idle, ``False`` if the timeout expired first.
+        :raises RuntimeError: called from inside a pass of this task (it would wait for itself).
+        """
+        self._refuse_reentry("wait_idle()")
+        deadline = None if timeout is None else time.monotonic() + timeout
+        with self._lock:
+            if not self._idle.wait_for(self._is_idle, timeout):
+                return False
+            drivers = [t for t in self._drivers if t.ident is not None]
+        for thread in drivers:
+            remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
+            thread.join(remaining)
+            if thread.is_alive():
+                return False
+        with self._lock:
+            self._drivers.difference_update(drivers)
+        return True
+
+    def close(self, timeout: float | None = None) -> bool:
+        """Stop, wait for passes in flight, and release every thread the task started.
+
+        Idempotent; afterwards ``start()`` and ``run_once()`` raise
+        :class:`~weft_sync.errors.ClosedError`.
+
+        :param timeout: seconds to wait for passes in flight (``None``: no bound). Passes still
+            running when it expires finish on their own; the last one shuts the pool down.
+        :returns: ``True`` if every pass finished in time.
+        """
+        self._refuse_reentry("close()")
+        try:
+            self.stop()
+        finally:
+            with self._lock:
+                self._closed = True
+            idle = self.wait_idle(timeout)
+        if not idle:
+            _log.warning(
+                "weft_sync: maintenance passes were still running %s s after close(); they "
+                "finish in the background",
+                timeout,
+            )
+        return idle
+
+    def _after_fork_in_child(self) -> None:
+        """Forget the parent's timer, pool, slots and passes without touching them.
+
+        Those threads do not exist in a forked child and the parent's lock may have been held at
+        fork time, so the runtime state is rebuilt from scratch; the child starts stopped.
+        """
+        self._reset_runtime_state()
+
+    # ----------------------------------------------------------------------------------------
+    # Helpers
+    # ----------------------------------------------------------------------------------------
+
+    def _executor(self) -> ThreadPoolExecutor:
+        with self._lock:
+            if self._pool is None:
+                self._pool = ThreadPoolExecutor(
+                    max_workers=self._executor_workers,
+                    thread_name_prefix="weft-maintenance-worker",
+                    initializer=self._mark_pool_thread,
+                )
+            return self._pool
+
+    def _mark_pool_thread(self) -> None:
+        self._local.in_pass = True
+
+    def _pass_finished(self, kind: PassKind | None) -> None:
+        with self._lock:
+            if kind is not None:
+                self._busy[kind] = False
+            self._in_flight -= 1
+            pool = self._take_idle_pool()
+            if self._is_idle():
+                self._idle.notify_all()
+        self._release_pool(pool)
+
+    def _is_idle(self) -> bool:
+        # Caller holds _lock.
+        return self._in_flight == 0 and self._pool_shutdowns == 0
+
+    def _take_idle_pool(self) -> ThreadPoolExecutor | None:
+        # Caller holds _lock. The pool lives only while interval mode is on or passes run; a
+        # pool taken here counts in _pool_shutdowns until it is joined, so wait_idle() waits.
+        if self._started or self._in_flight != 0 or self._pool is None:
+            return None
+        pool, self._pool = self._pool, None
+        self._pool_shutdowns += 1
+        return pool
+
+    def _release_pool(self, pool: ThreadPoolExecutor | None) -> None:
+        if pool is None:
+            return
+        try:
+            pool.shutdown(wait=True)
+        finally:
+            with self._lock:
+                self._pool_shutdowns -= 1
+                if self._is_idle():
+                    self._idle.notify_all()
+
+    def _report(self, result: PassResult) -> None:
+        if self._on_pass_complete is None:
+            return
+        try:
+            self._on_pass_complete(result)
+        except Exception:
+            _log.exception(
+                "weft_sync: on_pass_complete raised while reporting a %s maintenance pass",
+                result.kind.value,
+            )
+
+    def _refuse_reentry(self, what: str) -> None:
+        if getattr(self._local, "in_pass", False):
+            raise RuntimeError(
+                f"{what} was called from inside a maintenance pass of this renewal task (from "
+                f"on_pass_complete, a target or a reclaim drive); it would wait for the pass it "
+                f"is running in, so call it from another thread"
+            )
+
+
+def _require_methods(name: str, obj: object, methods: tuple[str, ...]) -> None:
+    missing = [m for m in methods if not callable(getattr(obj, m, None))]
+    if missing:
+        raise TypeError(
+            f"{name} {type(obj).__name__} lacks the method(s) {', '.join(missing)}; it must "
+            f"provide {', '.join(methods)}"
+        )
+
+
+def _check_positive(name: str, value: object) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        raise ValueError(f"{name} must be a positive integer, got {value!r}")
