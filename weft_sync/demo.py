@@ -1,0 +1,222 @@
+"""A runnable demonstration: worker processes share one SQLite store and take over a dead peer.
+
+Run it with ``weft-sync demo`` or ``python -m weft_sync demo``. Each worker is a separate process
+with its own claim registry and background renewal; the parent kills one worker with SIGKILL and
+watches the others take its workflows over with new epochs, then shows that a write fenced on the
+dead worker's epoch is refused by the store.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import signal
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from . import keys
+from .clock import system_clock
+from .codec import WorkflowRecord, decode_epoch, decode_holder, encode_epoch, encode_workflow_record
+from .maintenance.bootstrap import bootstrap_workflow_lease_ownership
+from .storage import Condition, Put, open_storage
+
+__all__ = ["DemoSettings", "run_demo"]
+
+Printer = Callable[[str], None]
+
+
+@dataclass(frozen=True)
+class DemoSettings:
+    """Knobs of the demo; the defaults finish in about ten seconds."""
+
+    workers: int = 3
+    workflows: int = 9
+    claim_ttl_ms: int = 1_500
+    claim_renew_interval_ms: int = 500
+    run_before_kill_s: float = 1.5
+    takeover_deadline_s: float = 15.0
+
+
+def _worker_main(
+    url: str,
+    name: str,
+    workflow_ids: list[str],
+    settings: DemoSettings,
+    engine_file: str,
+    stop_file: str,
+) -> None:
+    """Body of one worker process: claim its share, renew in the background, reclaim others.
+
+    Workers talk to the parent through files and their own stdout only: a multiprocessing queue
+    or event can be left locked by the worker the demo kills, hanging everyone else.
+    """
+    storage = open_storage(url)
+
+    def say(line: str) -> None:
+        print(f"  {name}: {line}", flush=True)
+
+    def on_reclaimed(workflow_id: str) -> None:
+        say(f"took over {workflow_id} at epoch {boot.registry.current_epoch(workflow_id)}")
+
+    boot = bootstrap_workflow_lease_ownership(
+        storage=storage,
+        clock=system_clock,
+        claim_ttl_ms=settings.claim_ttl_ms,
+        claim_renew_interval_ms=settings.claim_renew_interval_ms,
+        on_workflow_claim_reclaimed=on_reclaimed,
+        warn=lambda w: say(f"warning: {w}"),
+    )
+    for workflow_id in workflow_ids:
+        result = boot.registry.acquire(workflow_id)
+        say(f"claimed {workflow_id}: {result.status} at epoch {result.epoch}")
+    boot.renewal_task.start()
+    partial = Path(engine_file + ".tmp")
+    partial.write_text(boot.registry.engine_id)
+    partial.rename(engine_file)  # the file appearing whole is the "ready" signal
+    while not Path(stop_file).exists():
+        time.sleep(0.05)
+    boot.renewal_task.close(timeout=5)
+    boot.registry.release_all()
+    say("stopped and released its claims")
+    storage.close()
+
+
+def _holders(url: str, workflow_ids: list[str]) -> dict[str, tuple[str, int]]:
+    with open_storage(url) as storage:
+        found: dict[str, tuple[str, int]] = {}
+        for workflow_id in workflow_ids:
+            holder = decode_holder(storage.get(keys.workflow_owner_holder(workflow_id)))
+            if holder is not None:
+                found[workflow_id] = (holder.engine_id, holder.epoch)
+        return found
+
+
+def run_demo(out: Printer = print, settings: DemoSettings | None = None) -> int:
+    """Run the demonstration, narrating through ``out``; return a process exit code."""
+    settings = settings or DemoSettings()
+    ctx = multiprocessing.get_context("spawn")
+    with tempfile.TemporaryDirectory(prefix="weft-demo-") as tmp:
+        url = f"sqlite:///{Path(tmp) / 'demo.db'}"
+        ids = [f"payout-{n:02d}" for n in range(settings.workflows)]
+        out(f"1. Store: {url}")
+        with open_storage(url) as storage:
+            for workflow_id in ids:
+                record = WorkflowRecord(workflow_id, "payout", "running", created_at=system_clock())
+                storage.put(keys.workflow(workflow_id), encode_workflow_record(record))
+                storage.put(keys.workflow_status_index("running", workflow_id), b"")
+        out(f"   wrote {len(ids)} running workflows")
+        out(f"2. Starting {settings.workers} worker processes; each claims a share")
+        stop_file = Path(tmp) / "stop"
+        workers: list[_Worker] = []
+        for index in range(settings.workers):
+            name = f"worker-{index + 1}"
+            worker = _Worker(name, Path(tmp) / f"{name}.engine")
+            worker.process = ctx.Process(
+                target=_worker_main,
+                args=(
+                    url,
+                    name,
+                    ids[index :: settings.workers],
+                    settings,
+                    str(worker.engine_file),
+                    str(stop_file),
+                ),
+                name=name,
+            )
+            worker.process.start()
+            workers.append(worker)
+        try:
+            if not all(worker.wait_ready(30) for worker in workers):
+                out("   a worker did not start in time")
+                return 1
+            return _kill_and_watch(out, settings, url, ids, workers)
+        finally:
+            stop_file.touch()
+            for worker in workers:
+                worker.join()
+
+
+@dataclass
+class _Worker:
+    name: str
+    engine_file: Path
+    process: Any = None
+
+    def wait_ready(self, timeout_s: float) -> bool:
+        deadline = time.monotonic() + timeout_s
+        while not self.engine_file.exists():
+            if time.monotonic() > deadline or not self.process.is_alive():
+                return False
+            time.sleep(0.05)
+        return True
+
+    @property
+    def engine_id(self) -> str:
+        return self.engine_file.read_text()
+
+    def join(self) -> None:
+        if self.process is None:
+            return
+        self.process.join(15)
+        if self.process.is_alive():
+            self.process.kill()
+            self.process.join(5)
+
+
+def _kill_and_watch(
+    out: Printer, settings: DemoSettings, url: str, ids: list[str], workers: list[_Worker]
+) -> int:
+    time.sleep(settings.run_before_kill_s)
+    names = {worker.engine_id: worker.name for worker in workers}
+    victim = workers[0]
+    before = _holders(url, ids)
+    victim_ids = sorted(w for w, (engine, _) in before.items() if engine == victim.engine_id)
+    bound_ms = settings.claim_ttl_ms + 3 * settings.claim_renew_interval_ms
+    out(
+        f"3. Renewals keep every claim alive. Killing {victim.name} (SIGKILL) while it holds "
+        f"{', '.join(victim_ids)}"
+    )
+    out(f"   its claims are taken over within TTL + 2 x renew + one interval = {bound_ms} ms")
+    os.kill(victim.process.pid, signal.SIGKILL)
+    killed_at = time.monotonic()
+    after = before
+    while time.monotonic() < killed_at + settings.takeover_deadline_s:
+        after = _holders(url, ids)
+        if all(w in after and after[w][0] != victim.engine_id for w in victim_ids):
+            break
+        time.sleep(0.1)
+    elapsed_ms = int((time.monotonic() - killed_at) * 1000)
+    taken = [w for w in victim_ids if w in after and after[w][0] != victim.engine_id]
+    out(f"4. {len(taken)} of {len(victim_ids)} taken over {elapsed_ms} ms after the kill:")
+    for workflow_id in victim_ids:
+        old_epoch = before[workflow_id][1]
+        engine, epoch = after.get(workflow_id, ("nobody", old_epoch))
+        out(f"   {workflow_id}: epoch {old_epoch} -> {epoch}, held by {names.get(engine, engine)}")
+    ok = len(taken) == len(victim_ids) and _show_fence(out, url, victim_ids, before)
+    out("5. Stopping the surviving workers (they release their claims).")
+    return 0 if ok else 1
+
+
+def _show_fence(
+    out: Printer, url: str, victim_ids: list[str], before: dict[str, tuple[str, int]]
+) -> bool:
+    if not victim_ids:
+        return True
+    workflow_id = victim_ids[0]
+    stale_epoch = before[workflow_id][1]
+    with open_storage(url) as storage:
+        current = decode_epoch(storage.get(keys.workflow_owner_epoch(workflow_id)))
+        fence = Condition(keys.workflow_owner_epoch(workflow_id), encode_epoch(stale_epoch))
+        accepted = storage.conditional_batch(
+            [fence], [Put(keys.workflow(workflow_id) + ":ckpt", b"stale step")]
+        )
+    verdict = "ACCEPTED (this must never happen)" if accepted else "refused by the store"
+    out(
+        f"   a late write from {workflow_id}'s dead owner, fenced on its epoch {stale_epoch} "
+        f"(the store now says {current}): {verdict}"
+    )
+    return not accepted
