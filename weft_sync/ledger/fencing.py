@@ -1,0 +1,302 @@
+"""Fenced writes and the wake-ownership check: how the ledger proves it still owns a workflow.
+
+A fenced write adds one condition to the caller's compare-and-swap: the workflow's epoch key still
+holds the exact bytes this engine's registry wrote when it acquired the claim. Any change of owner
+(takeover, external cancel/timeout/suspend/purge) rewrites the epoch key, so a deposed engine's
+write fails at the store. When the CAS fails, the epoch key is read again to tell the two causes
+apart: a changed, absent, corrupt or unreadable epoch means this engine was deposed; an unchanged
+one means only the caller's own conditions failed.
+
+The wake-ownership check (spec §5.9) re-reads the holder record before a parked wait is woken and
+discards the wake unless the holder still names this engine at the epoch it holds.
+"""
+
+from __future__ import annotations
+
+import enum
+import logging
+import warnings
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from typing import Final, NoReturn
+
+from .. import keys
+from ..claims.registry import ClaimRegistry, WarnSink
+from ..codec import decode_epoch, decode_holder
+from ..errors import (
+    EngineDeposedError,
+    WeftError,
+    WorkflowClaimLostWarning,
+    WorkflowWakeDiscardedWarning,
+)
+from ..maintenance.polls import SignalWakeDecision
+from ..storage.base import (
+    Condition,
+    Delete,
+    Operation,
+    Put,
+    Storage,
+    storage_conditional_batch,
+)
+
+__all__ = [
+    "Fence",
+    "RegistrySource",
+    "WakeCheck",
+    "WakeCheckStatus",
+    "checked_conditions",
+    "checked_host_operations",
+    "default_warn",
+    "is_library_owned",
+    "wake_ownership_check",
+]
+
+_log = logging.getLogger(__name__)
+
+RegistrySource = Callable[[], "ClaimRegistry | None"]
+"""Returns the engine's registry, or ``None`` while none is bound."""
+
+
+def default_warn(warning: Warning) -> None:
+    """Emit ``warning`` with :func:`warnings.warn` (the sink used when none is injected)."""
+    warnings.warn(warning, stacklevel=3)
+
+
+class WakeCheckStatus(str, enum.Enum):
+    """Verdict of :func:`wake_ownership_check`; anything but ``match`` discards the wake."""
+
+    MATCH = "match"
+    HOLDER_ABSENT = "holder-absent"
+    HOLDER_UNDECODABLE = "holder-undecodable"
+    GENERATION_MISMATCH = "generation-mismatch"
+
+
+@dataclass(frozen=True, slots=True)
+class WakeCheck:
+    """The verdict and what the holder record said (``None`` when absent or unreadable)."""
+
+    status: WakeCheckStatus
+    observed_engine_id: str | None = None
+    observed_epoch: int | None = None
+
+
+def wake_ownership_check(
+    storage: Storage,
+    workflow_id: str,
+    wake_kind: str,
+    *,
+    expected_engine_id: str,
+    expected_epoch: int,
+    warn: WarnSink,
+) -> WakeCheck:
+    """Re-read the holder and judge whether a wake of ``workflow_id`` may proceed.
+
+    Read-only. ``match`` only if the holder decodes and names ``expected_engine_id`` **and**
+    ``expected_epoch``: the same engine at another epoch is a new generation (it released and
+    re-acquired) and must not resume a wait of the old one. Every other verdict emits one
+    :class:`~weft_sync.errors.WorkflowWakeDiscardedWarning` through ``warn``.
+
+    :raises StorageError: the holder could not be read.
+    """
+    raw = storage.get(keys.workflow_owner_holder(workflow_id))
+    return _judge_holder(raw, workflow_id, wake_kind, expected_engine_id, expected_epoch, warn)
+
+
+def _judge_holder(
+    raw: bytes | None,
+    workflow_id: str,
+    wake_kind: str,
+    expected_engine_id: str,
+    expected_epoch: int,
+    warn: WarnSink,
+) -> WakeCheck:
+    if raw is None:
+        check = WakeCheck(WakeCheckStatus.HOLDER_ABSENT)
+    else:
+        holder = decode_holder(raw)
+        if holder is None:
+            check = WakeCheck(WakeCheckStatus.HOLDER_UNDECODABLE)
+        elif holder.engine_id != expected_engine_id or holder.epoch != expected_epoch:
+            check = WakeCheck(WakeCheckStatus.GENERATION_MISMATCH, holder.engine_id, holder.epoch)
+        else:
+            return WakeCheck(WakeCheckStatus.MATCH, holder.engine_id, holder.epoch)
+    _log.warning(
+        "discarded a %r wake of workflow %r: %s (holder engine %r, epoch %r; this engine %r, "
+        "epoch %d)",
+        wake_kind,
+        workflow_id,
+        check.status.value,
+        check.observed_engine_id,
+        check.observed_epoch,
+        expected_engine_id,
+        expected_epoch,
+    )
+    warn(WorkflowWakeDiscardedWarning(workflow_id, wake_kind))
+    return check
+
+
+class Fence:
+    """Commits fenced writes for the workflows this engine's registry holds.
+
+    Stateless apart from its collaborators, so it is safe to use from any thread.
+
+    :param storage: the shared store (the registry's own store).
+    :param registry: returns the engine's registry, or ``None`` while none is bound.
+    :param warn: receives :class:`~weft_sync.errors.WorkflowClaimLostWarning` when a fenced write
+        finds the claim lost, and wake-discarded warnings.
+    """
+
+    def __init__(self, storage: Storage, registry: RegistrySource, warn: WarnSink) -> None:
+        self._storage = storage
+        self._registry = registry
+        self._warn = warn
+
+    @property
+    def warn(self) -> WarnSink:
+        """The warning sink."""
+        return self._warn
+
+    def registry(self) -> ClaimRegistry:
+        """The bound registry.
+
+        :raises WeftError: no registry is bound yet (owner operations need one).
+        """
+        registry = self._registry()
+        if registry is None:
+            raise WeftError(
+                "this workflow ledger has no claim registry bound, so it cannot act as a "
+                "workflow's owner; call bind_registry(registry) first or open it through "
+                "weft_sync.Ownership"
+            )
+        return registry
+
+    def optional_registry(self) -> ClaimRegistry | None:
+        """The bound registry, or ``None``."""
+        return self._registry()
+
+    def deposed(self, workflow_id: str, cause: BaseException | None = None) -> NoReturn:
+        """Report the lost claim (log + warning sink) and raise ``EngineDeposedError``."""
+        _log.warning(
+            "a fenced write for workflow %r found this engine deposed (its epoch fence no "
+            "longer holds)",
+            workflow_id,
+        )
+        self._warn(WorkflowClaimLostWarning(workflow_id))
+        raise EngineDeposedError(workflow_id) from cause
+
+    def fence_bytes(self, workflow_id: str) -> bytes:
+        """The epoch bytes this engine holds for ``workflow_id``.
+
+        :raises EngineDeposedError: it holds none (after the claim-lost warning).
+        """
+        fence = self.registry().current_epoch_bytes(workflow_id)
+        if fence is None:
+            self.deposed(workflow_id)
+        return fence
+
+    def commit(
+        self,
+        workflow_id: str,
+        conditions: Sequence[Condition],
+        operations: Sequence[Operation],
+    ) -> bool:
+        """Commit ``operations`` if ``conditions`` hold and this engine still owns the workflow.
+
+        :returns: ``True`` when committed; ``False`` when only the caller's conditions failed
+            (the epoch was re-read and is still this engine's).
+        :raises EngineDeposedError: the registry holds no epoch (no storage round trip), or the
+            CAS failed and the epoch key is now absent, different, corrupt or unreadable.
+        :raises StorageError: the commit itself failed.
+        """
+        fence = self.fence_bytes(workflow_id)
+        epoch_key = keys.workflow_owner_epoch(workflow_id)
+        fenced = [*conditions, Condition(epoch_key, fence)]
+        if storage_conditional_batch(self._storage, fenced, operations):
+            return True
+        try:
+            observed = self._storage.get(epoch_key)
+        except Exception as exc:
+            # Unable to prove the fence still holds: fail closed.
+            self.deposed(workflow_id, exc)
+        if observed is None or decode_epoch(observed) is None or observed != fence:
+            self.deposed(workflow_id)
+        _log.debug("fenced write for workflow %r: a base condition failed", workflow_id)
+        return False
+
+    def confirm_wake(self, workflow_id: str, wake_kind: str) -> SignalWakeDecision:
+        """Decide whether a wake of ``workflow_id`` may proceed on this engine.
+
+        No registry → ``proceed`` without reading. No local epoch → warning + ``discard``.
+        Otherwise the verdict of :func:`wake_ownership_check`; if that read raises, ``proceed``
+        (the fenced write that follows the wake is the real backstop, and a store blip must not
+        strand a wake).
+        """
+        registry = self._registry()
+        if registry is None:
+            return SignalWakeDecision.PROCEED
+        epoch = registry.current_epoch(workflow_id)
+        if epoch is None:
+            _log.warning(
+                "discarded a %r wake of workflow %r: this engine holds no claim on it",
+                wake_kind,
+                workflow_id,
+            )
+            self._warn(WorkflowWakeDiscardedWarning(workflow_id, wake_kind))
+            return SignalWakeDecision.DISCARD
+        try:
+            raw = self._storage.get(keys.workflow_owner_holder(workflow_id))
+        except Exception:
+            _log.debug(
+                "wake check of workflow %r could not read the holder; proceeding",
+                workflow_id,
+                exc_info=True,
+            )
+            return SignalWakeDecision.PROCEED
+        check = _judge_holder(raw, workflow_id, wake_kind, registry.engine_id, epoch, self._warn)
+        if check.status is WakeCheckStatus.MATCH:
+            return SignalWakeDecision.PROCEED
+        return SignalWakeDecision.DISCARD
+
+
+# -- what a host may write through a fenced write --------------------------------------------
+
+_LIBRARY_PREFIXES: Final = ("wf-owner-", "wf-idx-status:")
+
+
+def is_library_owned(key: str) -> bool:
+    """Claim keys, the mode marker, status-index entries and the workflow records themselves."""
+    if key == keys.OWNERSHIP_MODE_MARKER or key.startswith(_LIBRARY_PREFIXES):
+        return True
+    # An encoded id never contains ":", so "wf:<id>" without a further colon is a record key.
+    return key.startswith("wf:") and ":" not in key[3:]
+
+
+def checked_host_operations(operations: Iterable[Operation]) -> list[Operation]:
+    """The operations as a list, after refusing non-operations and library-owned keys.
+
+    :raises TypeError: an item is not a ``Put`` or ``Delete``.
+    :raises ValueError: an operation names a library-owned key.
+    """
+    ops = list(operations)
+    for op in ops:
+        if not isinstance(op, (Put, Delete)):
+            raise TypeError(f"operations must be Put or Delete, got {op!r:.80}")
+        if is_library_owned(op.key):
+            raise ValueError(
+                f"a fenced write may not touch {op.key!r}: claim keys, the mode marker, workflow "
+                f"records and the status index are written by the library only (use start, "
+                f"complete, fail, cancel, ... to change a workflow's record)"
+            )
+    return ops
+
+
+def checked_conditions(conditions: Iterable[Condition]) -> list[Condition]:
+    """The conditions as a list.
+
+    :raises TypeError: an item is not a ``Condition``.
+    """
+    conds = list(conditions)
+    for cond in conds:
+        if not isinstance(cond, Condition):
+            raise TypeError(f"conditions must be Condition objects, got {cond!r:.80}")
+    return conds
