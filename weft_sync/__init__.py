@@ -15,20 +15,24 @@ from .errors import (
     WorkflowClaimLostWarning,
     WorkflowClaimUnavailableError,
 )
+from .handles import ClaimHandle
 from .metrics import ClaimMetrics
 from .options import OwnershipOptions
+from .ownership import Ownership
 from .storage import Condition, Delete, Put, SqliteStorage, open_storage
 
 if TYPE_CHECKING:
     from .storage.postgres import PostgresStorage
 
 __all__ = [
+    "ClaimHandle",
     "ClaimMetrics",
     "ClaimRegistry",
     "Condition",
     "Delete",
     "EngineDeposedError",
     "ManualClock",
+    "Ownership",
     "OwnershipModeMismatchError",
     "OwnershipOptions",
     "PostgresStorage",

@@ -1,0 +1,203 @@
+"""Fork safety: a forked child inherits no claims, timers or pools, and opens its own Ownership.
+
+Children report through their exit code and write a traceback to a file when a check fails. They
+leave with ``os._exit`` so nothing of the parent's test session runs in them. The parent then
+checks that the child did not touch its claims and that they still renew.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import time
+import traceback
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.claims.gated import WarningSink
+from weft_sync import keys
+from weft_sync.clock import ManualClock
+from weft_sync.codec import decode_holder
+from weft_sync.errors import ClosedError, WorkflowClaimLostError, WorkflowClaimUnavailableError
+from weft_sync.options import OwnershipOptions
+from weft_sync.ownership import Ownership
+from weft_sync.storage import Storage
+
+TTL_MS = 3_000
+RENEW_MS = 1_000
+START_MS = 1_000_000
+OPTIONS = OwnershipOptions(claim_ttl=TTL_MS, claim_renew_interval=RENEW_MS)
+CHILD_TIMEOUT_S = 30.0
+
+pytestmark = [
+    # Python 3.12+ warns when a process with threads forks; these tests fork on purpose.
+    pytest.mark.filterwarnings("ignore::DeprecationWarning"),
+    pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork()"),
+]
+
+
+@pytest.fixture
+def clock() -> ManualClock:
+    return ManualClock(START_MS)
+
+
+@pytest.fixture
+def parent(storage_url: str, clock: ManualClock) -> Iterator[Ownership]:
+    """The parent's Ownership, in interval mode so a timer and pool exist at fork time."""
+    ownership = Ownership.open(
+        storage_url,
+        options=OPTIONS,
+        clock=clock,
+        engine_id="parent-engine",
+        warn=WarningSink(),
+    )
+    yield ownership
+    ownership.close()
+
+
+def _holder(storage: Storage, workflow_id: str) -> tuple[str, int, int] | None:
+    holder = decode_holder(storage.get(keys.workflow_owner_holder(workflow_id)))
+    return None if holder is None else (holder.engine_id, holder.epoch, holder.expires_at)
+
+
+def _check_inherited_ownership_is_inert(inherited: Ownership) -> None:
+    """What every child asserts about the Ownership it inherited."""
+    assert inherited.closed
+    assert not inherited.started
+    assert inherited.registry.list_held_workflow_ids() == []
+    for use in (
+        lambda: inherited.claim("wf-child").__enter__(),
+        inherited.run_maintenance,
+        inherited.start,
+    ):
+        try:
+            use()
+        except ClosedError as exc:
+            assert "open a new Ownership in the child" in str(exc), str(exc)
+        else:
+            raise AssertionError("the inherited Ownership was still usable")
+    inherited.close()
+
+
+def _open_own_and_check_the_parents_claim(store: str | Storage) -> None:
+    """Open the child's own Ownership on the same store (a URL or an inherited Storage)."""
+    with Ownership.open(
+        store, options=OPTIONS, clock=ManualClock(START_MS), engine_id="child-engine"
+    ) as own:
+        assert own.started
+        try:
+            with own.claim("wf-parent"):
+                raise AssertionError("the child acquired the parent's live claim")
+        except WorkflowClaimUnavailableError as exc:
+            assert exc.held_by == "parent-engine", exc.held_by
+        with own.claim("wf-child") as handle:
+            assert handle.epoch == 1
+            handle.assert_held()
+
+
+def _run_child(body: Callable[[], None], report: Path) -> int:
+    """Run ``body`` in a forked child; return its exit code (0: every check passed)."""
+    pid = os.fork()
+    if pid == 0:
+        code = 0
+        try:
+            body()
+        except BaseException:
+            report.write_text(traceback.format_exc())
+            code = 1
+        finally:
+            os._exit(code)
+    deadline = time.monotonic() + CHILD_TIMEOUT_S
+    while time.monotonic() < deadline:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            return os.waitstatus_to_exitcode(status)
+        time.sleep(0.01)
+    os.kill(pid, 9)
+    os.waitpid(pid, 0)
+    raise AssertionError(f"the forked child did not finish within {CHILD_TIMEOUT_S} s")
+
+
+def _assert_child_passed(code: int | None, report: Path) -> None:
+    details = report.read_text() if report.exists() else ""
+    assert code == 0, f"child failed with exit code {code}:\n{details}"
+
+
+def test_os_fork_child_holds_nothing_and_the_parent_keeps_renewing(
+    parent: Ownership, clock: ManualClock, storage_url: str, storage: Storage, tmp_path: Path
+) -> None:
+    report = tmp_path / "child.txt"
+    claim = parent.claim("wf-parent")
+    handle = claim.__enter__()
+    before = _holder(storage, "wf-parent")
+
+    def child() -> None:
+        # The child continues inside the parent's claim block: it must not own the claim.
+        assert handle.lost.is_set()
+        try:
+            handle.assert_held()
+        except WorkflowClaimLostError:
+            pass
+        else:
+            raise AssertionError("assert_held() passed in the child")
+        _check_inherited_ownership_is_inert(parent)
+        try:
+            claim.__exit__(None, None, None)
+        except WorkflowClaimLostError:
+            pass
+        else:
+            raise AssertionError("leaving the inherited claim block did not report the loss")
+        _open_own_and_check_the_parents_claim(storage_url)
+
+    _assert_child_passed(_run_child(child, report), report)
+
+    assert _holder(storage, "wf-parent") == before
+    assert _holder(storage, "wf-child") is None
+    assert not handle.lost.is_set()
+    clock.advance(RENEW_MS)
+    result = parent.run_maintenance()
+    assert (result.renewed_count, result.failed_count) == (1, 0)
+    assert _holder(storage, "wf-parent") == ("parent-engine", 1, START_MS + RENEW_MS + TTL_MS)
+    handle.assert_held()
+    claim.__exit__(None, None, None)
+    assert _holder(storage, "wf-parent") is None
+
+
+def _multiprocessing_child(inherited: Ownership, storage: Storage, report: str) -> None:
+    try:
+        _check_inherited_ownership_is_inert(inherited)
+        # The inherited Storage object resets its connections in the child and serves it.
+        _open_own_and_check_the_parents_claim(storage)
+    except BaseException:
+        Path(report).write_text(traceback.format_exc())
+        raise SystemExit(1) from None
+
+
+def test_multiprocessing_fork_child_can_open_its_own_ownership_on_the_same_store(
+    parent: Ownership, storage: Storage, tmp_path: Path
+) -> None:
+    report = tmp_path / "child.txt"
+    assert parent.registry.acquire("wf-parent").status == "acquired"
+    before = _holder(storage, "wf-parent")
+    process = multiprocessing.get_context("fork").Process(
+        target=_multiprocessing_child,
+        args=(parent, storage, str(report)),
+        name="weft-fork-child",
+    )
+
+    process.start()
+    process.join(CHILD_TIMEOUT_S)
+
+    if process.is_alive():
+        process.kill()
+        process.join()
+        raise AssertionError("the forked child did not finish")
+    _assert_child_passed(process.exitcode, report)
+    assert _holder(storage, "wf-parent") == before
+    assert parent.registry.current_epoch("wf-parent") == 1
+    result = parent.run_maintenance()
+    assert (result.renewed_count, result.failed_count) == (1, 0)
+    with parent.claim("wf-child") as handle:
+        assert handle.epoch == 2

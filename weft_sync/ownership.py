@@ -1,0 +1,605 @@
+"""The ``Ownership`` facade: the one object a host opens, claims through, and closes.
+
+``Ownership.open(url)`` runs the ownership gates, builds the claim registry, metrics and renewal
+task, and (by default) starts interval maintenance. ``claim(workflow_id)`` holds one workflow for
+the length of a ``with`` block; ``close()`` stops maintenance, releases every claim and closes
+the store it opened.
+
+Threading model:
+
+- Each ``Ownership`` has one lock guarding its lifecycle state, the live ``claim()`` handles and
+  the ``on_lost`` callbacks. Registry calls, storage I/O, callbacks and logging happen outside it.
+- Lost claims are reported by the registry through a warning sink this object installs; the sink
+  runs on whichever thread found the loss (usually a maintenance thread), marks the matching
+  handle lost, calls the ``on_lost`` callbacks (their exceptions are logged, never raised into
+  that thread) and then forwards the warning.
+- Fork safety: a handler registered once per process with :func:`os.register_at_fork` resets
+  every live ``Ownership`` in a forked child. The child forgets the parent's claims without
+  touching the store (the parent still owns them), has no timer or worker pool, and can no longer
+  use the inherited object: it opens its own ``Ownership``. Every public method also compares the
+  process id, for forks that bypass the handlers.
+"""
+
+from __future__ import annotations
+
+import enum
+import logging
+import os
+import threading
+import warnings
+import weakref
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from types import TracebackType
+from typing import Literal, TypeVar
+
+from . import keys
+from .claims.cooldown import TakeoverCooldown
+from .claims.registry import ClaimRegistry, WarnSink
+from .claims.results import AcquireStatus, ReleaseStatus
+from .clock import Clock, system_clock
+from .codec import decode_epoch
+from .errors import (
+    ClosedError,
+    WorkflowClaimLostError,
+    WorkflowClaimLostWarning,
+    WorkflowClaimUnavailableError,
+)
+from .handles import ClaimHandle
+from .keys import validate_workflow_id
+from .maintenance.bootstrap import bootstrap_workflow_lease_ownership
+from .maintenance.reclaim_target import EligibilityPredicate
+from .maintenance.targets import PassResult
+from .maintenance.task import RenewalTask
+from .metrics import ClaimMetrics
+from .options import BACKGROUND_MODES, OwnershipOptions
+from .storage import Storage, open_storage
+from .workflows import Workflows
+
+__all__ = ["Background", "ClaimHandle", "LostCallback", "Ownership"]
+
+_log = logging.getLogger(__name__)
+
+Background = Literal["thread", "manual"]
+LostCallback = Callable[[str], object]
+"""Called with the id of a workflow whose claim this engine lost."""
+_Callback = TypeVar("_Callback", bound=LostCallback)
+
+
+class _State(enum.Enum):
+    OPEN = "open"
+    CLOSING = "closing"
+    CLOSED = "closed"
+    FORKED = "inherited across fork"
+
+
+class Ownership:
+    """Per-workflow ownership claims over one store, for one engine (process).
+
+    Build it with :meth:`open`. Attributes: ``storage``, ``registry``, ``workflows``,
+    ``metrics``, ``engine_id``. Every method except :meth:`close` raises
+    :class:`~weft_sync.errors.ClosedError` after ``close()``, and in a child process that
+    inherited the object across ``os.fork()``.
+    """
+
+    def __init__(
+        self,
+        storage: Storage,
+        *,
+        owns_storage: bool,
+        options: OwnershipOptions,
+        on_reclaimed: Callable[[str], object] | None,
+        is_eligible: EligibilityPredicate | None,
+        clock: Clock,
+        warn: WarnSink | None,
+        engine_id: str | None,
+    ) -> None:
+        """Bootstrap on ``storage``; start nothing. Hosts call :meth:`open` instead."""
+        self._storage = storage
+        self._owns_storage = owns_storage
+        self._forward_warning: WarnSink = warn if warn is not None else _warnings_warn
+        self._pid = os.getpid()
+        # _lock guards _state, _handles and _lost_callbacks.
+        self._lock = threading.Lock()
+        self._state = _State.OPEN
+        self._handles: dict[str, ClaimHandle] = {}
+        self._lost_callbacks: list[LostCallback] = []
+        # The renewal task needs the ledger's poll targets when the bootstrap builds it, and the
+        # ledger needs the registry the bootstrap creates: the ledger is bound afterwards.
+        workflows = Workflows(storage, None, clock=clock, warn=self._on_warning)
+        boot = bootstrap_workflow_lease_ownership(
+            storage=storage,
+            clock=clock,
+            claim_ttl_ms=options.claim_ttl_ms,
+            claim_renew_interval_ms=options.claim_renew_interval_ms,
+            signal_poll_target=workflows.signal_poll_target,
+            update_poll_target=workflows.update_poll_target,
+            on_workflow_claim_reclaimed=on_reclaimed,
+            is_workflow_type_registered=is_eligible,
+            warn=self._on_warning,
+            engine_id=engine_id,
+        )
+        workflows.bind_registry(boot.registry)
+        self._workflows = workflows
+        self._registry: ClaimRegistry = boot.registry
+        self._task: RenewalTask = boot.renewal_task
+        self._metrics: ClaimMetrics = boot.metrics
+        _LIVE.add(self)
+
+    # ----------------------------------------------------------------------------------------
+    # Opening
+    # ----------------------------------------------------------------------------------------
+
+    @classmethod
+    def open(
+        cls,
+        url_or_storage: str | Storage,
+        *,
+        options: OwnershipOptions | None = None,
+        on_reclaimed: Callable[[str], object] | None = None,
+        is_eligible: EligibilityPredicate | None = None,
+        background: Background = "thread",
+        clock: Clock = system_clock,
+        warn: WarnSink | None = None,
+        engine_id: str | None = None,
+    ) -> Ownership:
+        """Open a store, run the ownership gates and bootstrap this engine's claims.
+
+        :param url_or_storage: a storage URL (see :func:`~weft_sync.storage.open_storage`),
+            opened here and closed by :meth:`close`; or an open ``Storage``, which ``close()``
+            leaves open.
+        :param options: claim timing; defaults to ``OwnershipOptions()`` (TTL 30 s, renew 5 s).
+        :param on_reclaimed: drives a workflow this engine took over from a dead one.
+        :param is_eligible: ``(type, revision) -> bool``; other workflows are never reclaimed.
+        :param background: ``"thread"`` starts interval maintenance now; ``"manual"`` leaves it
+            to the host, which calls :meth:`run_maintenance` at least once per renew interval.
+        :param clock: integer milliseconds since the Unix epoch.
+        :param warn: receives every warning after this object has handled it; default
+            :func:`warnings.warn`.
+        :param engine_id: this engine's id in holder records; a fresh UUID when omitted.
+        :raises ValueError: ``background`` is not ``"thread"`` or ``"manual"``; a bad URL.
+        :raises TypeError: ``options`` is not an ``OwnershipOptions``, a callback is not
+            callable, or ``url_or_storage`` is neither a URL nor a ``Storage``.
+        :raises StorageCapabilityError: OwnershipModeMismatchError: CorruptOwnershipMarkerError:
+            the gates refused the store (what this call opened is closed again).
+        """
+        if background not in BACKGROUND_MODES:
+            raise ValueError(
+                f"unknown background={background!r}: use one of "
+                f"{', '.join(repr(m) for m in BACKGROUND_MODES)}"
+            )
+        if options is None:
+            options = OwnershipOptions()
+        elif not isinstance(options, OwnershipOptions):
+            raise TypeError(
+                f"options must be an OwnershipOptions, got {type(options).__name__} {options!r}"
+            )
+        for name, value in (
+            ("on_reclaimed", on_reclaimed),
+            ("is_eligible", is_eligible),
+            ("warn", warn),
+        ):
+            if value is not None and not callable(value):
+                raise TypeError(f"{name} must be callable or None, got {value!r}")
+        storage, owns_storage = _resolve_storage(url_or_storage)
+        try:
+            ownership = cls(
+                storage,
+                owns_storage=owns_storage,
+                options=options,
+                on_reclaimed=on_reclaimed,
+                is_eligible=is_eligible,
+                clock=clock,
+                warn=warn,
+                engine_id=engine_id,
+            )
+        except BaseException:
+            if owns_storage:
+                _close_quietly(storage)
+            raise
+        if background == "thread":
+            try:
+                ownership.start()
+            except BaseException:
+                ownership.close()
+                raise
+        return ownership
+
+    # ----------------------------------------------------------------------------------------
+    # Attributes
+    # ----------------------------------------------------------------------------------------
+
+    @property
+    def storage(self) -> Storage:
+        """The store the claims live in."""
+        return self._storage
+
+    @property
+    def registry(self) -> ClaimRegistry:
+        """This engine's claim registry (what it holds, at which epochs)."""
+        return self._registry
+
+    @property
+    def workflows(self) -> Workflows:
+        """The workflow ledger over this engine's claims (start, fenced writes, signals)."""
+        return self._workflows
+
+    @property
+    def metrics(self) -> ClaimMetrics:
+        """Claim attempt, active-claim and renewal-failure counters."""
+        return self._metrics
+
+    @property
+    def engine_id(self) -> str:
+        """This engine's id, written into every holder record it creates."""
+        return self._registry.engine_id
+
+    @property
+    def started(self) -> bool:
+        """Whether interval maintenance is running."""
+        return self._process_state() is _State.OPEN and self._task.started
+
+    @property
+    def closed(self) -> bool:
+        """Whether :meth:`close` was called (or this object was inherited across a fork)."""
+        self._ensure_process()
+        return self._state is not _State.OPEN
+
+    # ----------------------------------------------------------------------------------------
+    # Maintenance
+    # ----------------------------------------------------------------------------------------
+
+    def start(self) -> None:
+        """Start interval maintenance (renewal, reclaim, polls every renew interval); idempotent.
+
+        :raises ClosedError: after ``close()`` or in a forked child.
+        """
+        self._require_open("start()")
+        self._task.start()
+
+    def run_maintenance(self) -> PassResult:
+        """Run one full maintenance pass now, on this thread, and return its result.
+
+        Hosts opened with ``background="manual"`` call this at least once per renew interval.
+
+        :raises ClosedError: after ``close()`` or in a forked child.
+        """
+        self._require_open("run_maintenance()")
+        return self._task.run_once()
+
+    def close(self, timeout: float | None = 10.0) -> None:
+        """Stop maintenance, release every claim and close the store this object opened.
+
+        Idempotent; a concurrent second call returns at once. Stops the timer (no reclaim
+        started afterwards claims anything), waits up to ``timeout`` seconds for passes in
+        flight, joins the task's threads, releases every held claim (failures are logged, never
+        raised) and closes the store if :meth:`open` opened it. Live ``claim()`` handles are
+        marked lost. In a child that inherited this object across ``os.fork()`` it does
+        nothing: the parent still owns the claims.
+
+        :raises RuntimeError: called from inside a maintenance pass (an ``on_reclaimed`` or
+            ``on_lost`` callback); it would wait for itself. Call it from another thread.
+        """
+        if self._process_state() is not _State.OPEN:
+            return
+        try:
+            # Probes for re-entry from a maintenance thread before anything changes.
+            self._task.wait_idle(0)
+        except RuntimeError:
+            raise RuntimeError(
+                "Ownership.close() was called from inside a maintenance pass (an on_reclaimed "
+                "or on_lost callback); it would wait for the pass it runs in: close it from "
+                "another thread"
+            ) from None
+        with self._lock:
+            if self._state is not _State.OPEN:
+                return
+            self._state = _State.CLOSING
+            handles = list(self._handles.values())
+        for handle in handles:
+            handle.lost.set()
+        try:
+            self._task.close(timeout)
+        finally:
+            self._registry.release_all()
+            try:
+                if self._owns_storage:
+                    self._storage.close()
+            finally:
+                with self._lock:
+                    self._state = _State.CLOSED
+                    self._handles.clear()
+                _LIVE.discard(self)
+                _log.info("closed ownership of engine %s", self._registry.engine_id)
+
+    def __enter__(self) -> Ownership:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    # ----------------------------------------------------------------------------------------
+    # Claims
+    # ----------------------------------------------------------------------------------------
+
+    @contextmanager
+    def claim(self, workflow_id: str) -> Iterator[ClaimHandle]:
+        """Hold ``workflow_id`` for the length of a ``with`` block.
+
+        On exit the claim is released (only at the handle's epoch, so a newer generation of the
+        same id survives). If the claim was lost inside the block and the block did not raise,
+        exit raises :class:`~weft_sync.errors.WorkflowClaimLostError`; an exception raised by
+        the block always propagates unchanged.
+
+        :raises WorkflowClaimUnavailableError: another engine holds a live claim, or a
+            ``claim()`` block of this object already holds it (``held_by`` names the holder).
+        :raises ClosedError: after ``close()`` or in a forked child.
+        """
+        handle = self._acquire(workflow_id)
+        try:
+            yield handle
+        except BaseException:
+            self._finish(handle, body_failed=True)
+            raise
+        self._finish(handle, body_failed=False)
+
+    def on_lost(self, callback: _Callback) -> _Callback:
+        """Call ``callback(workflow_id)`` whenever this engine finds one of its claims lost.
+
+        A loss is found by a renewal, by a fenced write of :attr:`workflows` that lost its epoch
+        fence, or by a ``claim()`` block's release; each report calls every callback once. It
+        runs on the thread that found the loss (usually a maintenance thread); an exception it
+        raises is logged and ignored. Returns ``callback``, so it also works as a decorator.
+
+        :raises TypeError: ``callback`` is not callable.
+        :raises ClosedError: after ``close()`` or in a forked child.
+        """
+        if not callable(callback):
+            raise TypeError(f"on_lost() needs a callable taking a workflow id, got {callback!r}")
+        self._require_open("on_lost()")
+        with self._lock:
+            self._lost_callbacks.append(callback)
+        return callback
+
+    def _acquire(self, workflow_id: str) -> ClaimHandle:
+        wid = validate_workflow_id(workflow_id)
+        self._require_open("claim()")
+        with self._lock:
+            busy = wid in self._handles
+        if busy:
+            raise WorkflowClaimUnavailableError(wid, self._registry.engine_id)
+        result = self._registry.acquire(wid)
+        if result.status is not AcquireStatus.ACQUIRED or result.epoch is None:
+            self._metrics.record_claim_attempt("lost_race")
+            raise WorkflowClaimUnavailableError(wid, result.held_by)
+        self._metrics.record_claim_attempt("acquired")
+        handle = ClaimHandle(wid, result.epoch, self._verify_held)
+        with self._lock:
+            state = self._state
+            if state is _State.OPEN:
+                self._handles[wid] = handle
+        if state is not _State.OPEN:
+            # close() began while acquiring and may already have released everything.
+            if state is not _State.FORKED:
+                try:
+                    self._registry.release(wid, expected_epoch=result.epoch)
+                except Exception:
+                    _log.warning("could not release the claim on workflow %r", wid, exc_info=True)
+            raise self._closed_error("claim()", state)
+        return handle
+
+    def _finish(self, handle: ClaimHandle, *, body_failed: bool) -> None:
+        wid = handle.workflow_id
+        try:
+            if self._process_state() is _State.OPEN:
+                self._release(handle, body_failed=body_failed)
+        finally:
+            with self._lock:
+                if self._handles.get(wid) is handle:
+                    del self._handles[wid]
+        if handle.lost.is_set() and not body_failed:
+            raise WorkflowClaimLostError(wid)
+
+    def _release(self, handle: ClaimHandle, *, body_failed: bool) -> None:
+        wid = handle.workflow_id
+        try:
+            result = self._registry.release(wid, expected_epoch=handle.epoch)
+        except Exception:
+            if not body_failed:
+                raise
+            # The block's own exception is the one the caller needs to see.
+            _log.warning("could not release the claim on workflow %r", wid, exc_info=True)
+            return
+        # Another writer replaced the claim; report it unless a renewal or fence already did.
+        if result.status is ReleaseStatus.LOST_RACE and self._mark_lost(handle):
+            self._notify_lost(wid)
+
+    def _mark_lost(self, handle: ClaimHandle) -> bool:
+        """Set ``handle.lost``; return whether this call set it."""
+        with self._lock:
+            if handle.lost.is_set():
+                return False
+            handle.lost.set()
+            return True
+
+    def _verify_held(self, handle: ClaimHandle) -> bool:
+        """Whether ``handle``'s claim is still held; marks it lost when the registry dropped it.
+
+        A handle whose block has exited is not held but not lost either: it was released.
+        """
+        self._ensure_process()
+        with self._lock:
+            active = self._handles.get(handle.workflow_id) is handle
+        if not active:
+            return False
+        if self._registry.current_epoch(handle.workflow_id) != handle.epoch:
+            self._mark_lost(handle)
+            return False
+        return True
+
+    # ----------------------------------------------------------------------------------------
+    # Lost-claim reporting
+    # ----------------------------------------------------------------------------------------
+
+    def _on_warning(self, warning: Warning) -> None:
+        """The registry's warning sink: mark the handle, run callbacks, forward the warning."""
+        if isinstance(warning, WorkflowClaimLostWarning):
+            wid = warning.workflow_id
+            with self._lock:
+                handle = self._handles.get(wid)
+            if handle is not None and self._claim_is_gone(handle):
+                self._mark_lost(handle)
+            self._notify_lost(wid)
+        self._forward_warning(warning)
+
+    def _claim_is_gone(self, handle: ClaimHandle) -> bool:
+        """Whether a claim-lost report for ``handle``'s id concerns ``handle``'s own claim."""
+        wid = handle.workflow_id
+        if self._registry.current_epoch(wid) != handle.epoch:
+            # A lost renewal drops the registry entry before it reports.
+            return True
+        # A fenced write reports while the registry still tracks the epoch, and so does a late
+        # renewal of an older generation: the stored epoch tells which one this is.
+        try:
+            stored = decode_epoch(self._storage.get(keys.workflow_owner_epoch(wid)))
+        except Exception:
+            _log.warning(
+                "could not read the epoch of workflow %r; treating its claim as lost",
+                wid,
+                exc_info=True,
+            )
+            return True
+        return stored != handle.epoch
+
+    def _notify_lost(self, workflow_id: str) -> None:
+        with self._lock:
+            callbacks = list(self._lost_callbacks)
+        for callback in callbacks:
+            try:
+                callback(workflow_id)
+            except Exception:
+                _log.exception(
+                    "on_lost callback %r raised for workflow %r; ignored", callback, workflow_id
+                )
+
+    # ----------------------------------------------------------------------------------------
+    # Lifecycle checks and fork safety
+    # ----------------------------------------------------------------------------------------
+
+    def _process_state(self) -> _State:
+        self._ensure_process()
+        with self._lock:
+            return self._state
+
+    def _require_open(self, what: str) -> None:
+        state = self._process_state()
+        if state is not _State.OPEN:
+            raise self._closed_error(what, state)
+
+    def _closed_error(self, what: str, state: _State) -> ClosedError:
+        if state is _State.FORKED:
+            return ClosedError(
+                f"Ownership.{what} was called in process {os.getpid()}, which inherited this "
+                f"Ownership (engine {self._registry.engine_id}) from process {self._pid} across "
+                f"os.fork(); it holds no claims here and cannot be used: open a new Ownership "
+                f"in the child process"
+            )
+        return ClosedError(
+            f"Ownership.{what} was called after close() (engine {self._registry.engine_id}); "
+            f"open a new Ownership to claim workflows again"
+        )
+
+    def _ensure_process(self) -> None:
+        # Covers forks that bypass os.register_at_fork handlers.
+        if self._pid != os.getpid() and self._state in (_State.OPEN, _State.CLOSING):
+            self._after_fork_in_child()
+
+    def _after_fork_in_child(self) -> None:
+        """Make an inherited object inert: forget claims and threads, touch nothing shared."""
+        # A parent thread may have held the lock at fork time; only this thread exists now.
+        self._lock = threading.Lock()
+        handles = list(self._handles.values())
+        self._handles.clear()
+        self._lost_callbacks.clear()
+        self._state = _State.FORKED
+        self._task._after_fork_in_child()
+        _forget_claims_in_child(self._registry)
+        reset_ledger = getattr(self._workflows, "_after_fork_in_child", None)
+        if callable(reset_ledger):
+            reset_ledger()
+        for handle in handles:
+            _reinit_event(handle.lost)
+            handle.lost.set()
+        _LIVE.discard(self)
+
+    def __repr__(self) -> str:
+        return (
+            f"Ownership(engine_id={self._registry.engine_id!r}, {self._state.value}, "
+            f"claims={len(self._handles)})"
+        )
+
+
+def _resolve_storage(url_or_storage: str | Storage) -> tuple[Storage, bool]:
+    if isinstance(url_or_storage, str):
+        return open_storage(url_or_storage), True
+    if isinstance(url_or_storage, Storage):
+        return url_or_storage, False
+    raise TypeError(
+        f"Ownership.open() needs a storage URL (sqlite:///…, postgresql://…) or a Storage, got "
+        f"{type(url_or_storage).__name__} {url_or_storage!r:.80}"
+    )
+
+
+def _close_quietly(storage: Storage) -> None:
+    try:
+        storage.close()
+    except Exception:
+        _log.warning("could not close the store after a failed open", exc_info=True)
+
+
+def _warnings_warn(warning: Warning) -> None:
+    # Points into the library code that found the loss rather than at this sink.
+    warnings.warn(warning, stacklevel=4)
+
+
+def _forget_claims_in_child(registry: ClaimRegistry) -> None:
+    """Empty an inherited registry without any storage I/O (the parent owns those claims)."""
+    reset = getattr(registry, "_after_fork_in_child", None)
+    if callable(reset):
+        reset()
+        return
+    # The registry's lock may have been held by a parent thread at fork time, so its state is
+    # replaced rather than cleared under that lock.
+    registry._lock = threading.Lock()
+    registry._claims = {}
+    registry._in_flight = {}
+    registry._releasing = {}
+    registry._cooldown = TakeoverCooldown(registry._cooldown.window_ms)
+
+
+def _reinit_event(event: threading.Event) -> None:
+    # A waiter in a parent thread may have held the event's internal lock at fork time.
+    reinit = getattr(event, "_at_fork_reinit", None)
+    if callable(reinit):
+        reinit()
+
+
+# Every open Ownership of this process; weak, so an abandoned one can still be collected.
+_LIVE: weakref.WeakSet[Ownership] = weakref.WeakSet()
+
+
+def _after_fork_in_child() -> None:
+    for ownership in list(_LIVE):
+        try:
+            ownership._after_fork_in_child()
+        except Exception:
+            _log.exception("could not reset %r in a forked child", ownership)
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)
