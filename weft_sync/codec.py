@@ -245,7 +245,8 @@ def decode_workflow_record(b: bytes) -> WorkflowRecord:
     """
     record = try_decode_workflow_record(b)
     if record is None:
-        raise ValueError(f"not a valid workflow record: {bytes(b)[:60]!r}")
+        shown = bytes(b[:60]) if isinstance(b, (bytes, bytearray, memoryview)) else b
+        raise ValueError(f"not a valid workflow record: {shown!r:.120}")
     return record
 
 

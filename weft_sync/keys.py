@@ -65,6 +65,10 @@ def decode_key_component(s: str) -> str:
 def try_decode_key_component(s: str) -> str | None:
     """Like :func:`decode_key_component` but return ``None`` instead of raising."""
     if "%" not in s:
+        try:
+            s.encode("utf-8")
+        except UnicodeEncodeError:
+            return None
         return s
     out = bytearray()
     pos = 0

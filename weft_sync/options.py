@@ -13,6 +13,7 @@ __all__ = [
     "DEFAULT_LEASE_RENEW_INTERVAL_MS",
     "DEFAULT_LEASE_TTL_MS",
     "DEFAULT_LEASE_WAIT_MS",
+    "MAX_CLAIM_TTL_MS",
     "Duration",
     "OWNERSHIP_MODES",
     "OwnershipFields",
@@ -35,7 +36,8 @@ BACKGROUND_MODES: Final = ("thread", "manual")
 Duration = int | str
 
 _UNITS: Final = {"ms": 1, "s": 1_000, "m": 60_000, "h": 3_600_000}
-_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h)\s*$")
+_DURATION = re.compile(r"^\s*([0-9]{1,15}(?:\.[0-9]{1,9})?)\s*(ms|s|m|h)\s*$")
+MAX_CLAIM_TTL_MS: Final = 365 * 24 * 3_600_000
 
 
 def parse_duration(value: Duration) -> int:
@@ -81,6 +83,11 @@ def _scale(number: str, factor: int) -> int | None:
 
 def _validate_claim_timing(ttl_ms: int, renew_ms: int) -> None:
     got = f"(got claim_ttl={ttl_ms}ms, claim_renew_interval={renew_ms}ms)"
+    if ttl_ms > MAX_CLAIM_TTL_MS:
+        raise ValueError(
+            f"claim_ttl ({ttl_ms}ms) is longer than the supported maximum of "
+            f"{MAX_CLAIM_TTL_MS}ms (365 days)"
+        )
     if ttl_ms <= 0 or renew_ms <= 0:
         raise ValueError(
             "ownership: 'workflow-lease' requires positive claim_ttl and "

@@ -106,19 +106,26 @@ def _int_param(url: str, params: dict[str, str], name: str) -> int | None:
 
 
 def _open_sqlite(url: str) -> Storage:
-    parts = urlsplit(url)
-    if parts.netloc:
+    rest = url.split("://", 1)[1]
+    location, _, query = rest.partition("?")
+    if not location.startswith("/"):
         raise ValueError(
-            f"storage URL {url!r} names a host ({parts.netloc!r}); SQLite URLs take a path: "
+            f"storage URL {url!r} names a host; SQLite URLs take a path: "
             f"sqlite:///relative/path.db or sqlite:////absolute/path.db"
         )
-    path = parts.path[1:] if parts.path.startswith("/") else parts.path
+    path = location[1:]
     if not path:
         raise ValueError(
             f"storage URL {url!r} has no file path; use sqlite:///relative/path.db or "
             f"sqlite:////absolute/path.db"
         )
-    params, _ = _split_params(url, parts.query, _SQLITE_PARAMS, pass_through=False)
+    if "\x00" in path:
+        raise ValueError(f"storage URL {url!r} has a NUL character in its path")
+    try:
+        path.encode("utf-8")
+    except UnicodeEncodeError:
+        raise ValueError(f"storage URL {url!r} has a path that is not valid Unicode") from None
+    params, _ = _split_params(url, query, _SQLITE_PARAMS, pass_through=False)
     kwargs: dict[str, Any] = {}
     if "table" in params:
         kwargs["table"] = validate_table_name(params["table"])
@@ -132,7 +139,10 @@ def _open_sqlite(url: str) -> Storage:
 
 
 def _open_postgres(url: str) -> Storage:
-    parts = urlsplit(url)
+    try:
+        parts = urlsplit(url)
+    except ValueError as exc:
+        raise ValueError(f"malformed storage URL {url!r}: {exc}") from None
     params, rest = _split_params(url, parts.query, _POSTGRES_PARAMS, pass_through=True)
     dsn = urlunsplit((parts.scheme, parts.netloc, parts.path, urlencode(rest), parts.fragment))
     kwargs: dict[str, Any] = {}

@@ -19,6 +19,7 @@ __all__ = [
     "StorageCapabilities",
     "prefix_upper_bound",
     "storage_conditional_batch",
+    "check_batch_shape",
     "validate_batch",
     "validate_key",
     "validate_operations",
@@ -179,7 +180,24 @@ def validate_table_name(table: object) -> str:
             f"invalid table name {table!r}: use 1-63 characters of letters, digits and "
             f"underscores, starting with a letter or underscore"
         )
+    if table.lower().startswith(("sqlite_", "pg_")):
+        raise ValueError(
+            f"invalid table name {table!r}: names starting with 'sqlite_' or 'pg_' are reserved "
+            f"by the databases; pick another name"
+        )
     return table
+
+
+def check_batch_shape(item: object) -> tuple[Sequence[Condition], Sequence[Operation]]:
+    """Return one ``conditional_batches`` item as ``(conditions, operations)``, or raise naming it.
+
+    A tuple or a list of exactly two sequences is accepted.
+    """
+    if not isinstance(item, (tuple, list)) or len(item) != 2:
+        raise TypeError(
+            f"each conditional batch must be a (conditions, operations) pair, got {item!r:.120}"
+        )
+    return item[0], item[1]
 
 
 def validate_key(key: object) -> str:

@@ -32,6 +32,7 @@ from .base import (
     Operation,
     Put,
     StorageCapabilities,
+    check_batch_shape,
     prefix_upper_bound,
     validate_batch,
     validate_key,
@@ -418,11 +419,7 @@ class PostgresStorage:
     def conditional_batches(self, batches: Sequence[Batch]) -> list[bool]:
         checked: list[tuple[list[Condition], list[Operation]]] = []
         for item in batches:
-            if not isinstance(item, tuple) or len(item) != 2:
-                raise TypeError(
-                    f"each conditional batch must be a (conditions, operations) tuple, got {item!r}"
-                )
-            checked.append(validate_batch(item[0], item[1]))
+            checked.append(validate_batch(*check_batch_shape(item)))
         if not checked:
             self._check_open()
             return []
