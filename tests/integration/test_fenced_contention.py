@@ -1,0 +1,355 @@
+"""Four engine processes fight over 200 workflows; the epoch fence keeps every log consistent.
+
+Each contender (see :mod:`tests.integration.contention_worker`) runs its own engine with interval
+renewal and reclaim (TTL 900 ms, renew interval 300 ms, wall clock, real timer) and, while it
+holds a workflow, appends entries to that workflow's log with a compare-and-swap fenced on its
+epoch. Afterwards the logs must show that the fence admitted writes only from the epoch's
+holder: per workflow, epochs never go backwards, each epoch's entries come from one engine, no
+replayed stale-epoch write got in, and every entry matches a write its engine saw succeed.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import signal
+import time
+from collections import Counter, defaultdict
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from multiprocessing.process import BaseProcess
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.integration.contention_worker import (
+    ContenderConfig,
+    LogEntry,
+    decode_log_entry,
+    decode_log_head,
+    log_entry_key,
+    log_entry_prefix,
+    log_head_key,
+    read_journal,
+    run_contender,
+)
+from weft_sync import keys
+from weft_sync.codec import WorkflowRecord, decode_epoch, decode_holder, encode_workflow_record
+from weft_sync.storage import Put, Storage
+
+CONTENDERS = 4
+WORKFLOWS = 200
+TTL_MS = 900
+RENEW_MS = 300
+RUN_S = 6.5
+"""Length of the contest (from the go signal to the stop signal) without a crash."""
+KILL_AFTER_S = 2.0
+"""Contest time before the victim is killed (once it holds at least ``MIN_STRANDED`` claims)."""
+MIN_STRANDED = 3
+STRANDED_WAIT_S = 5.0
+TAKEOVER_BOUND_S = (TTL_MS + 2 * RENEW_MS + RENEW_MS) / 1000 + 2.0
+"""From the kill until every claim of the victim moved on: TTL, grace, one reclaim tick, slack."""
+AFTER_TAKEOVER_S = 1.0
+"""Contest time left to the survivors once they took over every claim of the victim."""
+MAX_CONTEST_S = 30.0
+"""A contender stops on its own after this long, should the stop signal never come."""
+READY_TIMEOUT_S = 60.0
+EXIT_TIMEOUT_S = 30.0
+POLL_S = 0.02
+MIN_HANDOVERS = 5
+"""Workflows whose log has entries from at least two engines: proof that they contended."""
+
+pytestmark = pytest.mark.slow
+
+Written = tuple[str, int, int]
+"""``(workflow id, epoch, seq)`` of one log entry."""
+
+
+@dataclass
+class _Contender:
+    config: ContenderConfig
+    process: BaseProcess
+
+    def journal(self) -> list[dict[str, Any]]:
+        return read_journal(self.config.journal_path)
+
+    def summary(self) -> dict[str, Any]:
+        events = self.journal()
+        errors = [e["traceback"] for e in events if e["ev"] == "error"]
+        assert not errors, f"{self.config.engine_id} failed:\n{errors[0]}"
+        summaries = [e for e in events if e["ev"] == "summary"]
+        assert len(summaries) == 1, f"{self.config.engine_id} wrote no summary"
+        return summaries[0]
+
+
+def _seed_running_workflows(storage: Storage, ids: list[str]) -> None:
+    operations: list[Put] = []
+    for wid in ids:
+        record = WorkflowRecord(wid, "import", "running")
+        operations.append(Put(keys.workflow(wid), encode_workflow_record(record)))
+        operations.append(Put(keys.workflow_status_index("running", wid), b""))
+    storage.batch(operations)
+
+
+@contextmanager
+def _contest(storage_url: str, tmp_path: Path, ids: list[str]) -> Iterator[list[_Contender]]:
+    """Spawn the contenders, wait until all are ready and give the go.
+
+    On exit the stop signal is given (if the test has not given it) and contenders that do not
+    end in time are killed.
+    """
+    context = multiprocessing.get_context("spawn")
+    go_path = tmp_path / "go"
+    stop_path = tmp_path / "stop"
+    contenders: list[_Contender] = []
+    for n in range(CONTENDERS):
+        config = ContenderConfig(
+            storage_url=storage_url,
+            engine_id=f"engine-{n}",
+            workflow_ids=tuple(ids),
+            journal_path=str(tmp_path / f"engine-{n}.jsonl"),
+            log_path=str(tmp_path / f"engine-{n}.log"),
+            go_path=str(go_path),
+            stop_path=str(stop_path),
+            max_duration_s=MAX_CONTEST_S,
+            claim_ttl_ms=TTL_MS,
+            claim_renew_interval_ms=RENEW_MS,
+            seed=1000 + n,
+        )
+        process = context.Process(
+            target=run_contender, args=(config,), name=f"weft-{config.engine_id}", daemon=True
+        )
+        contenders.append(_Contender(config, process))
+    try:
+        for contender in contenders:
+            contender.process.start()
+        _wait_ready(contenders)
+        go_path.touch()
+        yield contenders
+    finally:
+        stop_path.touch()
+        for contender in contenders:
+            contender.process.join(EXIT_TIMEOUT_S)
+            if contender.process.is_alive():
+                contender.process.kill()
+                contender.process.join(EXIT_TIMEOUT_S)
+
+
+def _stop(contenders: list[_Contender]) -> None:
+    """Give the stop signal and wait for every live contender to end cleanly."""
+    Path(contenders[0].config.stop_path).touch()
+    for contender in contenders:
+        if contender.process.exitcode is not None:
+            continue
+        contender.process.join(EXIT_TIMEOUT_S)
+        assert contender.process.exitcode == 0, (
+            f"{contender.config.engine_id} exited with {contender.process.exitcode}"
+        )
+
+
+def _wait_ready(contenders: list[_Contender]) -> None:
+    deadline = time.monotonic() + READY_TIMEOUT_S
+    for contender in contenders:
+        path = contender.config.journal_path
+        while not (os.path.exists(path) and any(e["ev"] == "ready" for e in read_journal(path))):
+            assert contender.process.is_alive(), (
+                f"{contender.config.engine_id} died before it was ready "
+                f"(exit {contender.process.exitcode})"
+            )
+            assert time.monotonic() < deadline, f"{contender.config.engine_id} never became ready"
+            time.sleep(POLL_S)
+
+
+def _read_logs(storage: Storage, ids: list[str]) -> dict[str, list[LogEntry]]:
+    """Every workflow's log, checked to be the gap-free sequence its head counts."""
+    logs: dict[str, list[LogEntry]] = {}
+    for wid in ids:
+        count = decode_log_head(storage.get(log_head_key(wid)))
+        rows = storage.scan(log_entry_prefix(wid))
+        assert [key for key, _ in rows] == [log_entry_key(wid, seq) for seq in range(count)]
+        entries = [decode_log_entry(value) for _, value in rows]
+        assert [entry.seq for entry in entries] == list(range(count))
+        logs[wid] = entries
+    return logs
+
+
+def _assert_fenced(storage: Storage, logs: dict[str, list[LogEntry]]) -> None:
+    """Per workflow: epochs never go backwards, one writer per epoch, no stale entry."""
+    for wid, entries in logs.items():
+        epochs = [entry.epoch for entry in entries]
+        assert epochs == sorted(epochs), f"epochs went backwards in the log of {wid}: {epochs}"
+        writers: defaultdict[int, set[str]] = defaultdict(set)
+        for entry in entries:
+            writers[entry.epoch].add(entry.worker)
+        shared = {epoch: w for epoch, w in writers.items() if len(w) > 1}
+        assert not shared, f"several engines wrote under one epoch of {wid}: {shared}"
+        assert not [e for e in entries if e.stale], f"a stale-epoch write got into {wid}'s log"
+        if entries:
+            current = decode_epoch(storage.get(keys.workflow_owner_epoch(wid)))
+            assert current is not None and epochs[-1] <= current
+
+
+def _written_by(logs: dict[str, list[LogEntry]]) -> dict[str, set[Written]]:
+    found: defaultdict[str, set[Written]] = defaultdict(set)
+    for wid, entries in logs.items():
+        for entry in entries:
+            found[entry.worker].add((wid, entry.epoch, entry.seq))
+    return found
+
+
+def _journaled_writes(events: list[dict[str, Any]]) -> tuple[set[Written], Written | None]:
+    """The writes a journal saw commit, and the write in flight when it ends (if any)."""
+    accepted: set[Written] = set()
+    pending: Written | None = None
+    for event in events:
+        if event["ev"] == "intent":
+            pending = (event["wf"], event["epoch"], event["seq"])
+        elif event["ev"] in ("ok", "refused"):
+            assert pending is not None and (event["wf"], event["seq"]) == (pending[0], pending[2])
+            if event["ev"] == "ok":
+                accepted.add(pending)
+            pending = None
+    return accepted, pending
+
+
+def _assert_logs_match_journals(
+    logs: dict[str, list[LogEntry]], finished: list[_Contender]
+) -> dict[str, set[Written]]:
+    """Each finished engine's entries are exactly the writes its journal saw commit.
+
+    :returns: the entries of every engine, finished or not.
+    """
+    written = _written_by(logs)
+    for contender in finished:
+        accepted, pending = _journaled_writes(contender.journal())
+        assert pending is None, f"{contender.config.engine_id} ended inside a write"
+        assert written.get(contender.config.engine_id, set()) == accepted
+    return written
+
+
+def _holders(storage: Storage) -> dict[str, tuple[str, int]]:
+    """``{workflow id: (engine id, epoch)}`` of every readable holder."""
+    prefix = keys.workflow_owner_holder("")
+    found: dict[str, tuple[str, int]] = {}
+    for key, value in storage.scan(prefix):
+        holder = decode_holder(value)
+        if holder is not None:
+            found[keys.decode_key_component(key[len(prefix) :])] = (holder.engine_id, holder.epoch)
+    return found
+
+
+def _epochs(storage: Storage) -> dict[str, int]:
+    """``{workflow id: epoch}`` of every epoch key (read in one scan)."""
+    prefix = keys.workflow_owner_epoch("")
+    found: dict[str, int] = {}
+    for key, value in storage.scan(prefix):
+        epoch = decode_epoch(value)
+        assert epoch is not None, f"undecodable epoch under {key!r}"
+        found[keys.decode_key_component(key[len(prefix) :])] = epoch
+    return found
+
+
+def _wait_until_holding(storage: Storage, engine_id: str, count: int) -> None:
+    deadline = time.monotonic() + STRANDED_WAIT_S
+    while sum(1 for engine, _ in _holders(storage).values() if engine == engine_id) < count:
+        assert time.monotonic() < deadline, f"{engine_id} never held {count} claims at once"
+        time.sleep(POLL_S)
+
+
+def _unmoved(storage: Storage, stranded: dict[str, int]) -> list[str]:
+    """The ids whose epoch is still the one in ``stranded``."""
+    epochs = _epochs(storage)
+    return [wid for wid, epoch in stranded.items() if epochs.get(wid, 0) <= epoch]
+
+
+def _assert_contended(logs: dict[str, list[LogEntry]], summaries: list[dict[str, Any]]) -> None:
+    """The run exercised what it claims to: handovers, stale replays, the reclaim target."""
+    handovers = sum(1 for entries in logs.values() if len({e.worker for e in entries}) > 1)
+    assert handovers >= MIN_HANDOVERS, f"only {handovers} workflows changed hands"
+    counts: Counter[str] = Counter()
+    for summary in summaries:
+        counts.update(summary["counts"])
+        assert summary["counts"]["task_closed"] == 1
+        assert summary["counts"]["stopped_by_file"] == 1
+    assert counts["stale_accepted"] == 0
+    assert counts["stale_refused"] >= 1, f"no stale write was attempted: {dict(counts)}"
+    assert counts["fenced_accepted"] > 0
+    assert counts["release_released"] > 0
+    reclaimed = sum(s["attempts"]["acquired"] + s["attempts"]["takeover"] for s in summaries)
+    assert reclaimed > 0, "the reclaim target never claimed anything"
+
+
+def test_epoch_fence_admits_only_the_holders_writes_under_contention(
+    storage_url: str, open_store: Callable[[], Storage], tmp_path: Path
+) -> None:
+    store = open_store()
+    ids = [f"wf-{n:03d}" for n in range(WORKFLOWS)]
+    _seed_running_workflows(store, ids)
+
+    with _contest(storage_url, tmp_path, ids) as contenders:
+        time.sleep(RUN_S)
+        _stop(contenders)
+    summaries = [c.summary() for c in contenders]
+
+    logs = _read_logs(store, ids)
+    _assert_fenced(store, logs)
+    _assert_logs_match_journals(logs, contenders)
+    _assert_contended(logs, summaries)
+    # Every engine released what it held when it stopped.
+    assert _holders(store) == {}
+
+
+def test_killed_engine_is_taken_over_and_its_log_ends_at_its_last_accepted_write(
+    storage_url: str, open_store: Callable[[], Storage], tmp_path: Path
+) -> None:
+    store = open_store()
+    ids = [f"wf-{n:03d}" for n in range(WORKFLOWS)]
+    _seed_running_workflows(store, ids)
+
+    with _contest(storage_url, tmp_path, ids) as contenders:
+        victim, survivors = contenders[0], contenders[1:]
+        time.sleep(KILL_AFTER_S)
+        _wait_until_holding(store, victim.config.engine_id, MIN_STRANDED)
+        assert victim.process.pid is not None and victim.process.is_alive()
+        os.kill(victim.process.pid, signal.SIGKILL)
+        killed_at = time.monotonic()
+        victim.process.join(EXIT_TIMEOUT_S)
+        assert victim.process.exitcode == -signal.SIGKILL
+        stranded = {
+            wid: epoch
+            for wid, (engine, epoch) in _holders(store).items()
+            if engine == victim.config.engine_id
+        }
+        assert stranded, "the victim released everything just before it was killed"
+        while unmoved := _unmoved(store, stranded):
+            elapsed = time.monotonic() - killed_at
+            assert elapsed < TAKEOVER_BOUND_S, (
+                f"claims of the killed engine still unmoved after {elapsed:.2f} s: {unmoved}"
+            )
+            time.sleep(POLL_S)
+        time.sleep(AFTER_TAKEOVER_S)
+        _stop(survivors)
+    summaries = [c.summary() for c in survivors]
+
+    logs = _read_logs(store, ids)
+    _assert_fenced(store, logs)
+    written = _assert_logs_match_journals(logs, survivors)
+    # The victim's log entries are the writes it saw commit, plus at most the one in flight
+    # when it died; nothing of it lands later.
+    accepted, pending = _journaled_writes(victim.journal())
+    assert accepted, "the victim never wrote"
+    victim_written = written.get(victim.config.engine_id, set())
+    assert accepted <= victim_written <= accepted | ({pending} if pending else set())
+    # Only a takeover replaces a holder nobody released: each stranded claim needed one.
+    takeovers = sum(
+        s["attempts"]["takeover"] + s["counts"].get("takeover_acquired", 0) for s in summaries
+    )
+    assert takeovers >= len(stranded)
+    assert _unmoved(store, stranded) == []
+    for wid, epoch in stranded.items():
+        assert all(e.epoch <= epoch for e in logs[wid] if e.worker == victim.config.engine_id)
+    # The survivors released what they held, the victim's takeovers included: none is left.
+    assert _holders(store) == {}
+    _assert_contended(logs, summaries)

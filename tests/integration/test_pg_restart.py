@@ -1,0 +1,152 @@
+"""A PostgreSQL server restarted under a live engine: renewal rides out the outage.
+
+The engine holds 20 claims (TTL 6 s, renew interval 200 ms, wall clock, real timer) on a private
+cluster, which is stopped for about a second and started again. Renewals fail while the server is
+down; they are counted, never raised out of the maintenance threads, and succeed again once it is
+back, with every claim still held.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from collections.abc import Iterator
+
+import pytest
+
+from tests.maintenance.helpers import WAIT_S, PassRecorder
+from tests.pgcluster import PostgresCluster, start_cluster
+from weft_sync import keys
+from weft_sync.clock import system_clock
+from weft_sync.codec import HolderRecord, decode_holder
+from weft_sync.errors import StorageError
+from weft_sync.maintenance.bootstrap import bootstrap_workflow_lease_ownership
+from weft_sync.maintenance.targets import PassKind, PassResult, RenewalStatus
+from weft_sync.storage import PostgresStorage, Storage
+
+CLAIMS = 20
+TTL_MS = 6000
+RENEW_MS = 200
+OUTAGE_S = 1.0
+POOL_TIMEOUT_S = 0.5
+"""How long a call waits for a pooled connection: keeps each call during the outage short."""
+RECOVERY_TIMEOUT_S = 15.0
+POLL_S = 0.02
+ENGINE_ID = "engine-restart"
+
+pytestmark = [pytest.mark.slow, pytest.mark.postgres_only]
+
+
+@pytest.fixture
+def private_cluster() -> Iterator[PostgresCluster]:
+    """A cluster of this test's own, so stopping it disturbs no other test."""
+    try:
+        cluster = start_cluster()
+    except Exception as exc:  # pragma: no cover - depends on the machine
+        if os.environ.get("CI", "").lower() == "true":
+            pytest.fail(f"PostgreSQL could not be started under CI=true: {exc}")
+        pytest.skip(f"a private PostgreSQL cluster cannot be started here: {exc}")
+    try:
+        yield cluster
+    finally:
+        cluster.stop()
+
+
+@pytest.fixture
+def thread_crashes() -> Iterator[list[threading.ExceptHookArgs]]:
+    """Every exception that ends a thread during the test (instead of printing it)."""
+    crashes: list[threading.ExceptHookArgs] = []
+    previous = threading.excepthook
+    threading.excepthook = crashes.append
+    try:
+        yield crashes
+    finally:
+        threading.excepthook = previous
+
+
+def _holders(storage: Storage) -> dict[str, HolderRecord]:
+    prefix = keys.workflow_owner_holder("")
+    found: dict[str, HolderRecord] = {}
+    for key, value in storage.scan(prefix):
+        holder = decode_holder(value)
+        assert holder is not None, f"undecodable holder under {key!r}"
+        found[keys.decode_key_component(key[len(prefix) :])] = holder
+    return found
+
+
+def _wait_for_full_renewal(passes: PassRecorder, *, after_ms: int) -> PassResult:
+    """The first renewal pass that started after ``after_ms`` and renewed every claim."""
+    deadline = time.monotonic() + RECOVERY_TIMEOUT_S
+    while True:
+        for result in passes.of_kind(PassKind.RENEWAL):
+            if result.started_at > after_ms and result.renewed_count == CLAIMS:
+                return result
+        assert time.monotonic() < deadline, "renewal never succeeded again for every claim"
+        time.sleep(POLL_S)
+
+
+def test_renewal_survives_a_server_restart_without_losing_a_claim(
+    private_cluster: PostgresCluster, thread_crashes: list[threading.ExceptHookArgs]
+) -> None:
+    storage = PostgresStorage(private_cluster.url, table="weft_restart", timeout=POOL_TIMEOUT_S)
+    warned: list[Warning] = []
+    passes = PassRecorder()
+    try:
+        engine = bootstrap_workflow_lease_ownership(
+            storage=storage,
+            clock=system_clock,
+            claim_ttl_ms=TTL_MS,
+            claim_renew_interval_ms=RENEW_MS,
+            on_pass_complete=passes,
+            warn=warned.append,
+            engine_id=ENGINE_ID,
+        )
+        ids = [f"wf-{n:02d}" for n in range(CLAIMS)]
+        for wid in ids:
+            assert engine.registry.acquire(wid).status == "acquired"
+        engine.renewal_task.start()
+        try:
+            _wait_for_full_renewal(passes, after_ms=system_clock())
+            before = _holders(storage)
+
+            private_cluster.stop(remove=False)
+            stopped_at = system_clock()
+            time.sleep(OUTAGE_S)
+            private_cluster.start()
+            restarted_at = system_clock()
+            assert restarted_at - stopped_at < TTL_MS, "the outage outlasted the claims' TTL"
+
+            _wait_for_full_renewal(passes, after_ms=restarted_at)
+            after = _holders(storage)
+        finally:
+            closed = engine.renewal_task.close(timeout=WAIT_S)
+        assert closed, "maintenance passes were still running after close()"
+
+        # Renewed again after the outage: every expiry moved past the outage.
+        assert sorted(after) == ids
+        for wid in ids:
+            assert (after[wid].engine_id, after[wid].epoch) == (ENGINE_ID, 1)
+            assert after[wid].expires_at >= before[wid].expires_at + OUTAGE_S * 1000
+            assert after[wid].claimed_at == before[wid].claimed_at
+        # Nothing was lost.
+        assert sorted(engine.registry.list_held_workflow_ids()) == ids
+        assert warned == []
+        # The outage's failures were counted and reported, not raised.
+        failed = [
+            outcome
+            for result in passes.of_kind(PassKind.RENEWAL)
+            for outcome in result.outcomes
+            if outcome.status is RenewalStatus.FAILED
+        ]
+        assert failed, "no renewal failed while the server was down"
+        assert all(isinstance(outcome.error, StorageError) for outcome in failed)
+        snapshot = engine.metrics.snapshot()
+        assert snapshot.renewal_failures == len(failed)
+        assert snapshot.attempts["deposed"] == 0
+        assert thread_crashes == []
+
+        engine.registry.release_all()
+        assert _holders(storage) == {}
+    finally:
+        storage.close()
