@@ -4,7 +4,7 @@ The registry is the only code that commits claim transitions. It remembers, per 
 exact epoch and holder bytes it last wrote, so every later compare-and-swap names those bytes and
 fails if anyone else has written since.
 
-Threading: one lock guards the claims map, the per-workflow in-flight renewal futures and the
+Threading: one lock guards the claims map, the per-workflow in-flight renewal groups and the
 releasing counts. The lock is never held across storage I/O, clock reads, warning sinks or
 logging. Identity guards compare tracking entries with ``is``: a renewal or release only touches
 the entry it started from, never a newer one a concurrent acquire or takeover installed.
@@ -12,21 +12,23 @@ the entry it started from, never a newer one a concurrent acquire or takeover in
 
 from __future__ import annotations
 
+import dataclasses
 import logging
+import re
 import threading
 import warnings
 from collections.abc import Callable, Iterable, Sequence
-from concurrent.futures import Future
-from concurrent.futures import wait as wait_for_futures
 from dataclasses import dataclass
 from typing import Final, TypeVar
 
+import msgpack
+
 from .. import keys
 from ..clock import Clock
-from ..codec import decode_epoch, decode_holder
+from ..codec import SAFE_INT_MAX, decode_epoch, decode_holder, encode_holder
 from ..errors import StorageCapabilityError, StorageError, WorkflowClaimLostWarning
 from ..keys import validate_workflow_id
-from ..storage.base import Storage, storage_conditional_batch
+from ..storage.base import Batch, Condition, Put, Storage, storage_conditional_batch
 from .cooldown import TakeoverCooldown
 from .results import (
     AcquirePreparation,
@@ -59,6 +61,11 @@ RELEASE_ALL_CONCURRENCY: Final = 16
 
 _T = TypeVar("_T")
 
+_HOLDER_PREFIX: Final = keys.workflow_owner_holder("")
+# Ids made only of these characters are their own key component: encodeURIComponent keeps them.
+_PLAIN_ID: Final = re.compile(r"[A-Za-z0-9_.!~*'()-]+")
+_PACKED_EXPIRES_AT_KEY: Final = msgpack.packb("expires_at")
+
 
 def _default_warn(warning: Warning) -> None:
     # Points at the caller of the public registry method that found the claim lost.
@@ -69,21 +76,82 @@ def _default_warn(warning: Warning) -> None:
 class _Entry:
     """One held claim. Compared by identity: each acquire or takeover installs a new object.
 
-    ``holder_bytes`` is replaced after each successful renewal, under the registry lock.
+    ``holder_bytes`` is replaced after each successful renewal, under the registry lock. A renewal
+    rewrites only the ``expires_at`` value: ``head_len`` bytes before it and ``tail_len`` bytes
+    after it stay as they are (``head_len == 0``: renew through ``build_renew_transition``).
     """
 
     epoch: int
     claimed_at: int
     epoch_bytes: bytes
     holder_bytes: bytes
+    head_len: int = 0
+    tail_len: int = 0
 
 
-@dataclass(slots=True)
-class _StartedRenewal:
-    workflow_id: str
-    entry: _Entry
-    holder_bytes: bytes
-    future: Future[RenewResult]
+# A renewal in flight: the workflow id, the entry it started from and the holder bytes it expects.
+_Member = tuple[str, "_Entry", bytes]
+
+
+class _RenewalGroup:
+    """Renewals committed in one transaction; callers joining one of them wait on ``done``.
+
+    ``results`` and ``error`` are written before ``done`` is set and never after it.
+    """
+
+    __slots__ = ("done", "error", "results")
+
+    def __init__(self) -> None:
+        self.done = threading.Event()
+        self.results: dict[str, RenewResult] = {}
+        self.error: BaseException | None = None
+
+    def result(self, workflow_id: str) -> RenewResult:
+        """Wait for the group; return the id's result or raise the group's error."""
+        self.done.wait()
+        if self.error is not None:
+            raise self.error
+        return self.results[workflow_id]
+
+    def outcome(self, workflow_id: str) -> RenewResult | Exception:
+        """Like :meth:`result`, but return an ``Exception`` instead of raising it."""
+        self.done.wait()
+        error = self.error
+        if error is None:
+            return self.results[workflow_id]
+        if isinstance(error, Exception):
+            return error
+        raise error
+
+
+def _holder_key(workflow_id: str) -> str:
+    """``keys.workflow_owner_holder``, without percent-encoding ids that encode to themselves."""
+    if _PLAIN_ID.fullmatch(workflow_id):
+        return _HOLDER_PREFIX + workflow_id
+    return keys.workflow_owner_holder(workflow_id)
+
+
+def _renewal_split(holder_bytes: bytes) -> tuple[int, int]:
+    """Return ``(head_len, tail_len)`` around the packed ``expires_at`` value, or ``(0, 0)``.
+
+    Splicing a packed value between the head and the tail must give exactly what
+    ``encode_holder`` gives for that value; this is checked here on a probe value, so a holder
+    this cannot be shown for is renewed through ``build_renew_transition`` instead.
+    """
+    record = decode_holder(holder_bytes)
+    if record is None or encode_holder(record) != holder_bytes:
+        return 0, 0
+    marker = _PACKED_EXPIRES_AT_KEY + msgpack.packb(record.expires_at)
+    at = holder_bytes.find(marker)
+    if at < 0 or holder_bytes.find(marker, at + 1) >= 0:
+        return 0, 0
+    head_len = at + len(_PACKED_EXPIRES_AT_KEY)
+    tail_len = len(holder_bytes) - at - len(marker)
+    probe = record.expires_at - 1 if record.expires_at > 0 else 1
+    spliced = holder_bytes[:head_len] + msgpack.packb(probe) + holder_bytes[at + len(marker) :]
+    if spliced != encode_holder(dataclasses.replace(record, expires_at=probe)):
+        return 0, 0
+    return head_len, tail_len
 
 
 def _positive_int(name: str, value: object) -> int:
@@ -135,7 +203,7 @@ class ClaimRegistry:
         # (storage, clock, warn sink, logging) runs while it is held.
         self._lock = threading.Lock()
         self._claims: dict[str, _Entry] = {}
-        self._in_flight: dict[str, Future[RenewResult]] = {}
+        self._in_flight: dict[str, _RenewalGroup] = {}
         self._releasing: dict[str, int] = {}
 
     # -- read-only views -------------------------------------------------------------------
@@ -255,28 +323,31 @@ class ClaimRegistry:
         :raises StorageError: the commit failed; the claim stays tracked and nothing is emitted.
         """
         wid = validate_workflow_id(workflow_id)
-        started: _StartedRenewal | None = None
+        group = _RenewalGroup()
+        member: _Member | None = None
         with self._lock:
             joined = self._in_flight.get(wid)
             if joined is None:
-                started = self._start_renewal(wid)
+                member = self._start_renewal(wid, group)
         if joined is not None:
             _log.debug("renewal of workflow %r joins the renewal already in flight", wid)
-            return joined.result()
-        if started is None:
+            return joined.result(wid)
+        if member is None:
             _log.debug("renewal of workflow %r: not held", wid)
             return RenewResult(RenewStatus.NOT_HELD, wid)
         try:
             now = self._clock()
-            fragment = self._renew_fragment(started, now)
-            committed = self._commit(fragment)
+            batches, new_values = self._renewal_writes([member], now)
+            committed = storage_conditional_batch(self._storage, *batches[0])
         except BaseException as exc:
-            self._fail_renewals([started], exc)
+            self._fail_groups([(group, [member])], exc)
             _log.debug("renewal of workflow %r failed: %r", wid, exc)
             raise
-        result = self._settle_renewal(started, fragment if committed else None, now)
+        (result,) = self._settle_group(group, [member], new_values, [committed], now)
         if result.status is RenewStatus.LOST:
             self._report_lost(wid)
+        else:
+            _log.debug("renewed the claim on workflow %r", wid)
         return result
 
     def renew_many(
@@ -314,117 +385,146 @@ class ClaimRegistry:
         if isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size < 1:
             raise ValueError(f"chunk_size must be an int >= 1, got {chunk_size!r}")
         outcomes: dict[str, RenewResult | Exception] = {}
-        joined: dict[str, Future[RenewResult]] = {}
-        started: list[_StartedRenewal] = []
+        joined: dict[str, _RenewalGroup] = {}
+        groups: list[tuple[_RenewalGroup, list[_Member]]] = []
         with self._lock:
             for wid in dict.fromkeys(ids):
                 in_flight = self._in_flight.get(wid)
                 if in_flight is not None:
                     joined[wid] = in_flight
                     continue
-                renewal = self._start_renewal(wid)
-                if renewal is None:
+                if not groups or len(groups[-1][1]) >= chunk_size:
+                    groups.append((_RenewalGroup(), []))
+                group, members = groups[-1]
+                member = self._start_renewal(wid, group)
+                if member is None:
                     outcomes[wid] = RenewResult(RenewStatus.NOT_HELD, wid)
                 else:
-                    started.append(renewal)
+                    members.append(member)
         lost: list[str] = []
         try:
-            for begin in range(0, len(started), chunk_size):
-                chunk = started[begin : begin + chunk_size]
-                self._renew_chunk(chunk, outcomes, lost)
+            for group, members in groups:
+                if members:
+                    self._renew_group(group, members, outcomes, lost)
         except BaseException as exc:
-            self._fail_renewals([r for r in started if not r.future.done()], exc)
+            self._fail_groups([(g, m) for g, m in groups if not g.done.is_set()], exc)
             raise
-        for wid, future in joined.items():
-            outcomes[wid] = _future_outcome(future)
+        for wid, in_flight in joined.items():
+            outcomes[wid] = in_flight.outcome(wid)
         # A warn sink that raises fails only the id it was reporting, as renew() would.
         outcomes.update(self._report_all_lost(lost))
         return [outcomes[wid] for wid in ids]
 
-    def _start_renewal(self, wid: str) -> _StartedRenewal | None:
-        """Register a renewal of ``wid`` as in flight; ``None`` if it is not renewable. Locked."""
+    def _start_renewal(self, wid: str, group: _RenewalGroup) -> _Member | None:
+        """Register a renewal of ``wid`` in ``group``; ``None`` if it is not renewable. Locked."""
         if wid in self._releasing:
             return None
         entry = self._claims.get(wid)
         if entry is None:
             return None
-        future: Future[RenewResult] = Future()
-        self._in_flight[wid] = future
-        return _StartedRenewal(wid, entry, entry.holder_bytes, future)
+        self._in_flight[wid] = group
+        return (wid, entry, entry.holder_bytes)
 
-    def _renew_fragment(self, renewal: _StartedRenewal, now: int) -> Fragment:
-        return build_renew_transition(
-            workflow_id=renewal.workflow_id,
-            now=now,
-            claim_ttl_ms=self._claim_ttl_ms,
-            current_holder_bytes=renewal.holder_bytes,
-        )
+    def _renewal_writes(
+        self, members: Sequence[_Member], now: int
+    ) -> tuple[list[Batch], list[bytes]]:
+        """Build each member's renewal CAS and the holder bytes it writes.
 
-    def _renew_chunk(
+        Holders with a known split get the packed ``expires_at`` spliced in, which is byte for
+        byte what :func:`build_renew_transition` would write; the others go through it.
+        """
+        expires_at = now + self._claim_ttl_ms
+        packed = msgpack.packb(expires_at) if 0 <= expires_at <= SAFE_INT_MAX else None
+        batches: list[Batch] = []
+        new_values: list[bytes] = []
+        for wid, entry, old in members:
+            if packed is not None and entry.head_len:
+                new = old[: entry.head_len] + packed + old[len(old) - entry.tail_len :]
+                key = _holder_key(wid)
+                batches.append(((Condition(key, old),), (Put(key, new),)))
+            else:
+                fragment = build_renew_transition(
+                    workflow_id=wid,
+                    now=now,
+                    claim_ttl_ms=self._claim_ttl_ms,
+                    current_holder_bytes=old,
+                )
+                new = extract_put_value(fragment.operations, keys.workflow_owner_holder(wid))
+                batches.append((fragment.conditions, fragment.operations))
+            new_values.append(new)
+        return batches, new_values
+
+    def _renew_group(
         self,
-        chunk: Sequence[_StartedRenewal],
+        group: _RenewalGroup,
+        members: list[_Member],
         outcomes: dict[str, RenewResult | Exception],
         lost: list[str],
     ) -> None:
         try:
             now = self._clock()
-            fragments = [self._renew_fragment(renewal, now) for renewal in chunk]
-            committed = self._commit_many(fragments)
+            batches, new_values = self._renewal_writes(members, now)
+            committed = self._commit_many(batches)
         except Exception as exc:
-            self._fail_renewals(chunk, exc)
-            for renewal in chunk:
-                outcomes[renewal.workflow_id] = exc
-            _log.debug("batched renewal of %d claims failed: %r", len(chunk), exc)
+            self._fail_groups([(group, members)], exc)
+            for wid, _, _ in members:
+                outcomes[wid] = exc
+            _log.debug("batched renewal of %d claims failed: %r", len(members), exc)
             return
-        for renewal, fragment, ok in zip(chunk, fragments, committed, strict=True):
-            result = self._settle_renewal(renewal, fragment if ok else None, now)
-            outcomes[renewal.workflow_id] = result
+        results = self._settle_group(group, members, new_values, committed, now)
+        lost_here = 0
+        for result in results:
+            outcomes[result.workflow_id] = result
             if result.status is RenewStatus.LOST:
-                lost.append(renewal.workflow_id)
+                lost.append(result.workflow_id)
+                lost_here += 1
         _log.debug(
             "batched renewal of %d claims: %d renewed, %d lost",
-            len(chunk),
-            len(chunk) - sum(1 for ok in committed if not ok),
-            sum(1 for ok in committed if not ok),
+            len(members),
+            len(members) - lost_here,
+            lost_here,
         )
 
-    def _settle_renewal(
-        self, renewal: _StartedRenewal, committed: Fragment | None, now: int
-    ) -> RenewResult:
-        """Apply a finished renewal to the entry it started from, then wake its waiters.
-
-        ``committed`` is the fragment when the CAS succeeded, ``None`` when it failed.
-        """
-        wid = renewal.workflow_id
-        new_holder_bytes = (
-            None
-            if committed is None
-            else extract_put_value(committed.operations, keys.workflow_owner_holder(wid))
-        )
+    def _settle_group(
+        self,
+        group: _RenewalGroup,
+        members: Sequence[_Member],
+        new_values: Sequence[bytes],
+        committed: Sequence[bool],
+        now: int,
+    ) -> list[RenewResult]:
+        """Apply finished renewals to the entries they started from, then wake their waiters."""
+        results: list[RenewResult] = []
+        renewed, lost = RenewStatus.RENEWED, RenewStatus.LOST
         with self._lock:
-            still_tracked = self._claims.get(wid) is renewal.entry
-            if new_holder_bytes is not None and still_tracked:
-                renewal.entry.holder_bytes = new_holder_bytes
-            elif new_holder_bytes is None and still_tracked:
-                del self._claims[wid]
-                # The window starts at this renewal's own clock reading.
-                self._cooldown.record_deposition(wid, now)
-            if self._in_flight.get(wid) is renewal.future:
-                del self._in_flight[wid]
-        status = RenewStatus.RENEWED if committed is not None else RenewStatus.LOST
-        result = RenewResult(status, wid)
-        renewal.future.set_result(result)
-        if committed is not None:
-            _log.debug("renewed the claim on workflow %r", wid)
-        return result
+            claims, in_flight = self._claims, self._in_flight
+            for (wid, entry, _), new, ok in zip(members, new_values, committed, strict=True):
+                tracked = claims.get(wid) is entry
+                if ok and tracked:
+                    entry.holder_bytes = new
+                elif not ok and tracked:
+                    del claims[wid]
+                    # The window starts at this renewal's own clock reading.
+                    self._cooldown.record_deposition(wid, now)
+                if in_flight.get(wid) is group:
+                    del in_flight[wid]
+                result = RenewResult(renewed if ok else lost, wid)
+                group.results[wid] = result
+                results.append(result)
+        group.done.set()
+        return results
 
-    def _fail_renewals(self, renewals: Sequence[_StartedRenewal], exc: BaseException) -> None:
+    def _fail_groups(
+        self, groups: Sequence[tuple[_RenewalGroup, Sequence[_Member]]], exc: BaseException
+    ) -> None:
         with self._lock:
-            for renewal in renewals:
-                if self._in_flight.get(renewal.workflow_id) is renewal.future:
-                    del self._in_flight[renewal.workflow_id]
-        for renewal in renewals:
-            renewal.future.set_exception(exc)
+            for group, members in groups:
+                for wid, _, _ in members:
+                    if self._in_flight.get(wid) is group:
+                        del self._in_flight[wid]
+        for group, _ in groups:
+            group.error = exc
+            group.done.set()
 
     # -- release ---------------------------------------------------------------------------
 
@@ -453,7 +553,7 @@ class ClaimRegistry:
             if in_flight is not None:
                 _log.debug("release of workflow %r waits for the renewal in flight", wid)
                 # Waits without raising: the renewal's own caller sees its error.
-                wait_for_futures([in_flight])
+                in_flight.done.wait()
             return self._release_tracked(wid, expected_epoch)
         finally:
             with self._lock:
@@ -594,16 +694,14 @@ class ClaimRegistry:
     def _commit(self, fragment: Fragment) -> bool:
         return storage_conditional_batch(self._storage, fragment.conditions, fragment.operations)
 
-    def _commit_many(self, fragments: Sequence[Fragment]) -> list[bool]:
-        """Commit independent fragments in one transaction, checking the declared capability."""
+    def _commit_many(self, batches: Sequence[Batch]) -> list[bool]:
+        """Commit independent batches in one transaction, checking the declared capability."""
         if not self._storage.capabilities.conditional_batch:
             raise StorageCapabilityError("batched claim renewal", "conditional_batch")
-        results = self._storage.conditional_batches(
-            [(fragment.conditions, fragment.operations) for fragment in fragments]
-        )
-        if len(results) != len(fragments):
+        results = self._storage.conditional_batches(batches)
+        if len(results) != len(batches):
             raise StorageError(
-                f"conditional_batches() returned {len(results)} results for {len(fragments)} "
+                f"conditional_batches() returned {len(results)} results for {len(batches)} "
                 f"batches; the backend breaks the Storage contract"
             )
         return [bool(ok) for ok in results]
@@ -621,7 +719,7 @@ class ClaimRegistry:
         epoch = decode_epoch(epoch_bytes)
         if epoch is None:
             raise ValueError(f"the fragment for workflow {wid!r} puts an invalid epoch")
-        entry = _Entry(epoch, claimed_at, epoch_bytes, holder_bytes)
+        entry = _Entry(epoch, claimed_at, epoch_bytes, holder_bytes, *_renewal_split(holder_bytes))
         with self._lock:
             self._claims[wid] = entry
             self._cooldown.clear(wid)
@@ -655,15 +753,6 @@ class ClaimRegistry:
         with self._lock:
             held = len(self._claims)
         return f"ClaimRegistry(engine_id={self._engine_id!r}, held={held})"
-
-
-def _future_outcome(future: Future[RenewResult]) -> RenewResult | Exception:
-    error = future.exception()
-    if error is None:
-        return future.result()
-    if isinstance(error, Exception):
-        return error
-    raise error
 
 
 def _run_concurrently(fn: Callable[[_T], None], items: Sequence[_T], max_workers: int) -> None:

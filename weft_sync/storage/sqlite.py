@@ -85,6 +85,33 @@ def _as_bytes(value: object) -> bytes | None:
     raise StorageError(f"stored value of type {type(value).__name__} is not a BLOB: {value!r:.80}")
 
 
+# ``(new value, key, expected value)`` of a renewal-shaped batch.
+_RenewalRow = tuple[bytes, str, bytes]
+
+
+def _renewal_row(
+    conditions: Sequence[Condition], operations: Sequence[Operation]
+) -> _RenewalRow | None:
+    """Validate a ``[Condition(k, bytes)] -> [Put(k, bytes)]`` batch and return its row.
+
+    Any other batch gives ``None`` (and is left to :func:`validate_batch`). Such a batch commits
+    exactly when ``UPDATE … SET value = new WHERE key = k AND value = expected`` changes a row.
+    """
+    if len(conditions) != 1 or len(operations) != 1:
+        return None
+    cond, op = conditions[0], operations[0]
+    if type(cond) is not Condition or type(op) is not Put or op.key != cond.key:
+        return None
+    if type(cond.expected) is not bytes or type(op.value) is not bytes:
+        return None
+    return op.value, validate_key(cond.key), cond.expected
+
+
+def _renewal_batch(row: _RenewalRow) -> tuple[list[Condition], list[Operation]]:
+    new, key, expected = row
+    return [Condition(key, expected)], [Put(key, new)]
+
+
 def _duplicate(exc: BaseException) -> BaseException:
     """Copy an exception with its cause; fall back to the original if it cannot be copied."""
     try:
@@ -97,12 +124,21 @@ def _duplicate(exc: BaseException) -> BaseException:
 
 
 class _Request:
-    """Conditional batches committed together; the caller waits on ``done``."""
+    """Conditional batches committed together; the caller waits on ``done``.
 
-    __slots__ = ("batches", "done", "error", "results")
+    ``renewals`` replaces ``batches`` when every batch is renewal-shaped (see
+    :func:`_renewal_row`).
+    """
 
-    def __init__(self, batches: list[tuple[list[Condition], list[Operation]]]) -> None:
+    __slots__ = ("batches", "done", "error", "renewals", "results")
+
+    def __init__(
+        self,
+        batches: list[tuple[list[Condition], list[Operation]]],
+        renewals: list[_RenewalRow] | None = None,
+    ) -> None:
         self.batches = batches
+        self.renewals = renewals
         self.done = threading.Event()
         self.results: list[bool] | None = None
         self.error: BaseException | None = None
@@ -121,8 +157,11 @@ class SqliteStorage:
 
     Threads: every write is queued to one writer thread per instance, which drains the queue into
     a single ``BEGIN IMMEDIATE`` transaction (group commit) and applies each request under its own
-    SAVEPOINT, so one request's failed condition or error leaves the others intact. Reads use one
-    connection per thread; WAL readers never block the writer.
+    SAVEPOINT, so one request's failed condition or error leaves the others intact. A request
+    whose batches are all renewal-shaped (one condition expecting bytes, one put of the same key)
+    runs as one ``executemany`` of ``UPDATE … WHERE key = ? AND value = ?``, judged batch by batch
+    only when a row did not change. Reads use one connection per thread; WAL readers never block
+    the writer.
 
     Processes: writers in different processes are serialised by ``flock`` on ``<path>.lock``,
     held only while a write transaction runs, and ``BEGIN IMMEDIATE`` takes SQLite's write lock
@@ -170,6 +209,7 @@ class SqliteStorage:
         self._sql_get = f"SELECT value FROM {quoted} WHERE key = ?"
         self._sql_put = f"REPLACE INTO {quoted} (key, value) VALUES (?, ?)"
         self._sql_delete = f"DELETE FROM {quoted} WHERE key = ?"
+        self._sql_renew = f"UPDATE {quoted} SET value = ? WHERE key = ? AND value = ?"
         self._sql_scan = f"SELECT key, value FROM {quoted} WHERE key >= ?"
 
         # Guards _closed, _queue, _writer, _readers and the per-process fields below.
@@ -379,25 +419,40 @@ class SqliteStorage:
     def conditional_batch(
         self, conditions: Sequence[Condition], operations: Sequence[Operation]
     ) -> bool:
+        row = _renewal_row(conditions, operations)
+        if row is not None:
+            return self._submit([], [row])[0]
         return self._submit([validate_batch(conditions, operations)])[0]
 
     def conditional_batches(self, batches: Sequence[Batch]) -> list[bool]:
-        checked = []
+        checked: list[tuple[list[Condition], list[Operation]]] = []
+        rows: list[_RenewalRow] = []
         for item in batches:
             if not isinstance(item, (tuple, list)) or len(item) != 2:
                 raise TypeError(
                     f"each conditional batch must be a (conditions, operations) tuple, got {item!r}"
                 )
-            checked.append(validate_batch(item[0], item[1]))
-        if not checked:
+            row = None if checked else _renewal_row(item[0], item[1])
+            if row is not None:
+                rows.append(row)
+            else:
+                checked.append(validate_batch(item[0], item[1]))
+        if not rows and not checked:
             self._ensure_process()
             self._check_open()
             return []
-        return self._submit(checked)
+        if not checked:
+            return self._submit([], rows)
+        # Not every batch is a renewal: the renewals seen first go through the general path too.
+        return self._submit([_renewal_batch(row) for row in rows] + checked)
 
-    def _submit(self, batches: list[tuple[list[Condition], list[Operation]]]) -> list[bool]:
+    def _submit(
+        self,
+        batches: list[tuple[list[Condition], list[Operation]]],
+        renewals: list[_RenewalRow] | None = None,
+    ) -> list[bool]:
         self._ensure_process()
-        request = _Request(batches)
+        request = _Request(batches, renewals)
         with self._lock:
             self._check_open()
             if self._writer is None:
@@ -478,7 +533,10 @@ class SqliteStorage:
         conn.execute("SAVEPOINT weft_request")
         try:
             with self._translate("write"):
-                results = [self._apply_batch(conn, conds, ops) for conds, ops in request.batches]
+                if request.renewals is not None:
+                    results = self._apply_renewals(conn, request.renewals)
+                else:
+                    results = [self._apply_batch(conn, c, o) for c, o in request.batches]
         except StorageError as exc:
             if not conn.in_transaction:
                 raise  # SQLite rolled the whole transaction back: every request in it is lost.
@@ -487,6 +545,16 @@ class SqliteStorage:
             return None, exc
         conn.execute("RELEASE weft_request")
         return results, None
+
+    def _apply_renewals(self, conn: sqlite3.Connection, rows: list[_RenewalRow]) -> list[bool]:
+        """Apply renewal rows in order, inside the request's savepoint."""
+        # The key is unique, so each UPDATE changes at most one row, and changes one exactly when
+        # its condition held at its turn: a full count is the sequential outcome of every row.
+        if conn.executemany(self._sql_renew, rows).rowcount == len(rows):
+            return [True] * len(rows)
+        # Some condition failed (or a foreign writer stored text): judge row by row.
+        conn.execute("ROLLBACK TO weft_request")
+        return [self._apply_batch(conn, *_renewal_batch(row)) for row in rows]
 
     def _apply_batch(
         self, conn: sqlite3.Connection, conditions: list[Condition], operations: list[Operation]

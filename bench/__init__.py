@@ -1,0 +1,1 @@
+"""Benchmarks (not tests): each script prints medians and the ratios measured in one run."""
