@@ -36,7 +36,7 @@ EXIT_OK, EXIT_FAILURE, EXIT_USAGE, EXIT_NOT_FOUND, EXIT_INTERRUPTED = 0, 1, 2, 3
 _EPILOG = """\
 The store comes from --url, else $WEFT_SYNC_URL, else sqlite:///weft_sync.db in the current
 directory. Exit codes: 0 success, 1 a problem was found or the store failed, 2 usage error,
-3 no such workflow."""
+3 no such workflow, 130 interrupted."""
 
 
 def _build_parser() -> argparse.ArgumentParser:

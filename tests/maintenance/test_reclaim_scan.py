@@ -152,3 +152,25 @@ def test_each_store_object_has_its_own_scan_cursor(
     first = list_reclaim_candidates(storage, set())
     assert list_reclaim_candidates(other, set()) == first
     assert set(list_reclaim_candidates(storage, set())).isdisjoint(first)
+
+
+def test_holders_seen_live_are_skipped_and_not_read_again(storage: Storage) -> None:
+    from tests.claims.gated import GatedStorage
+    from weft_sync.codec import decode_holder
+
+    live = HolderRecord("engine-a", 1, expires_at=90_000, claimed_at=0)
+    expired = HolderRecord("engine-b", 1, expires_at=10_000, claimed_at=0)
+    storage.put(keys.workflow_owner_holder("wf-live"), encode_holder(live))
+    storage.put(keys.workflow_owner_holder("wf-expired"), encode_holder(expired))
+    _workflow(storage, "wf-live", "running")
+    _workflow(storage, "wf-expired", "running")
+
+    def is_live(value: bytes) -> bool:
+        holder = decode_holder(value)
+        return holder is not None and holder.expires_at > 50_000
+
+    gated = GatedStorage(storage)
+    assert list_reclaim_candidates(gated, set(), holder_is_live=is_live) == ["wf-expired"]
+    # The live workflow is neither a candidate through the index nor point-read for its holder.
+    assert gated.calls["get"] == 0
+    assert list_reclaim_candidates(storage, set()) == ["wf-expired", "wf-live"]

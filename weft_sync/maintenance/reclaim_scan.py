@@ -21,7 +21,7 @@ import logging
 import os
 import threading
 import weakref
-from collections.abc import Collection
+from collections.abc import Callable, Collection
 from typing import Final
 
 from .. import keys
@@ -57,19 +57,33 @@ if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_reset_cursor_lock_in_child)
 
 
-def list_reclaim_candidates(storage: Storage, exclude: Collection[str]) -> list[str]:
+def list_reclaim_candidates(
+    storage: Storage,
+    exclude: Collection[str],
+    *,
+    holder_is_live: Callable[[bytes], bool] | None = None,
+) -> list[str]:
     """Return the ids worth a takeover attempt, without duplicates, in scan order.
 
     :param storage: the store to scan.
     :param exclude: ids never to return (this engine's own claims).
+    :param holder_is_live: given the holder bytes the scan read, ``True`` skips that workflow
+        this pass. Only a holder seen live can be skipped, and the takeover re-reads anyway, so
+        this saves the reads of a doomed attempt without ever hiding an expired claim for long.
     :raises StorageError: a scan or read failed (the cursor does not move then).
     """
     excluded = set(exclude)
     found: dict[str, None] = {}
-    for key, _ in storage.scan(_HOLDER_PREFIX):
+    live: set[str] = set()
+    for key, value in storage.scan(_HOLDER_PREFIX):
         workflow_id = _decode_id(key, _HOLDER_PREFIX)
-        if workflow_id is not None and workflow_id not in excluded:
-            found.setdefault(workflow_id)
+        if workflow_id is None or workflow_id in excluded:
+            continue
+        if holder_is_live is not None and holder_is_live(value):
+            live.add(workflow_id)
+            continue
+        found.setdefault(workflow_id)
+    excluded |= live
     for key, _ in storage.scan(_RUNNING_INDEX_PREFIX):
         workflow_id = _decode_id(key, _RUNNING_INDEX_PREFIX)
         if workflow_id is None or workflow_id in excluded or workflow_id in found:
