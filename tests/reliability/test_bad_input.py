@@ -521,11 +521,6 @@ def test_every_registry_method_refuses_an_invalid_workflow_id_before_touching_th
     assert registry.renew("wf-held").status == "renewed"
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="renew_many/renew_many_outcomes iterate a str argument character by character and "
-    "renew one-letter ids instead of refusing it",
-)
 def test_renew_many_refuses_a_single_string_instead_of_renewing_its_characters(
     registry: ClaimRegistry,
 ) -> None:

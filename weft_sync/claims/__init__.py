@@ -10,7 +10,7 @@ from .gates import (
     assert_ownership_storage_capability,
     bootstrap_ownership_gates,
 )
-from .registry import DEFAULT_RENEW_CHUNK_SIZE, ClaimRegistry, WarnSink
+from .registry import DEFAULT_RENEW_CHUNK_SIZE, ClaimRegistry, ReleasePreparation, WarnSink
 from .renewal_target import ClaimRenewalLostError, RegistryRenewalTarget, create_renewal_target
 from .results import (
     AcquirePreparation,
@@ -48,6 +48,7 @@ __all__ = [
     "OWNERSHIP_MODES",
     "OwnershipModeName",
     "RegistryRenewalTarget",
+    "ReleasePreparation",
     "ReleaseResult",
     "ReleaseStatus",
     "RenewResult",

@@ -2,162 +2,83 @@
 
 The registry is the only code that commits claim transitions. It remembers, per held workflow, the
 exact epoch and holder bytes it last wrote, so every later compare-and-swap names those bytes and
-fails if anyone else has written since.
+fails if anyone else has written since. Acquire, takeover and the tracking views live here; the
+renewal machinery is in :mod:`~weft_sync.claims.renewals`, release in
+:mod:`~weft_sync.claims.releases`, and the tracked state in :mod:`~weft_sync.claims.tracking`.
 
-Threading: one lock guards the claims map, the per-workflow in-flight renewal groups and the
-releasing counts. The lock is never held across storage I/O, clock reads, warning sinks or
-logging. Identity guards compare tracking entries with ``is``: a renewal or release only touches
-the entry it started from, never a newer one a concurrent acquire or takeover installed.
+Threading: one lock, the :class:`~weft_sync.claims.tracking.ClaimTable`'s, guards the claims map,
+the per-workflow in-flight renewal groups, the releasing counts and the mutable fields of every
+tracked entry; the registry and its renewal and release parts all use that one table. The lock is
+never held across storage I/O, clock reads, warning sinks or logging. Identity guards compare
+tracking entries with ``is``: a renewal or release only touches the entry it started from, never
+a newer one a concurrent acquire or takeover installed.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import logging
-import re
-import threading
-import warnings
-from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
-from typing import Final, TypeVar
-
-import msgpack
+from collections.abc import Iterable
 
 from .. import keys
 from ..clock import Clock
-from ..codec import SAFE_INT_MAX, decode_epoch, decode_holder, encode_holder
-from ..errors import StorageCapabilityError, StorageError, WorkflowClaimLostWarning
+from ..codec import decode_epoch, decode_holder
 from ..keys import validate_workflow_id
-from ..storage.base import Batch, Condition, Put, Storage, storage_conditional_batch
-from .cooldown import TakeoverCooldown
+from ..options import MAX_CLAIM_TTL_MS
+from ..storage.base import Storage, storage_conditional_batch
+from .releases import RELEASE_ALL_CONCURRENCY, ReleasePreparation, Releases
+from .renewals import DEFAULT_RENEW_CHUNK_SIZE, Renewals, WarnSink, default_warn, renewal_split
 from .results import (
     AcquirePreparation,
     AcquireResult,
     AcquireStatus,
     ReleaseResult,
-    ReleaseStatus,
     RenewResult,
-    RenewStatus,
     TakeoverResult,
     TakeoverStatus,
 )
+from .tracking import ClaimTable, TrackedClaim
 from .transitions import (
     Fragment,
     build_acquire_transition,
-    build_release_transition,
-    build_renew_transition,
     build_takeover_transition,
     extract_put_value,
     is_claim_expired,
 )
 
-__all__ = ["DEFAULT_RENEW_CHUNK_SIZE", "RELEASE_ALL_CONCURRENCY", "ClaimRegistry", "WarnSink"]
+__all__ = [
+    "DEFAULT_RENEW_CHUNK_SIZE",
+    "RELEASE_ALL_CONCURRENCY",
+    "ClaimRegistry",
+    "ReleasePreparation",
+    "WarnSink",
+]
 
 _log = logging.getLogger(__name__)
-
-WarnSink = Callable[[Warning], None]
-DEFAULT_RENEW_CHUNK_SIZE: Final = 500
-RELEASE_ALL_CONCURRENCY: Final = 16
-
-_T = TypeVar("_T")
-
-_HOLDER_PREFIX: Final = keys.workflow_owner_holder("")
-# Ids made only of these characters are their own key component: encodeURIComponent keeps them.
-_PLAIN_ID: Final = re.compile(r"[A-Za-z0-9_.!~*'()-]+")
-_PACKED_EXPIRES_AT_KEY: Final = msgpack.packb("expires_at")
-
-
-def _default_warn(warning: Warning) -> None:
-    # Points at the caller of the public registry method that found the claim lost.
-    warnings.warn(warning, stacklevel=4)
-
-
-@dataclass(eq=False, slots=True)
-class _Entry:
-    """One held claim. Compared by identity: each acquire or takeover installs a new object.
-
-    ``holder_bytes`` is replaced after each successful renewal, under the registry lock. A renewal
-    rewrites only the ``expires_at`` value: ``head_len`` bytes before it and ``tail_len`` bytes
-    after it stay as they are (``head_len == 0``: renew through ``build_renew_transition``).
-    """
-
-    epoch: int
-    claimed_at: int
-    epoch_bytes: bytes
-    holder_bytes: bytes
-    head_len: int = 0
-    tail_len: int = 0
-
-
-# A renewal in flight: the workflow id, the entry it started from and the holder bytes it expects.
-_Member = tuple[str, "_Entry", bytes]
-
-
-class _RenewalGroup:
-    """Renewals committed in one transaction; callers joining one of them wait on ``done``.
-
-    ``results`` and ``error`` are written before ``done`` is set and never after it.
-    """
-
-    __slots__ = ("done", "error", "results")
-
-    def __init__(self) -> None:
-        self.done = threading.Event()
-        self.results: dict[str, RenewResult] = {}
-        self.error: BaseException | None = None
-
-    def result(self, workflow_id: str) -> RenewResult:
-        """Wait for the group; return the id's result or raise the group's error."""
-        self.done.wait()
-        if self.error is not None:
-            raise self.error
-        return self.results[workflow_id]
-
-    def outcome(self, workflow_id: str) -> RenewResult | Exception:
-        """Like :meth:`result`, but return an ``Exception`` instead of raising it."""
-        self.done.wait()
-        error = self.error
-        if error is None:
-            return self.results[workflow_id]
-        if isinstance(error, Exception):
-            return error
-        raise error
-
-
-def _holder_key(workflow_id: str) -> str:
-    """``keys.workflow_owner_holder``, without percent-encoding ids that encode to themselves."""
-    if _PLAIN_ID.fullmatch(workflow_id):
-        return _HOLDER_PREFIX + workflow_id
-    return keys.workflow_owner_holder(workflow_id)
-
-
-def _renewal_split(holder_bytes: bytes) -> tuple[int, int]:
-    """Return ``(head_len, tail_len)`` around the packed ``expires_at`` value, or ``(0, 0)``.
-
-    Splicing a packed value between the head and the tail must give exactly what
-    ``encode_holder`` gives for that value; this is checked here on a probe value, so a holder
-    this cannot be shown for is renewed through ``build_renew_transition`` instead.
-    """
-    record = decode_holder(holder_bytes)
-    if record is None or encode_holder(record) != holder_bytes:
-        return 0, 0
-    marker = _PACKED_EXPIRES_AT_KEY + msgpack.packb(record.expires_at)
-    at = holder_bytes.find(marker)
-    if at < 0 or holder_bytes.find(marker, at + 1) >= 0:
-        return 0, 0
-    head_len = at + len(_PACKED_EXPIRES_AT_KEY)
-    tail_len = len(holder_bytes) - at - len(marker)
-    probe = record.expires_at - 1 if record.expires_at > 0 else 1
-    spliced = holder_bytes[:head_len] + msgpack.packb(probe) + holder_bytes[at + len(marker) :]
-    if spliced != encode_holder(dataclasses.replace(record, expires_at=probe)):
-        return 0, 0
-    return head_len, tail_len
 
 
 def _positive_int(name: str, value: object) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
         raise ValueError(f"{name} must be a positive int number of milliseconds, got {value!r}")
     return value
+
+
+def _optional_epoch(expected_epoch: object) -> int | None:
+    if expected_epoch is not None and (
+        isinstance(expected_epoch, bool) or not isinstance(expected_epoch, int)
+    ):
+        raise TypeError(f"expected_epoch must be an int or None, got {expected_epoch!r}")
+    return expected_epoch
+
+
+def _workflow_ids(workflow_ids: Iterable[str]) -> list[str]:
+    # A str (or bytes) is iterable too: renewing its characters is never what the caller meant.
+    if isinstance(workflow_ids, (str, bytes, bytearray, memoryview)):
+        raise TypeError(
+            f"workflow_ids must be an iterable of workflow ids such as a list, got the "
+            f"{type(workflow_ids).__name__} {workflow_ids!r:.80}; pass [{workflow_ids!r:.80}] "
+            f"to renew one workflow"
+        )
+    return [validate_workflow_id(w) for w in workflow_ids]
 
 
 class ClaimRegistry:
@@ -169,7 +90,8 @@ class ClaimRegistry:
     :param storage: the shared store; it must declare the ``conditional_batch`` capability.
     :param engine_id: this engine's id, written into every holder record it creates.
     :param clock: milliseconds since the Unix epoch (wall time: holders are compared across hosts).
-    :param claim_ttl_ms: how long a claim lives after each acquire, takeover or renewal.
+    :param claim_ttl_ms: how long a claim lives after each acquire, takeover or renewal; at most
+        :data:`~weft_sync.options.MAX_CLAIM_TTL_MS` (365 days).
     :param claim_renew_interval_ms: how often claims are renewed; also the takeover grace unit and
         the cooldown window after this engine lost a claim.
     :param warn: receives a :class:`~weft_sync.errors.WorkflowClaimLostWarning` once per lost
@@ -192,19 +114,27 @@ class ClaimRegistry:
             raise TypeError(f"clock must be a callable returning int milliseconds, got {clock!r}")
         if warn is not None and not callable(warn):
             raise TypeError(f"warn must be a callable taking a Warning, or None, got {warn!r}")
+        self._claim_ttl_ms = _positive_int("claim_ttl_ms", claim_ttl_ms)
+        if claim_ttl_ms > MAX_CLAIM_TTL_MS:
+            raise ValueError(
+                f"claim_ttl_ms ({claim_ttl_ms}) is longer than the supported maximum of "
+                f"{MAX_CLAIM_TTL_MS}ms (365 days)"
+            )
+        self._renew_interval_ms = _positive_int("claim_renew_interval_ms", claim_renew_interval_ms)
         self._storage = storage
         self._engine_id = engine_id
         self._clock = clock
-        self._claim_ttl_ms = _positive_int("claim_ttl_ms", claim_ttl_ms)
-        self._renew_interval_ms = _positive_int("claim_renew_interval_ms", claim_renew_interval_ms)
-        self._warn: WarnSink = warn if warn is not None else _default_warn
-        self._cooldown = TakeoverCooldown(self._renew_interval_ms)
-        # _lock guards _claims, _in_flight and _releasing. Nothing that can block or call out
-        # (storage, clock, warn sink, logging) runs while it is held.
-        self._lock = threading.Lock()
-        self._claims: dict[str, _Entry] = {}
-        self._in_flight: dict[str, _RenewalGroup] = {}
-        self._releasing: dict[str, int] = {}
+        # The table's lock is the registry's one lock (see the module docstring).
+        self._table = ClaimTable(self._renew_interval_ms)
+        self._renewals = Renewals(
+            self._table,
+            storage,
+            clock,
+            self._claim_ttl_ms,
+            warn if warn is not None else default_warn,
+            engine_id,
+        )
+        self._releases = Releases(self._table, storage)
 
     # -- read-only views -------------------------------------------------------------------
 
@@ -218,25 +148,36 @@ class ClaimRegistry:
         """The store this registry commits to."""
         return self._storage
 
+    @property
+    def clock(self) -> Clock:
+        """The clock every claim time is read from (milliseconds since the Unix epoch)."""
+        return self._clock
+
+    @property
+    def claim_ttl_ms(self) -> int:
+        """How long a claim lives after each acquire, takeover or renewal."""
+        return self._claim_ttl_ms
+
+    @property
+    def claim_renew_interval_ms(self) -> int:
+        """The renew interval: takeover grace unit and cooldown window."""
+        return self._renew_interval_ms
+
     def current_epoch(self, workflow_id: str) -> int | None:
         """The epoch this engine holds for ``workflow_id``, or ``None`` if it holds none."""
-        wid = validate_workflow_id(workflow_id)
-        with self._lock:
-            entry = self._claims.get(wid)
-            return None if entry is None else entry.epoch
+        entry = self._table.get(validate_workflow_id(workflow_id))
+        return None if entry is None else entry.epoch
 
     def current_epoch_bytes(self, workflow_id: str) -> bytes | None:
         """The exact epoch bytes this engine wrote for ``workflow_id`` (the fence), or ``None``."""
-        wid = validate_workflow_id(workflow_id)
-        with self._lock:
-            entry = self._claims.get(wid)
-            # bytes are immutable, so handing out the cached object cannot alter the cache.
-            return None if entry is None else entry.epoch_bytes
+        entry = self._table.get(validate_workflow_id(workflow_id))
+        # bytes are immutable, so handing out the cached object cannot alter the cache.
+        return None if entry is None else entry.epoch_bytes
 
     def list_held_workflow_ids(self) -> list[str]:
         """A snapshot of the workflow ids this engine tracks as held."""
-        with self._lock:
-            return list(self._claims)
+        with self._table.lock:
+            return list(self._table.claims)
 
     # -- acquire and folded acquire --------------------------------------------------------
 
@@ -314,7 +255,9 @@ class ClaimRegistry:
         """Extend this engine's claim on ``workflow_id``.
 
         Concurrent calls for one workflow share one renewal and receive the identical result
-        object (or the identical exception).
+        object (or the identical exception). When the holder is no longer the one this engine
+        last confirmed, but is the value of an earlier renewal whose commit raised (it landed
+        all the same), that value is adopted and the renewal retried once from it.
 
         :returns: ``renewed``; ``lost`` when another writer replaced the holder (the local entry is
             dropped, the takeover cooldown starts and one
@@ -322,33 +265,7 @@ class ClaimRegistry:
             workflow is not tracked or is being released.
         :raises StorageError: the commit failed; the claim stays tracked and nothing is emitted.
         """
-        wid = validate_workflow_id(workflow_id)
-        group = _RenewalGroup()
-        member: _Member | None = None
-        with self._lock:
-            joined = self._in_flight.get(wid)
-            if joined is None:
-                member = self._start_renewal(wid, group)
-        if joined is not None:
-            _log.debug("renewal of workflow %r joins the renewal already in flight", wid)
-            return joined.result(wid)
-        if member is None:
-            _log.debug("renewal of workflow %r: not held", wid)
-            return RenewResult(RenewStatus.NOT_HELD, wid)
-        try:
-            now = self._clock()
-            batches, new_values = self._renewal_writes([member], now)
-            committed = storage_conditional_batch(self._storage, *batches[0])
-        except BaseException as exc:
-            self._fail_groups([(group, [member])], exc)
-            _log.debug("renewal of workflow %r failed: %r", wid, exc)
-            raise
-        (result,) = self._settle_group(group, [member], new_values, [committed], now)
-        if result.status is RenewStatus.LOST:
-            self._report_lost(wid)
-        else:
-            _log.debug("renewed the claim on workflow %r", wid)
-        return result
+        return self._renewals.renew(validate_workflow_id(workflow_id))
 
     def renew_many(
         self, workflow_ids: Iterable[str], *, chunk_size: int = DEFAULT_RENEW_CHUNK_SIZE
@@ -358,6 +275,7 @@ class ClaimRegistry:
         Each id gets the outcome :meth:`renew` would give it, positionally; a repeated id is
         renewed once and its result object appears at each of its positions.
 
+        :raises TypeError: ``workflow_ids`` is a ``str`` or ``bytes`` rather than ids.
         :raises StorageError: a chunk failed to commit. Every chunk is attempted first; the error
             raised is the first failure in input order (which may also be an exception the
             ``warn`` sink raised). :meth:`renew_many_outcomes` reports failures per id instead.
@@ -375,156 +293,19 @@ class ClaimRegistry:
     ) -> list[RenewResult | Exception]:
         """Like :meth:`renew_many`, but report a failed renewal as its exception, in place.
 
-        A storage error fails only the ids of the chunk whose commit raised; an exception the
+        A storage error fails only the ids of the chunk whose commit raised (or the single id
+        whose re-read or retry after an ambiguous earlier commit raised); an exception the
         ``warn`` sink raises while reporting a lost claim replaces only that id's ``lost`` result
         (the claim is dropped all the same), as :meth:`renew` would raise it. Ids whose renewal
         another caller already has in flight wait for that renewal; the renewals this call
         starts are shared the same way with concurrent callers.
+
+        :raises TypeError: ``workflow_ids`` is a ``str`` or ``bytes`` rather than ids.
         """
-        ids = [validate_workflow_id(w) for w in workflow_ids]
+        ids = _workflow_ids(workflow_ids)
         if isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size < 1:
             raise ValueError(f"chunk_size must be an int >= 1, got {chunk_size!r}")
-        outcomes: dict[str, RenewResult | Exception] = {}
-        joined: dict[str, _RenewalGroup] = {}
-        groups: list[tuple[_RenewalGroup, list[_Member]]] = []
-        with self._lock:
-            for wid in dict.fromkeys(ids):
-                in_flight = self._in_flight.get(wid)
-                if in_flight is not None:
-                    joined[wid] = in_flight
-                    continue
-                if not groups or len(groups[-1][1]) >= chunk_size:
-                    groups.append((_RenewalGroup(), []))
-                group, members = groups[-1]
-                member = self._start_renewal(wid, group)
-                if member is None:
-                    outcomes[wid] = RenewResult(RenewStatus.NOT_HELD, wid)
-                else:
-                    members.append(member)
-        lost: list[str] = []
-        try:
-            for group, members in groups:
-                if members:
-                    self._renew_group(group, members, outcomes, lost)
-        except BaseException as exc:
-            self._fail_groups([(g, m) for g, m in groups if not g.done.is_set()], exc)
-            raise
-        for wid, in_flight in joined.items():
-            outcomes[wid] = in_flight.outcome(wid)
-        # A warn sink that raises fails only the id it was reporting, as renew() would.
-        outcomes.update(self._report_all_lost(lost))
-        return [outcomes[wid] for wid in ids]
-
-    def _start_renewal(self, wid: str, group: _RenewalGroup) -> _Member | None:
-        """Register a renewal of ``wid`` in ``group``; ``None`` if it is not renewable. Locked."""
-        if wid in self._releasing:
-            return None
-        entry = self._claims.get(wid)
-        if entry is None:
-            return None
-        self._in_flight[wid] = group
-        return (wid, entry, entry.holder_bytes)
-
-    def _renewal_writes(
-        self, members: Sequence[_Member], now: int
-    ) -> tuple[list[Batch], list[bytes]]:
-        """Build each member's renewal CAS and the holder bytes it writes.
-
-        Holders with a known split get the packed ``expires_at`` spliced in, which is byte for
-        byte what :func:`build_renew_transition` would write; the others go through it.
-        """
-        expires_at = now + self._claim_ttl_ms
-        packed = msgpack.packb(expires_at) if 0 <= expires_at <= SAFE_INT_MAX else None
-        batches: list[Batch] = []
-        new_values: list[bytes] = []
-        for wid, entry, old in members:
-            if packed is not None and entry.head_len:
-                new = old[: entry.head_len] + packed + old[len(old) - entry.tail_len :]
-                key = _holder_key(wid)
-                batches.append(((Condition(key, old),), (Put(key, new),)))
-            else:
-                fragment = build_renew_transition(
-                    workflow_id=wid,
-                    now=now,
-                    claim_ttl_ms=self._claim_ttl_ms,
-                    current_holder_bytes=old,
-                )
-                new = extract_put_value(fragment.operations, keys.workflow_owner_holder(wid))
-                batches.append((fragment.conditions, fragment.operations))
-            new_values.append(new)
-        return batches, new_values
-
-    def _renew_group(
-        self,
-        group: _RenewalGroup,
-        members: list[_Member],
-        outcomes: dict[str, RenewResult | Exception],
-        lost: list[str],
-    ) -> None:
-        try:
-            now = self._clock()
-            batches, new_values = self._renewal_writes(members, now)
-            committed = self._commit_many(batches)
-        except Exception as exc:
-            self._fail_groups([(group, members)], exc)
-            for wid, _, _ in members:
-                outcomes[wid] = exc
-            _log.debug("batched renewal of %d claims failed: %r", len(members), exc)
-            return
-        results = self._settle_group(group, members, new_values, committed, now)
-        lost_here = 0
-        for result in results:
-            outcomes[result.workflow_id] = result
-            if result.status is RenewStatus.LOST:
-                lost.append(result.workflow_id)
-                lost_here += 1
-        _log.debug(
-            "batched renewal of %d claims: %d renewed, %d lost",
-            len(members),
-            len(members) - lost_here,
-            lost_here,
-        )
-
-    def _settle_group(
-        self,
-        group: _RenewalGroup,
-        members: Sequence[_Member],
-        new_values: Sequence[bytes],
-        committed: Sequence[bool],
-        now: int,
-    ) -> list[RenewResult]:
-        """Apply finished renewals to the entries they started from, then wake their waiters."""
-        results: list[RenewResult] = []
-        renewed, lost = RenewStatus.RENEWED, RenewStatus.LOST
-        with self._lock:
-            claims, in_flight = self._claims, self._in_flight
-            for (wid, entry, _), new, ok in zip(members, new_values, committed, strict=True):
-                tracked = claims.get(wid) is entry
-                if ok and tracked:
-                    entry.holder_bytes = new
-                elif not ok and tracked:
-                    del claims[wid]
-                    # The window starts at this renewal's own clock reading.
-                    self._cooldown.record_deposition(wid, now)
-                if in_flight.get(wid) is group:
-                    del in_flight[wid]
-                result = RenewResult(renewed if ok else lost, wid)
-                group.results[wid] = result
-                results.append(result)
-        group.done.set()
-        return results
-
-    def _fail_groups(
-        self, groups: Sequence[tuple[_RenewalGroup, Sequence[_Member]]], exc: BaseException
-    ) -> None:
-        with self._lock:
-            for group, members in groups:
-                for wid, _, _ in members:
-                    if self._in_flight.get(wid) is group:
-                        del self._in_flight[wid]
-        for group, _ in groups:
-            group.error = exc
-            group.done.set()
+        return self._renewals.renew_many_outcomes(ids, chunk_size)
 
     # -- release ---------------------------------------------------------------------------
 
@@ -532,7 +313,9 @@ class ClaimRegistry:
         """Give up this engine's claim: delete the holder if epoch and holder are still ours.
 
         Renewals that start while the release runs return ``not-held``; a renewal already in
-        flight is waited for first (its error is ignored). The epoch key is kept.
+        flight is waited for first (its error is ignored). The epoch key is kept. When the
+        holder condition fails but the holder is the value of an earlier renewal whose commit
+        raised (it landed all the same), the release is retried from that value.
 
         :param expected_epoch: release only if the tracked epoch equals this one; otherwise
             return ``not-held`` without writing (protects a newer generation of the same id).
@@ -542,82 +325,73 @@ class ClaimRegistry:
             renewal task does not keep renewing a claim the caller meant to give up.
         """
         wid = validate_workflow_id(workflow_id)
-        if expected_epoch is not None and (
-            isinstance(expected_epoch, bool) or not isinstance(expected_epoch, int)
-        ):
-            raise TypeError(f"expected_epoch must be an int or None, got {expected_epoch!r}")
-        with self._lock:
-            self._releasing[wid] = self._releasing.get(wid, 0) + 1
-            in_flight = self._in_flight.get(wid)
-        try:
-            if in_flight is not None:
-                _log.debug("release of workflow %r waits for the renewal in flight", wid)
-                # Waits without raising: the renewal's own caller sees its error.
-                in_flight.done.wait()
-            return self._release_tracked(wid, expected_epoch)
-        finally:
-            with self._lock:
-                remaining = self._releasing[wid] - 1
-                if remaining:
-                    self._releasing[wid] = remaining
-                else:
-                    del self._releasing[wid]
+        return self._releases.release(wid, _optional_epoch(expected_epoch))
 
-    def _release_tracked(self, wid: str, expected_epoch: int | None) -> ReleaseResult:
-        with self._lock:
-            entry = self._claims.get(wid)
-            cached = None if entry is None else (entry.epoch_bytes, entry.holder_bytes)
-        if (
-            entry is None
-            or cached is None
-            or (expected_epoch is not None and entry.epoch != expected_epoch)
-        ):
-            _log.debug(
-                "release of workflow %r: not held at epoch %r (tracked epoch %r)",
-                wid,
-                expected_epoch,
-                None if entry is None else entry.epoch,
+    def prepare_release_fragment(
+        self, workflow_id: str, expected_epoch: int | None = None
+    ) -> ReleasePreparation | None:
+        """Build a release fragment for the caller to fold into its own atomic write.
+
+        Marks the workflow releasing (renewals return ``not-held`` from now on) after waiting
+        for a renewal in flight, so the holder bytes the fragment names stay this engine's last
+        write. Commits nothing. Every preparation must be ended by exactly one
+        :meth:`finish_folded_release`, whether or not the caller's write committed.
+
+        :param expected_epoch: prepare only if the tracked epoch equals this one.
+        :returns: the preparation, or ``None`` (and no releasing mark) when the workflow is not
+            held, or not at ``expected_epoch``.
+        :raises StorageError: re-reading the holder after an ambiguous renewal failed.
+        """
+        wid = validate_workflow_id(workflow_id)
+        return self._releases.prepare(wid, _optional_epoch(expected_epoch))
+
+    def finish_folded_release(
+        self, workflow_id: str, preparation: ReleasePreparation, committed: bool
+    ) -> None:
+        """End a folded release: stop tracking the claim if the caller's write committed.
+
+        Performs no I/O. The claim is dropped only if it is still the entry the preparation was
+        built from (a newer generation survives); the releasing mark is cleared either way.
+        Finishing the same preparation again does nothing.
+
+        :param committed: whether the caller's write, including the whole fragment, committed.
+        :raises TypeError: ``preparation`` is not from :meth:`prepare_release_fragment`.
+        :raises ValueError: ``preparation`` was made for another workflow.
+        """
+        wid = validate_workflow_id(workflow_id)
+        if not isinstance(preparation, ReleasePreparation):
+            raise TypeError(
+                f"preparation must come from prepare_release_fragment(), got {preparation!r:.80}"
             )
-            return ReleaseResult(ReleaseStatus.NOT_HELD, wid)
-        fragment = build_release_transition(
-            workflow_id=wid, current_epoch_bytes=cached[0], current_holder_bytes=cached[1]
-        )
-        try:
-            committed = self._commit(fragment)
-        finally:
-            self._drop_if_same(wid, entry)
-        if committed:
-            _log.debug("released the claim on workflow %r at epoch %d", wid, entry.epoch)
-            return ReleaseResult(ReleaseStatus.RELEASED, wid)
-        _log.info(
-            "release of workflow %r at epoch %d found the claim already moved on", wid, entry.epoch
-        )
-        return ReleaseResult(ReleaseStatus.LOST_RACE, wid)
+        if not isinstance(committed, bool):
+            raise TypeError(f"committed must be a bool, got {committed!r}")
+        self._releases.finish(wid, preparation, committed)
 
     def release_all(self) -> None:
         """Release every held claim concurrently; swallow (and log) every failure. Never raises."""
         try:
-            ids = self.list_held_workflow_ids()
-            if ids:
-                _run_concurrently(self._release_quietly, ids, RELEASE_ALL_CONCURRENCY)
+            self._releases.release_all(self.list_held_workflow_ids())
         except Exception:
             _log.exception("releasing all claims failed")
 
-    def _release_quietly(self, wid: str) -> None:
-        try:
-            self.release(wid)
-        except Exception:
-            _log.warning("could not release the claim on workflow %r", wid, exc_info=True)
-
-    def forget_local_claim(self, workflow_id: str) -> None:
+    def forget_local_claim(self, workflow_id: str, expected_epoch: int | None = None) -> None:
         """Drop the local entry for ``workflow_id`` without touching the store.
 
         For callers whose own commit already removed the durable holder (e.g. a suspend that
-        rotated the epoch). Check :meth:`current_epoch` first so a newer generation survives.
+        rotated the epoch).
+
+        :param expected_epoch: forget only if the tracked epoch equals this one, so a newer
+            generation of the same id survives.
         """
         wid = validate_workflow_id(workflow_id)
-        with self._lock:
-            entry = self._claims.pop(wid, None)
+        expected = _optional_epoch(expected_epoch)
+        table = self._table
+        with table.lock:
+            entry = table.claims.get(wid)
+            if entry is not None and (expected is None or entry.epoch == expected):
+                del table.claims[wid]
+            else:
+                entry = None
         if entry is not None:
             _log.debug("forgot the local claim on workflow %r at epoch %d", wid, entry.epoch)
 
@@ -635,7 +409,7 @@ class ClaimRegistry:
         """
         wid = validate_workflow_id(workflow_id)
         now = self._clock()
-        if self._cooldown.is_active(wid, now):
+        if self._table.cooldown.is_active(wid, now):
             _log.debug("takeover of workflow %r skipped: cooldown active", wid)
             return TakeoverResult(TakeoverStatus.BACKOFF_SKIPPED, wid)
         holder_key = keys.workflow_owner_holder(wid)
@@ -694,18 +468,6 @@ class ClaimRegistry:
     def _commit(self, fragment: Fragment) -> bool:
         return storage_conditional_batch(self._storage, fragment.conditions, fragment.operations)
 
-    def _commit_many(self, batches: Sequence[Batch]) -> list[bool]:
-        """Commit independent batches in one transaction, checking the declared capability."""
-        if not self._storage.capabilities.conditional_batch:
-            raise StorageCapabilityError("batched claim renewal", "conditional_batch")
-        results = self._storage.conditional_batches(batches)
-        if len(results) != len(batches):
-            raise StorageError(
-                f"conditional_batches() returned {len(results)} results for {len(batches)} "
-                f"batches; the backend breaks the Storage contract"
-            )
-        return [bool(ok) for ok in results]
-
     def _held_by(self, holder_key: str, observed: bytes | None) -> str | None:
         """The engine id in ``observed`` holder bytes, or in a fresh read when none were seen."""
         raw = observed if observed is not None else self._storage.get(holder_key)
@@ -719,67 +481,21 @@ class ClaimRegistry:
         epoch = decode_epoch(epoch_bytes)
         if epoch is None:
             raise ValueError(f"the fragment for workflow {wid!r} puts an invalid epoch")
-        entry = _Entry(epoch, claimed_at, epoch_bytes, holder_bytes, *_renewal_split(holder_bytes))
-        with self._lock:
-            self._claims[wid] = entry
-            self._cooldown.clear(wid)
+        head_len, tail_len = renewal_split(holder_bytes)
+        entry = TrackedClaim(epoch, claimed_at, epoch_bytes, holder_bytes, head_len, tail_len)
+        self._table.install(wid, entry)
         return epoch
 
-    def _drop_if_same(self, wid: str, entry: _Entry) -> None:
-        with self._lock:
-            if self._claims.get(wid) is entry:
-                del self._claims[wid]
+    def _after_fork_in_child(self) -> None:
+        """Forget everything inherited through ``fork()``, with no storage I/O.
 
-    def _report_lost(self, wid: str) -> None:
-        _log.warning(
-            "engine %s lost its claim on workflow %r: another engine or an external "
-            "cancel/timeout/suspend/purge replaced it",
-            self._engine_id,
-            wid,
-        )
-        self._warn(WorkflowClaimLostWarning(wid))
-
-    def _report_all_lost(self, lost: Sequence[str]) -> dict[str, Exception]:
-        """Report each lost claim; return what the sink raised, per id, without stopping."""
-        sink_errors: dict[str, Exception] = {}
-        for wid in lost:
-            try:
-                self._report_lost(wid)
-            except Exception as exc:
-                sink_errors[wid] = exc
-        return sink_errors
+        The parent still owns those claims. A fresh lock replaces one a parent thread may have
+        held at fork time; claims, in-flight renewals and releasing marks are emptied and the
+        takeover cooldown starts afresh.
+        """
+        self._table.reset()
 
     def __repr__(self) -> str:
-        with self._lock:
-            held = len(self._claims)
+        with self._table.lock:
+            held = len(self._table.claims)
         return f"ClaimRegistry(engine_id={self._engine_id!r}, held={held})"
-
-
-def _run_concurrently(fn: Callable[[_T], None], items: Sequence[_T], max_workers: int) -> None:
-    """Call ``fn`` on every item from up to ``max_workers`` named daemon threads; join them all.
-
-    ``fn`` must not raise (exceptions would end that worker early and be printed by threading).
-    """
-    if len(items) == 1:
-        fn(items[0])
-        return
-    # lock guards position.
-    lock = threading.Lock()
-    position = iter(range(len(items)))
-
-    def worker() -> None:
-        while True:
-            with lock:
-                index = next(position, None)
-            if index is None:
-                return
-            fn(items[index])
-
-    threads = [
-        threading.Thread(target=worker, name=f"weft-sync-release-{n}", daemon=True)
-        for n in range(min(max_workers, len(items)))
-    ]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()

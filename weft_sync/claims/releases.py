@@ -1,0 +1,257 @@
+"""Claim release: on its own, folded into the caller's own write, or for every held claim.
+
+A release deletes the holder record, conditioned on the exact epoch and holder bytes this engine
+last wrote; the epoch key is kept. While a workflow is being released (or a folded release is
+prepared and not yet finished), renewals of it return ``not-held``; a renewal already in flight is
+waited for first. When the release's holder condition fails and the entry has values of renewals
+whose commit raised (see :class:`~weft_sync.claims.tracking.TrackedClaim`), the holder is read
+again, and if it is one of them the release is retried from it.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Final, TypeVar
+
+from .. import keys
+from ..storage.base import Storage, storage_conditional_batch
+from .results import ReleaseResult, ReleaseStatus
+from .tracking import ClaimTable, TrackedClaim
+from .transitions import Fragment, build_release_transition
+
+__all__ = ["RELEASE_ALL_CONCURRENCY", "ReleasePreparation", "Releases"]
+
+# Logs under the registry's logger: one logger names every claim operation of the registry.
+_log = logging.getLogger("weft_sync.claims.registry")
+
+RELEASE_ALL_CONCURRENCY: Final = 16
+
+_T = TypeVar("_T")
+
+
+class _FoldToken:
+    """Identifies the entry a folded release was prepared from; ``finished`` is set once."""
+
+    __slots__ = ("entry", "finished")
+
+    def __init__(self, entry: TrackedClaim) -> None:
+        self.entry = entry
+        # Guarded by the claim table's lock.
+        self.finished = False
+
+
+@dataclass(frozen=True, slots=True)
+class ReleasePreparation:
+    """A release fragment to fold into the caller's own atomic write.
+
+    :param workflow_id: the workflow being released.
+    :param fragment: conditions (epoch key == ``epoch_bytes``, holder key == ``holder_bytes``)
+        and the holder delete; add every one of them to the caller's write.
+    :param epoch: the epoch being released.
+    :param epoch_bytes: the exact epoch bytes the fragment is conditioned on (the fence).
+    :param holder_bytes: the exact holder bytes the fragment is conditioned on.
+    :param token: opaque; ties the preparation to the tracked claim it was built from.
+    """
+
+    workflow_id: str
+    fragment: Fragment
+    epoch: int
+    epoch_bytes: bytes
+    holder_bytes: bytes
+    token: object = field(repr=False, compare=False)
+
+
+class Releases:
+    """The registry's release part; ids and epochs reaching it are already validated.
+
+    :param table: the registry's tracking state.
+    :param storage: the shared store.
+    """
+
+    def __init__(self, table: ClaimTable, storage: Storage) -> None:
+        self._table = table
+        self._storage = storage
+
+    # -- standalone release ----------------------------------------------------------------
+
+    def release(self, wid: str, expected_epoch: int | None) -> ReleaseResult:
+        """See :meth:`ClaimRegistry.release <weft_sync.claims.registry.ClaimRegistry.release>`."""
+        in_flight = self._table.begin_release(wid)
+        try:
+            if in_flight is not None:
+                _log.debug("release of workflow %r waits for the renewal in flight", wid)
+                # Waits without raising: the renewal's own caller sees its error.
+                in_flight.done.wait()
+            return self._release_tracked(wid, expected_epoch)
+        finally:
+            self._table.end_release(wid)
+
+    def _release_tracked(self, wid: str, expected_epoch: int | None) -> ReleaseResult:
+        table = self._table
+        with table.lock:
+            entry = table.claims.get(wid)
+            cached = None if entry is None else (entry.epoch_bytes, entry.holder_bytes)
+            pending = () if entry is None else entry.pending
+        if (
+            entry is None
+            or cached is None
+            or (expected_epoch is not None and entry.epoch != expected_epoch)
+        ):
+            _log.debug(
+                "release of workflow %r: not held at epoch %r (tracked epoch %r)",
+                wid,
+                expected_epoch,
+                None if entry is None else entry.epoch,
+            )
+            return ReleaseResult(ReleaseStatus.NOT_HELD, wid)
+        epoch_bytes, holder_bytes = cached
+        try:
+            committed = self._commit(wid, epoch_bytes, holder_bytes)
+            if not committed and pending:
+                observed = self._storage.get(keys.workflow_owner_holder(wid))
+                if observed is not None and observed in pending:
+                    _log.debug(
+                        "release of workflow %r: an earlier renewal had committed although it "
+                        "raised; releasing from it",
+                        wid,
+                    )
+                    committed = self._commit(wid, epoch_bytes, observed)
+        finally:
+            table.drop_if_same(wid, entry)
+        if committed:
+            _log.debug("released the claim on workflow %r at epoch %d", wid, entry.epoch)
+            return ReleaseResult(ReleaseStatus.RELEASED, wid)
+        _log.info(
+            "release of workflow %r at epoch %d found the claim already moved on", wid, entry.epoch
+        )
+        return ReleaseResult(ReleaseStatus.LOST_RACE, wid)
+
+    def _commit(self, wid: str, epoch_bytes: bytes, holder_bytes: bytes) -> bool:
+        fragment = build_release_transition(
+            workflow_id=wid, current_epoch_bytes=epoch_bytes, current_holder_bytes=holder_bytes
+        )
+        return storage_conditional_batch(self._storage, fragment.conditions, fragment.operations)
+
+    # -- folded release --------------------------------------------------------------------
+
+    def prepare(self, wid: str, expected_epoch: int | None) -> ReleasePreparation | None:
+        """See :meth:`ClaimRegistry.prepare_release_fragment
+        <weft_sync.claims.registry.ClaimRegistry.prepare_release_fragment>`.
+        """
+        table = self._table
+        in_flight = table.begin_release(wid)
+        preparation: ReleasePreparation | None = None
+        try:
+            if in_flight is not None:
+                _log.debug("release of workflow %r waits for the renewal in flight", wid)
+                in_flight.done.wait()
+            entry = table.get(wid)
+            if entry is not None and (expected_epoch is None or entry.epoch == expected_epoch):
+                self._resolve_pending(wid, entry)
+                preparation = self._build(wid, entry)
+            if preparation is None:
+                _log.debug(
+                    "folded release of workflow %r: not held at epoch %r", wid, expected_epoch
+                )
+            return preparation
+        finally:
+            if preparation is None:
+                table.end_release(wid)
+
+    def _resolve_pending(self, wid: str, entry: TrackedClaim) -> None:
+        """Adopt the holder if it is a value of a renewal whose commit raised but landed."""
+        with self._table.lock:
+            pending = entry.pending
+        if pending:
+            observed = self._storage.get(keys.workflow_owner_holder(wid))
+            if self._table.adopt_pending(wid, entry, observed):
+                _log.debug(
+                    "an earlier renewal of workflow %r had committed although it raised; "
+                    "releasing from it",
+                    wid,
+                )
+
+    def _build(self, wid: str, entry: TrackedClaim) -> ReleasePreparation | None:
+        with self._table.lock:
+            if self._table.claims.get(wid) is not entry:
+                return None
+            epoch_bytes, holder_bytes = entry.epoch_bytes, entry.holder_bytes
+        fragment = build_release_transition(
+            workflow_id=wid, current_epoch_bytes=epoch_bytes, current_holder_bytes=holder_bytes
+        )
+        _log.debug("prepared a release fragment for workflow %r at epoch %d", wid, entry.epoch)
+        return ReleasePreparation(
+            wid, fragment, entry.epoch, epoch_bytes, holder_bytes, _FoldToken(entry)
+        )
+
+    def finish(self, wid: str, preparation: ReleasePreparation, committed: bool) -> None:
+        """See :meth:`ClaimRegistry.finish_folded_release
+        <weft_sync.claims.registry.ClaimRegistry.finish_folded_release>`.
+        """
+        token = preparation.token
+        if not isinstance(token, _FoldToken) or preparation.workflow_id != wid:
+            raise ValueError(
+                f"the preparation was made for workflow {preparation.workflow_id!r}, not "
+                f"{wid!r}; pass the one prepare_release_fragment({wid!r}) returned"
+            )
+        table = self._table
+        with table.lock:
+            if token.finished:
+                return
+            token.finished = True
+            dropped = committed and table.claims.get(wid) is token.entry
+            if dropped:
+                del table.claims[wid]
+            table.end_release_locked(wid)
+        _log.debug(
+            "folded release of workflow %r at epoch %d %s",
+            wid,
+            preparation.epoch,
+            "committed" if committed else "did not commit; the claim stays tracked",
+        )
+
+    # -- every claim -----------------------------------------------------------------------
+
+    def release_all(self, ids: Sequence[str]) -> None:
+        """Release ``ids`` concurrently; swallow (and log) every failure."""
+        if ids:
+            _run_concurrently(self._release_quietly, ids, RELEASE_ALL_CONCURRENCY)
+
+    def _release_quietly(self, wid: str) -> None:
+        try:
+            self.release(wid, None)
+        except Exception:
+            _log.warning("could not release the claim on workflow %r", wid, exc_info=True)
+
+
+def _run_concurrently(fn: Callable[[_T], None], items: Sequence[_T], max_workers: int) -> None:
+    """Call ``fn`` on every item from up to ``max_workers`` named daemon threads; join them all.
+
+    ``fn`` must not raise (exceptions would end that worker early and be printed by threading).
+    """
+    if len(items) == 1:
+        fn(items[0])
+        return
+    # lock guards position.
+    lock = threading.Lock()
+    position = iter(range(len(items)))
+
+    def worker() -> None:
+        while True:
+            with lock:
+                index = next(position, None)
+            if index is None:
+                return
+            fn(items[index])
+
+    threads = [
+        threading.Thread(target=worker, name=f"weft-sync-release-{n}", daemon=True)
+        for n in range(min(max_workers, len(items)))
+    ]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
