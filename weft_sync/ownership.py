@@ -34,7 +34,6 @@ from types import TracebackType
 from typing import Literal, TypeVar
 
 from . import keys
-from .claims.cooldown import TakeoverCooldown
 from .claims.registry import ClaimRegistry, WarnSink
 from .claims.results import AcquireStatus, ReleaseStatus
 from .clock import Clock, system_clock
@@ -528,7 +527,8 @@ class Ownership:
         self._lost_callbacks.clear()
         self._state = _State.FORKED
         self._task._after_fork_in_child()
-        _forget_claims_in_child(self._registry)
+        # Empties the inherited registry without storage I/O (the parent owns those claims).
+        self._registry._after_fork_in_child()
         reset_ledger = getattr(self._workflows, "_after_fork_in_child", None)
         if callable(reset_ledger):
             reset_ledger()
@@ -565,21 +565,6 @@ def _close_quietly(storage: Storage) -> None:
 def _warnings_warn(warning: Warning) -> None:
     # Points into the library code that found the loss rather than at this sink.
     warnings.warn(warning, stacklevel=4)
-
-
-def _forget_claims_in_child(registry: ClaimRegistry) -> None:
-    """Empty an inherited registry without any storage I/O (the parent owns those claims)."""
-    reset = getattr(registry, "_after_fork_in_child", None)
-    if callable(reset):
-        reset()
-        return
-    # The registry's lock may have been held by a parent thread at fork time, so its state is
-    # replaced rather than cleared under that lock.
-    registry._lock = threading.Lock()
-    registry._claims = {}
-    registry._in_flight = {}
-    registry._releasing = {}
-    registry._cooldown = TakeoverCooldown(registry._cooldown.window_ms)
 
 
 def _reinit_event(event: threading.Event) -> None:

@@ -5,9 +5,10 @@ Invariants the ledger keeps:
 - A workflow record ``wf:<id>`` and its status-index entry ``wf-idx-status:<status>:<id>`` only
   ever change together, in one compare-and-swap conditioned on the exact record bytes read.
 - ``start`` folds the claim acquire into the write that creates the record; ``complete``/``fail``
-  commit the final state fenced on this engine's own claim; ``cancel``/``timeout``/``suspend``/
-  ``purge`` (from any process) fold an epoch rotation into the state change, deposing whoever
-  owned the workflow. The epoch key is never deleted.
+  fold the release of this engine's own claim into the write of the final state (one CAS,
+  conditioned on its epoch and holder bytes); ``cancel``/``timeout``/``suspend``/``purge`` (from
+  any process) fold an epoch rotation into the state change, deposing whoever owned the
+  workflow. The epoch key is never deleted.
 - Every owner write (checkpoints, consumed signals, delivered updates, self transitions) is a
   fenced write: it fails at the store once this engine no longer holds the workflow's epoch.
 
@@ -52,6 +53,7 @@ from .ledger.fencing import (
     default_warn,
     wake_ownership_check,
 )
+from .ledger.finishing import SELF_MAX_ATTEMPTS, SelfTransitions
 from .ledger.listing import list_records
 from .ledger.records import (
     ACTIVE_STATUSES,
@@ -61,7 +63,6 @@ from .ledger.records import (
     WorkflowStateError,
     checkpoint_key,
     decode_payload_map,
-    pack_payload,
     read_record,
     related_prefix,
     result_key,
@@ -89,12 +90,9 @@ __all__ = [
 
 _log = logging.getLogger(__name__)
 
-SELF_MAX_ATTEMPTS: Final = 5
-"""CAS attempts of one self transition whose base condition (the record bytes) keeps failing."""
 START_MAX_ATTEMPTS: Final = 3
 """Acquire folds ``start`` re-prepares when only the epoch moved (a concurrent purge)."""
 
-_RUNNING: Final = ("running",)
 _RESUMABLE: Final = frozenset({"running", "suspended"})
 
 
@@ -132,6 +130,7 @@ class Workflows:
         self._external = ExternalTransitions(
             storage, self._fence, self._signals, self._updates, clock
         )
+        self._self_transitions = SelfTransitions(storage, self._fence, clock)
         self._signal_target = WorkflowSignalPollTarget(lambda: self)
         self._update_target = WorkflowUpdatePollTarget(lambda: self)
         if registry is not None:
@@ -290,7 +289,7 @@ class Workflows:
             raise FencedWriteConflict(wid)
 
     def complete(self, workflow_id: str, result: Any = None) -> WorkflowRecord:
-        """Mark the running workflow ``completed`` with ``result``, then release its claim.
+        """Mark the running workflow ``completed`` with ``result``; release its claim in that write.
 
         :raises EngineDeposedError: this engine no longer owns the workflow.
         :raises WorkflowStateError: the workflow is not running.
@@ -299,7 +298,7 @@ class Workflows:
         return self._finish(workflow_id, "completed", "complete", {"result": result})
 
     def fail(self, workflow_id: str, error: Any) -> WorkflowRecord:
-        """Mark the running workflow ``failed`` with ``error``, then release its claim.
+        """Mark the running workflow ``failed`` with ``error``; release its claim in that write.
 
         An exception is stored as ``{"type": <class name>, "message": str(exc)}``; any other
         value must be MessagePack-encodable.
@@ -312,44 +311,10 @@ class Workflows:
         self, workflow_id: str, status: str, operation: str, fields: dict[str, Any]
     ) -> WorkflowRecord:
         wid = keys.validate_workflow_id(workflow_id)
-        registry = self._fence.registry()
-        held_epoch = registry.current_epoch(wid)
-        if held_epoch is None:
-            self._fence.deposed(wid)
-        finished_at = self._clock()
-        outcome = pack_payload(
-            f"the {operation} outcome of workflow {wid!r}",
-            {"status": status, **fields, "finished_at": finished_at},
-        )
-        for _ in range(SELF_MAX_ATTEMPTS):
-            raw, record = self._require_record(wid)
-            if record.status != "running":
-                raise WorkflowStateError(wid, record.status, operation, _RUNNING)
-            new = with_status(record, status, finished_at)
-            conditions, operations = status_change_operations(raw, record, new)
-            operations.append(Put(result_key(wid), outcome))
-            if self._fence.commit(wid, conditions, operations):
-                break
-        else:
-            raise FencedWriteConflict(wid)
-        _log.info("workflow %r %s at epoch %d", wid, status, held_epoch)
-        self._release_after_finish(registry, wid, held_epoch)
+        new = self._self_transitions.finish(wid, status, operation, fields)
         self._signals.notify_all(wid)
         self._updates.forget(wid)
         return new
-
-    def _release_after_finish(self, registry: ClaimRegistry, wid: str, epoch: int) -> None:
-        # The registry offers no release fragment to fold into the state write, so the claim
-        # is released right after it, at the same epoch only: a newer generation is kept.
-        try:
-            registry.release(wid, expected_epoch=epoch)
-        except Exception:
-            _log.warning(
-                "workflow %r finished, but releasing its claim failed; the holder expires on "
-                "its own and the reclaim pass cleans it up",
-                wid,
-                exc_info=True,
-            )
 
     # -- external transitions (any process) ------------------------------------------------
 

@@ -2,6 +2,7 @@
 
 - :mod:`.records` — related-record keys, statuses, payload encoding, the ledger's errors;
 - :mod:`.fencing` — fenced writes and the wake-ownership check;
+- :mod:`.finishing` — ``complete``/``fail`` with the claim's release folded into the write;
 - :mod:`.signals` — the durable signal buffer and its parked waiters;
 - :mod:`.updates` — the durable update queue and the owner's handlers.
 

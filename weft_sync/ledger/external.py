@@ -135,12 +135,8 @@ class ExternalTransitions:
             _log.debug("external commit for workflow %r lost its precondition; retrying", wid)
             return None
         # This engine's own entry is stale now; drop it unless a newer generation replaced it.
-        if (
-            registry is not None
-            and held_before is not None
-            and registry.current_epoch(wid) == held_before
-        ):
-            registry.forget_local_claim(wid)
+        if registry is not None and held_before is not None:
+            registry.forget_local_claim(wid, expected_epoch=held_before)
         self._signals.notify_all(wid)
         return extract_put_value(rotation.operations, epoch_key)
 
