@@ -29,6 +29,7 @@ from weft_sync.codec import (
     WorkflowRecord,
     decode_epoch,
     decode_holder,
+    encode_epoch,
     encode_workflow_record,
 )
 from weft_sync.errors import StorageError
@@ -715,3 +716,26 @@ def test_failed_workflow_read_keeps_a_held_claim_for_a_redrive(
     assert target.attempt_workflow_claim_takeover("wf-1") == "reclaimed"
     assert drive.calls == (["wf-1", "wf-1"] if path == "redrive" else ["wf-1"])
     assert target.pending_redrive_ids() == []
+
+
+def test_skipping_live_holders_leaves_them_out_until_they_expire(
+    make_target: MakeTarget,
+    reg: ClaimRegistry,
+    rival: ClaimRegistry,
+    gated: ReadHookStorage,
+    storage: Storage,
+    clock: ManualClock,
+) -> None:
+    _write_workflow(storage, "wf-live")
+    _write_workflow(storage, "wf-garbage")
+    rival.acquire("wf-live")
+    storage.put(keys.workflow_owner_holder("wf-garbage"), b"\xc1 not a holder")
+    storage.put(keys.workflow_owner_epoch("wf-garbage"), encode_epoch(3))
+    skipping = make_target(skip_live_holders=True)
+    # An undecodable holder is never live; a decodable unexpired one is left out.
+    assert skipping.list_reclaim_candidate_workflow_ids() == ["wf-garbage"]
+    assert make_target().list_reclaim_candidate_workflow_ids() == ["wf-garbage", "wf-live"]
+    clock.advance(TTL_MS + 2 * RENEW_MS)  # exactly at the deadline: still live
+    assert skipping.list_reclaim_candidate_workflow_ids() == ["wf-garbage"]
+    clock.advance(1)
+    assert skipping.list_reclaim_candidate_workflow_ids() == ["wf-garbage", "wf-live"]

@@ -70,6 +70,7 @@ def bootstrap_workflow_lease_ownership(
     on_pass_complete: PassCallback | None = None,
     warn: WarnSink | None = None,
     engine_id: str | None = None,
+    skip_live_holders: bool = False,
 ) -> OwnershipBootstrap:
     """Run the ownership gates, then build everything one engine needs; start nothing.
 
@@ -80,6 +81,7 @@ def bootstrap_workflow_lease_ownership(
         reclaimed by this engine.
     :param on_pass_complete: also receives every pass result, after the metrics bridge.
     :param engine_id: this engine's id; a fresh UUID when omitted.
+    :param skip_live_holders: see :class:`~.reclaim_target.ReclaimTargetHandle`.
     :raises ValueError: a duration is not a positive int, or ``engine_id`` is empty (checked
         before the store is touched).
     :raises TypeError: ``clock`` or ``warn`` is not callable (checked before the store is
@@ -106,6 +108,7 @@ def bootstrap_workflow_lease_ownership(
         metrics,
         on_reclaimed=on_workflow_claim_reclaimed,
         is_eligible=is_workflow_type_registered,
+        skip_live_holders=skip_live_holders,
     )
     task = create_renewal_task(
         target=create_renewal_target(registry, metrics),

@@ -17,7 +17,8 @@ from typing import Final
 
 from .. import keys
 from ..claims.registry import ClaimRegistry
-from ..codec import WorkflowRecord, try_decode_workflow_record
+from ..claims.transitions import is_claim_expired
+from ..codec import WorkflowRecord, decode_holder, try_decode_workflow_record
 from ..metrics import ClaimMetrics
 from ..storage.base import Storage
 from .reclaim_scan import list_reclaim_candidates
@@ -44,6 +45,10 @@ class ReclaimTargetHandle:
     :param metrics: receives ``takeover``, ``acquired``, ``lost_race`` and ``backoff_skipped``.
     :param on_reclaimed: drives (resumes) a reclaimed workflow; raising keeps it for a redrive.
     :param is_eligible: ``(type, revision) -> bool``; ineligible workflows are never claimed.
+    :param skip_live_holders: leave out of discovery the workflows whose holder the scan read as
+        unexpired, instead of attempting (and reading) each one. Saves two reads per foreign
+        live claim per pass on large fleets; off by default, so that every held workflow is
+        attempted and a recently deposed claim reports ``backoff-skipped`` as specified.
     """
 
     def __init__(
@@ -53,8 +58,11 @@ class ReclaimTargetHandle:
         metrics: ClaimMetrics,
         on_reclaimed: Callable[[str], object] | None = None,
         is_eligible: EligibilityPredicate | None = None,
+        *,
+        skip_live_holders: bool = False,
     ) -> None:
         self._registry = registry
+        self._skip_live_holders = skip_live_holders
         self._storage = storage
         self._metrics = metrics
         self._on_reclaimed = on_reclaimed
@@ -90,7 +98,11 @@ class ReclaimTargetHandle:
         if self._is_disposing():
             return []
         held = self._registry.list_held_workflow_ids()
-        found = list_reclaim_candidates(self._storage, held)
+        found = list_reclaim_candidates(
+            self._storage,
+            held,
+            holder_is_live=self._holder_is_live if self._skip_live_holders else None,
+        )
         ids = dict.fromkeys(found)
         ids.update(dict.fromkeys(self.pending_redrive_ids()))
         return list(ids)
@@ -214,6 +226,18 @@ class ReclaimTargetHandle:
 
     # -- helpers --------------------------------------------------------------------------------
 
+    def _holder_is_live(self, holder_bytes: bytes) -> bool:
+        # A holder the scan saw unexpired would only come back not-expired from the takeover;
+        # an undecodable one is never live (it is stolen at once).
+        holder = decode_holder(holder_bytes)
+        if holder is None:
+            return False
+        return not is_claim_expired(
+            expires_at=holder.expires_at,
+            now=self._registry.clock(),
+            renew_interval_ms=self._registry.claim_renew_interval_ms,
+        )
+
     def _read_record(self, workflow_id: str) -> WorkflowRecord | None:
         return try_decode_workflow_record(self._storage.get(keys.workflow(workflow_id)))
 
@@ -256,6 +280,15 @@ def create_reclaim_target(
     metrics: ClaimMetrics,
     on_reclaimed: Callable[[str], object] | None = None,
     is_eligible: EligibilityPredicate | None = None,
+    *,
+    skip_live_holders: bool = False,
 ) -> ReclaimTargetHandle:
     """Build the reclaim target of one engine (see :class:`ReclaimTargetHandle`)."""
-    return ReclaimTargetHandle(registry, storage, metrics, on_reclaimed, is_eligible)
+    return ReclaimTargetHandle(
+        registry,
+        storage,
+        metrics,
+        on_reclaimed,
+        is_eligible,
+        skip_live_holders=skip_live_holders,
+    )
