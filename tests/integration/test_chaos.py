@@ -1,0 +1,596 @@
+"""Chaos: six workers drive 500 workflows while the test keeps killing and pausing them.
+
+Each worker (see :mod:`tests.integration.chaos_worker`) is a spawned interpreter with its own
+``Ownership`` (TTL 900 ms, renew interval 300 ms, wall clock, background maintenance). Workers
+start workflows from one shared id list, drive each through fenced steps and complete it; a
+workflow stranded by a dead or stalled worker is reclaimed by another one, whose
+``on_reclaimed`` resumes it from its step counter.
+
+While the workers run, the test SIGKILLs a random one every half second and restarts it (a fresh
+process and engine), and now and then freezes one with SIGSTOP until the claims it held have been
+taken over, then lets it run on: it wakes deposed, the way a process stalled by GC or swap does,
+and its journal records that its next writes, and a replay under its stale epoch, were refused.
+Then the killing stops, every workflow must reach ``completed``, and the store's own data must
+show that the epoch fence let no write through under a superseded epoch.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import random
+import signal
+import time
+from collections import Counter, defaultdict
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from multiprocessing.process import BaseProcess
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.integration.chaos_worker import (
+    ChaosConfig,
+    StepEntry,
+    counter_key,
+    decode_counter,
+    decode_step_entry,
+    run_worker,
+    step_prefix,
+)
+from tests.integration.contention_worker import read_journal
+from weft_sync import keys
+from weft_sync.codec import WorkflowRecord, decode_epoch, decode_holder
+from weft_sync.storage import Storage
+from weft_sync.workflows import WorkflowOutcome, Workflows
+
+WORKERS = 6
+WORKFLOWS = 500
+STEPS = 5
+STEP_WORK_S = 0.03
+"""The activity of one step; it keeps workflows in flight while the chaos runs."""
+TTL_MS = 900
+RENEW_MS = 300
+KILL_EVERY_S = 0.5
+CHAOS_MIN_S = 12.0
+CHAOS_MAX_S = 20.0
+"""The chaos outlasts ``CHAOS_MIN_S`` only until a stale write was refused at the store."""
+FIRST_PAUSE_S = 1.0
+PAUSE_EVERY_S = 3.0
+PAUSE_MAX_S = 4.0
+"""A frozen worker runs on once its claims moved, or after this long (it may hold a store lock)."""
+RESUME_GRACE_S = 1.5
+"""A worker that woke from a pause is not killed for this long: it journals its deposition."""
+READY_TIMEOUT_S = 60.0
+COMPLETE_TIMEOUT_S = 60.0
+EXIT_TIMEOUT_S = 30.0
+WORKER_MAX_S = 170.0
+POLL_S = 0.05
+JOURNAL_POLL_S = 0.5
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(180)]
+
+Event = dict[str, Any]
+
+
+# -- the fleet of worker processes -----------------------------------------------------------
+
+
+@dataclass
+class _Incarnation:
+    """One worker process: a slot's n-th start."""
+
+    slot: int
+    number: int
+    config: ChaosConfig
+    process: BaseProcess
+    ready: bool = False
+    killed: bool = False
+
+    @property
+    def name(self) -> str:
+        return self.config.engine_id
+
+    def journal(self) -> list[Event]:
+        path = self.config.journal_path
+        return read_journal(path) if os.path.exists(path) else []
+
+    def errors(self) -> list[str]:
+        return [e["traceback"] for e in self.journal() if e["ev"] == "error"]
+
+
+@dataclass
+class _Fleet:
+    """The worker slots, each running its current incarnation."""
+
+    storage_url: str
+    tmp_path: Path
+    ids_path: Path
+    current: list[_Incarnation] = field(default_factory=list)
+    every: list[_Incarnation] = field(default_factory=list)
+    kills: int = 0
+
+    @property
+    def go_path(self) -> Path:
+        return self.tmp_path / "go"
+
+    @property
+    def stop_path(self) -> Path:
+        return self.tmp_path / "stop"
+
+    def spawn(self, slot: int) -> _Incarnation:
+        number = sum(1 for inc in self.every if inc.slot == slot)
+        name = f"w{slot}.{number}"
+        config = ChaosConfig(
+            storage_url=self.storage_url,
+            engine_id=name,
+            ids_path=str(self.ids_path),
+            journal_path=str(self.tmp_path / f"{name}.jsonl"),
+            log_path=str(self.tmp_path / f"{name}.log"),
+            go_path=str(self.go_path),
+            stop_path=str(self.stop_path),
+            steps=STEPS,
+            step_work_s=STEP_WORK_S,
+            claim_ttl_ms=TTL_MS,
+            claim_renew_interval_ms=RENEW_MS,
+            seed=1_000 * slot + number,
+            max_duration_s=WORKER_MAX_S,
+        )
+        process = multiprocessing.get_context("spawn").Process(
+            target=run_worker, args=(config,), name=f"weft-{name}", daemon=True
+        )
+        process.start()
+        incarnation = _Incarnation(slot, number, config, process)
+        self.every.append(incarnation)
+        if slot < len(self.current):
+            self.current[slot] = incarnation
+        else:
+            self.current.append(incarnation)
+        return incarnation
+
+    def is_ready(self, incarnation: _Incarnation) -> bool:
+        if not incarnation.ready:
+            incarnation.ready = any(e["ev"] == "ready" for e in incarnation.journal())
+        return incarnation.ready
+
+    def check_alive(self) -> None:
+        """Fail when a worker the test did not kill has ended."""
+        for incarnation in self.current:
+            code = incarnation.process.exitcode
+            if code is not None and not incarnation.killed:
+                errors = incarnation.errors()
+                pytest.fail(
+                    f"worker {incarnation.name} exited with {code} while the test ran"
+                    + (f":\n{errors[0]}" if errors else "")
+                )
+
+    def kill_and_restart(self, incarnation: _Incarnation) -> None:
+        pid = incarnation.process.pid
+        assert pid is not None
+        incarnation.killed = True
+        os.kill(pid, signal.SIGKILL)
+        incarnation.process.join(EXIT_TIMEOUT_S)
+        assert incarnation.process.exitcode == -signal.SIGKILL, (
+            f"{incarnation.name} ended with {incarnation.process.exitcode}, not by the SIGKILL"
+        )
+        self.kills += 1
+        self.spawn(incarnation.slot)
+
+    def wait_ready(self) -> None:
+        deadline = time.monotonic() + READY_TIMEOUT_S
+        for incarnation in self.current:
+            while not self.is_ready(incarnation):
+                self.check_alive()
+                assert time.monotonic() < deadline, f"{incarnation.name} never became ready"
+                time.sleep(POLL_S)
+
+    def stop(self) -> None:
+        """Give the stop signal; every current worker must close its engine and exit 0."""
+        self.stop_path.touch()
+        for incarnation in self.current:
+            incarnation.process.join(EXIT_TIMEOUT_S)
+            errors = incarnation.errors()
+            assert not errors, f"{incarnation.name} failed:\n{errors[0]}"
+            assert incarnation.process.exitcode == 0, (
+                f"{incarnation.name} exited with {incarnation.process.exitcode}"
+            )
+
+    def teardown(self) -> None:
+        """Let frozen workers run, stop everyone, kill whoever does not end in time."""
+        self.stop_path.touch()
+        for incarnation in self.current:
+            if incarnation.process.exitcode is None and incarnation.process.pid is not None:
+                os.kill(incarnation.process.pid, signal.SIGCONT)
+        for incarnation in self.current:
+            incarnation.process.join(EXIT_TIMEOUT_S)
+            if incarnation.process.is_alive():
+                incarnation.process.kill()
+                incarnation.process.join(EXIT_TIMEOUT_S)
+
+    def events(self) -> list[tuple[_Incarnation, list[Event]]]:
+        return [(incarnation, incarnation.journal()) for incarnation in self.every]
+
+    def fence_refused_at_store(self) -> bool:
+        return any(
+            e["ev"] == "stale" and e["via"] == "store" and e["outcome"] == "refused"
+            for _, events in self.events()
+            for e in events
+        )
+
+
+@contextmanager
+def _fleet(storage_url: str, tmp_path: Path, ids: list[str]) -> Iterator[_Fleet]:
+    """Spawn the first incarnation of every slot; give the go once all of them are ready."""
+    ids_path = tmp_path / "ids.txt"
+    ids_path.write_text("\n".join(ids) + "\n", encoding="utf-8")
+    fleet = _Fleet(storage_url, tmp_path, ids_path)
+    try:
+        for slot in range(WORKERS):
+            fleet.spawn(slot)
+        fleet.wait_ready()
+        fleet.go_path.touch()
+        yield fleet
+    finally:
+        fleet.teardown()
+
+
+# -- reading the store -----------------------------------------------------------------------
+
+
+def _holders(storage: Storage) -> dict[str, tuple[str, int]]:
+    """``{workflow id: (engine id, epoch)}`` of every readable holder."""
+    prefix = keys.workflow_owner_holder("")
+    found: dict[str, tuple[str, int]] = {}
+    for key, value in storage.scan(prefix):
+        holder = decode_holder(value)
+        if holder is not None:
+            found[keys.decode_key_component(key[len(prefix) :])] = (holder.engine_id, holder.epoch)
+    return found
+
+
+def _epochs(storage: Storage) -> dict[str, int]:
+    """``{workflow id: epoch}`` of every epoch key."""
+    prefix = keys.workflow_owner_epoch("")
+    found: dict[str, int] = {}
+    for key, value in storage.scan(prefix):
+        epoch = decode_epoch(value)
+        assert epoch is not None, f"undecodable epoch under {key!r}"
+        found[keys.decode_key_component(key[len(prefix) :])] = epoch
+    return found
+
+
+def _completed_count(storage: Storage) -> int:
+    return len(storage.scan(keys.workflow_status_index("completed", "")))
+
+
+@dataclass(frozen=True)
+class _Stored:
+    """What the store holds for one workflow at the end."""
+
+    record: WorkflowRecord
+    outcome: WorkflowOutcome | None
+    counter: int
+    entries: dict[int, StepEntry]
+    epoch: int
+
+
+def _read_store(storage: Storage, ids: list[str]) -> dict[str, _Stored]:
+    ledger = Workflows(storage)
+    epochs = _epochs(storage)
+    stored: dict[str, _Stored] = {}
+    for wid in ids:
+        record = ledger.get(wid)
+        assert record is not None, f"workflow {wid} was never started"
+        rows = storage.scan(step_prefix(wid))
+        entries = {int(key[len(step_prefix(wid)) :]): decode_step_entry(raw) for key, raw in rows}
+        stored[wid] = _Stored(
+            record,
+            ledger.get_outcome(wid),
+            decode_counter(storage.get(counter_key(wid))),
+            entries,
+            epochs[wid],
+        )
+    return stored
+
+
+def _describe_unfinished(storage: Storage, ids: list[str]) -> str:
+    ledger = Workflows(storage)
+    holders = _holders(storage)
+    lines = []
+    for wid in ids:
+        record = ledger.get(wid)
+        if record is None or record.status != "completed":
+            lines.append(
+                f"{wid}: status {None if record is None else record.status}, holder "
+                f"{holders.get(wid)}, steps {decode_counter(storage.get(counter_key(wid)))}"
+            )
+    return "\n".join(lines[:20]) + (f"\n... {len(lines)} in all" if len(lines) > 20 else "")
+
+
+# -- the chaos -------------------------------------------------------------------------------
+
+
+@dataclass
+class _Pause:
+    incarnation: _Incarnation
+    held: dict[str, int]
+    """``{workflow id: epoch}`` the frozen worker held when it was frozen."""
+    since: float
+
+
+@dataclass
+class _Chaos:
+    """Kills a worker every ``KILL_EVERY_S`` and freezes one every ``PAUSE_EVERY_S``."""
+
+    fleet: _Fleet
+    storage: Storage
+    rng: random.Random
+    pause: _Pause | None = None
+    pauses_deposed: int = 0
+    grace: dict[int, float] = field(default_factory=dict)
+
+    def run(self) -> None:
+        """Kill and freeze workers for ``CHAOS_MIN_S`` and until the store refused a stale write.
+
+        Never longer than ``CHAOS_MAX_S`` (plus the end of a pause in progress).
+        """
+        start = time.monotonic()
+        next_kill = start + KILL_EVERY_S
+        next_pause = start + FIRST_PAUSE_S
+        next_journal_check = start + CHAOS_MIN_S
+        while True:
+            now = time.monotonic()
+            self.fleet.check_alive()
+            if self.pause is not None:
+                self._maybe_resume(now)
+            if self.pause is None and now >= next_journal_check:
+                if now - start >= CHAOS_MAX_S or self.fleet.fence_refused_at_store():
+                    return
+                next_journal_check = now + JOURNAL_POLL_S
+            if now >= next_kill:
+                self._kill_one(now)
+                next_kill = now + KILL_EVERY_S * self.rng.uniform(0.8, 1.2)
+            if self.pause is None and now >= next_pause:
+                frozen = self._freeze_one(now)
+                next_pause = now + (PAUSE_EVERY_S if frozen else POLL_S * 4)
+            time.sleep(POLL_S)
+
+    def _eligible(self, now: float) -> list[_Incarnation]:
+        paused = None if self.pause is None else self.pause.incarnation
+        return [
+            inc
+            for inc in self.fleet.current
+            if inc is not paused
+            and self.grace.get(inc.slot, 0.0) <= now
+            and inc.process.exitcode is None
+            and self.fleet.is_ready(inc)
+        ]
+
+    def _kill_one(self, now: float) -> None:
+        candidates = self._eligible(now)
+        if candidates:
+            self.fleet.kill_and_restart(self.rng.choice(candidates))
+
+    def _freeze_one(self, now: float) -> bool:
+        holding = {engine for engine, _ in _holders(self.storage).values()}
+        candidates = [inc for inc in self._eligible(now) if inc.name in holding]
+        if not candidates:
+            return False
+        victim = self.rng.choice(candidates)
+        pid = victim.process.pid
+        assert pid is not None
+        os.kill(pid, signal.SIGSTOP)
+        held = {
+            wid: epoch
+            for wid, (engine, epoch) in _holders(self.storage).items()
+            if engine == victim.name
+        }
+        if not held:
+            os.kill(pid, signal.SIGCONT)
+            return False
+        self.pause = _Pause(victim, held, now)
+        return True
+
+    def _maybe_resume(self, now: float) -> None:
+        assert self.pause is not None
+        epochs = _epochs(self.storage)
+        moved = all(epochs[wid] > epoch for wid, epoch in self.pause.held.items())
+        if not moved and now - self.pause.since < PAUSE_MAX_S:
+            return
+        incarnation = self.pause.incarnation
+        assert incarnation.process.pid is not None
+        os.kill(incarnation.process.pid, signal.SIGCONT)
+        self.pauses_deposed += int(moved)
+        self.grace[incarnation.slot] = now + RESUME_GRACE_S
+        self.pause = None
+
+
+def _wait_all_completed(fleet: _Fleet, storage: Storage, ids: list[str]) -> None:
+    deadline = time.monotonic() + COMPLETE_TIMEOUT_S
+    while _completed_count(storage) < len(ids):
+        fleet.check_alive()
+        if time.monotonic() > deadline:
+            pytest.fail(
+                f"not every workflow completed within {COMPLETE_TIMEOUT_S} s after the chaos:\n"
+                + _describe_unfinished(storage, ids)
+            )
+        time.sleep(POLL_S * 4)
+
+
+# -- reading the journals --------------------------------------------------------------------
+
+StepId = tuple[str, int]
+"""``(workflow id, step)``."""
+Write = tuple[str, int]
+"""``(engine id, epoch)`` of one step write."""
+
+
+@dataclass
+class _Journals:
+    """Every worker's journal, folded into what the checks need."""
+
+    accepted: dict[StepId, list[Write]] = field(default_factory=lambda: defaultdict(list))
+    unresolved: dict[StepId, list[Write]] = field(default_factory=lambda: defaultdict(list))
+    holders: dict[tuple[str, int], set[str]] = field(default_factory=lambda: defaultdict(set))
+    drives: list[tuple[str, int, int]] = field(default_factory=list)
+    """``(workflow id, epoch, first step)`` of every drive, read after the claim was held."""
+    ambiguous: set[StepId] = field(default_factory=set)
+    stale: Counter[tuple[str, str]] = field(default_factory=Counter)
+    counts: Counter[str] = field(default_factory=Counter)
+
+
+def _fold_journals(fleet: _Fleet) -> _Journals:
+    folded = _Journals()
+    for incarnation, events in fleet.events():
+        engine = incarnation.name
+        pending: tuple[StepId, int] | None = None
+        for event in events:
+            kind = event["ev"]
+            folded.counts[kind] += 1
+            if kind in ("start", "reclaimed", "drive") and event["epoch"] is not None:
+                folded.holders[event["wf"], event["epoch"]].add(engine)
+            if kind == "drive":
+                folded.drives.append((event["wf"], event["epoch"], event["step"]))
+            elif kind == "intent":
+                assert pending is None, f"{engine}: an intent was never resolved: {pending}"
+                pending = ((event["wf"], event["step"]), event["epoch"])
+            elif kind in ("ok", "deposed", "conflict", "storage_error") and pending is not None:
+                step_id, epoch = pending
+                assert step_id[0] == event["wf"], f"{engine}: {event} resolves {pending}"
+                if kind == "ok":
+                    folded.accepted[step_id].append((engine, epoch))
+                elif kind == "storage_error":
+                    # The write may have committed before the error reached the worker.
+                    folded.unresolved[step_id].append((engine, epoch))
+                pending = None
+            elif kind == "ambiguous":
+                folded.ambiguous.add((event["wf"], event["step"]))
+            elif kind == "stale":
+                folded.stale[event["via"], event["outcome"]] += 1
+        if pending is not None:
+            # Killed inside the write: it may or may not have landed.
+            assert incarnation.killed, f"{engine} stopped cleanly inside a write: {pending}"
+            folded.unresolved[pending[0]].append((engine, pending[1]))
+    return folded
+
+
+# -- the checks ------------------------------------------------------------------------------
+
+
+def _assert_all_completed(stored: dict[str, _Stored]) -> None:
+    for wid, item in stored.items():
+        assert item.record.status == "completed", f"{wid} ended {item.record.status}"
+        assert item.outcome is not None and item.outcome.status == "completed", wid
+        assert item.counter == STEPS, f"{wid} ran {item.counter} steps, not {STEPS}"
+        assert sorted(item.entries) == list(range(STEPS)), f"{wid} has steps {item.entries}"
+
+
+def _assert_epochs_fenced(stored: dict[str, _Stored], journals: _Journals) -> None:
+    """Per workflow: epochs never go back, one engine per epoch, each held by its writer."""
+    for wid, item in stored.items():
+        entries = [item.entries[step] for step in range(STEPS)]
+        assert [e.step for e in entries] == list(range(STEPS)), f"{wid}: misfiled step entries"
+        assert not [e for e in entries if e.stale], f"a stale-epoch write landed in {wid}"
+        epochs = [e.epoch for e in entries]
+        assert epochs == sorted(epochs), f"epochs of {wid} went backwards: {epochs}"
+        writers: defaultdict[int, set[str]] = defaultdict(set)
+        for entry in entries:
+            writers[entry.epoch].add(entry.engine)
+            assert entry.engine in journals.holders[wid, entry.epoch], (
+                f"{entry.engine} wrote step {entry.step} of {wid} under epoch {entry.epoch}, "
+                f"which its journal never shows it holding"
+            )
+        shared = {epoch: names for epoch, names in writers.items() if len(names) > 1}
+        assert not shared, f"several engines wrote under one epoch of {wid}: {shared}"
+        assert item.outcome is not None
+        finished_epoch = item.outcome.result["epoch"]
+        assert epochs[-1] <= finished_epoch <= item.epoch, (
+            f"{wid}: last step under epoch {epochs[-1]}, completed under {finished_epoch}, "
+            f"epoch key {item.epoch}"
+        )
+    for (wid, epoch), names in journals.holders.items():
+        assert len(names) == 1, f"epoch {epoch} of {wid} was held by {sorted(names)}"
+
+
+def _assert_no_write_after_supersession(stored: dict[str, _Stored], journals: _Journals) -> None:
+    """Once a new owner read the step counter, every later step carries its epoch or a newer one.
+
+    A drive reads the counter only after its claim (epoch ``E``) is held, so an entry at or past
+    that step under an older epoch would be a write accepted after ``E`` superseded it.
+    """
+    for wid, epoch, first_step in journals.drives:
+        for step in range(first_step, STEPS):
+            entry = stored[wid].entries[step]
+            if (wid, step) in journals.ambiguous:
+                continue
+            assert entry.epoch >= epoch, (
+                f"step {step} of {wid} was written under epoch {entry.epoch} by {entry.engine} "
+                f"after epoch {epoch} took over at step {first_step}"
+            )
+
+
+def _assert_each_step_written_once(stored: dict[str, _Stored], journals: _Journals) -> None:
+    """Every write a journal saw commit is the stored entry; every stored entry was intended."""
+    for (wid, step), writes in journals.accepted.items():
+        assert len(writes) == 1, f"step {step} of {wid} was accepted {len(writes)} times: {writes}"
+        entry = stored[wid].entries[step]
+        assert (entry.engine, entry.epoch) == writes[0], (
+            f"step {step} of {wid} holds {entry} but {writes[0]} saw its write commit"
+        )
+    for wid, item in stored.items():
+        for step, entry in item.entries.items():
+            landed = (entry.engine, entry.epoch)
+            candidates = journals.accepted.get((wid, step), []) + journals.unresolved.get(
+                (wid, step), []
+            )
+            assert landed in candidates, f"step {step} of {wid} holds a write nobody intended"
+
+
+def _assert_exercised(chaos: _Chaos, stored: dict[str, _Stored], journals: _Journals) -> None:
+    """The run did what it claims: kills, takeovers, stale writes refused by the store."""
+    assert chaos.fleet.kills >= 1, "no worker was killed"
+    taken_over = [
+        wid
+        for wid, item in stored.items()
+        if item.outcome is not None and item.record.input["engine"] != item.outcome.result["engine"]
+    ]
+    assert taken_over, "no workflow was finished by another worker than its starter"
+    assert journals.stale["store", "accepted"] == 0
+    assert journals.stale["ledger", "accepted"] == 0
+    assert journals.stale["store", "refused"] >= 1, (
+        f"the fence was never exercised by a stale write: {dict(journals.stale)}; "
+        f"{chaos.pauses_deposed} pauses ended with the frozen worker's claims taken over"
+    )
+    assert journals.counts["conflict"] == 0, "two writers shared one epoch"
+    assert journals.counts["error"] == 0
+
+
+def _assert_clean_stops(fleet: _Fleet) -> None:
+    for incarnation in fleet.current:
+        summaries = [e for e in incarnation.journal() if e["ev"] == "summary"]
+        assert len(summaries) == 1, f"{incarnation.name} wrote no summary"
+        assert summaries[0]["counts"]["stopped_by_file"] == 1
+
+
+def test_killed_and_paused_workers_complete_every_workflow_without_a_stale_write(
+    storage_url: str, open_store: Callable[[], Storage], tmp_path: Path
+) -> None:
+    store = open_store()
+    ids = [f"chaos-{n:03d}" for n in range(WORKFLOWS)]
+
+    with _fleet(storage_url, tmp_path, ids) as fleet:
+        chaos = _Chaos(fleet, store, random.Random(4242))
+        chaos.run()
+        _wait_all_completed(fleet, store, ids)
+        fleet.stop()
+
+    stored = _read_store(store, ids)
+    journals = _fold_journals(fleet)
+    _assert_all_completed(stored)
+    _assert_epochs_fenced(stored, journals)
+    _assert_no_write_after_supersession(stored, journals)
+    _assert_each_step_written_once(stored, journals)
+    _assert_exercised(chaos, stored, journals)
+    _assert_clean_stops(fleet)
