@@ -343,3 +343,21 @@ def test_failed_bootstrap_leaves_a_given_storage_open(storage: Storage) -> None:
         Ownership.open(storage, options=OPTIONS, background="thread")
     assert storage.get(keys.workflow_owner_holder("wf-1")) is None
     assert _weft_threads() == []
+
+
+def test_the_ledger_refuses_owner_operations_after_close_even_on_a_borrowed_store(
+    storage: Storage,
+) -> None:
+    ownership = Ownership.open(storage, background="manual")
+    ledger = ownership.workflows
+    ledger.start("wf-before", "report")
+    ownership.close()
+    with pytest.raises(ClosedError, match="closed with its Ownership"):
+        ledger.start("wf-after", "report")
+    with pytest.raises(ClosedError):
+        ledger.save_checkpoint("wf-before", b"late")
+    # Nothing was claimed after close, and reads still work on the borrowed, open store.
+    assert storage.get(keys.workflow_owner_holder("wf-after")) is None
+    assert storage.get(keys.workflow_owner_holder("wf-before")) is None
+    record = ledger.get("wf-before")
+    assert record is not None and record.status == "running"

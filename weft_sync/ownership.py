@@ -300,6 +300,7 @@ class Ownership:
         try:
             self._task.close(timeout)
         finally:
+            self._workflows.close()
             self._registry.release_all()
             try:
                 if self._owns_storage:

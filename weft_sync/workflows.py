@@ -43,7 +43,7 @@ from . import keys
 from .claims.registry import ClaimRegistry, WarnSink
 from .clock import Clock, system_clock
 from .codec import WorkflowRecord, decode_holder, encode_workflow_record
-from .errors import FencedWriteConflict, WorkflowClaimUnavailableError
+from .errors import ClosedError, FencedWriteConflict, WorkflowClaimUnavailableError
 from .ledger.external import EXTERNAL_MAX_ATTEMPTS, SUSPENDABLE_STATUSES, ExternalTransitions
 from .ledger.fencing import (
     Fence,
@@ -121,9 +121,10 @@ class Workflows:
             raise TypeError(f"warn must be a callable taking a Warning, or None, got {warn!r}")
         self._storage = storage
         self._clock = clock
-        # _lock guards _registry.
+        # _lock guards _registry and _closed.
         self._lock = threading.Lock()
         self._registry: ClaimRegistry | None = None
+        self._closed = False
         self._fence = Fence(storage, self._current_registry, warn or default_warn)
         self._signals = SignalBuffer(storage, self._fence, clock)
         self._updates = UpdateQueue(storage, self._fence, clock)
@@ -150,7 +151,21 @@ class Workflows:
 
     def _current_registry(self) -> ClaimRegistry | None:
         with self._lock:
-            return self._registry
+            closed, registry = self._closed, self._registry
+        if closed:
+            raise ClosedError(
+                "this workflow ledger was closed with its Ownership, so it can no longer act "
+                "for an engine (nothing would renew or release its claims); open a new Ownership"
+            )
+        return registry
+
+    def close(self) -> None:
+        """Refuse owner operations from now on; idempotent. ``Ownership.close()`` calls it.
+
+        Reads (``get``, ``list``) keep working while the store is open.
+        """
+        with self._lock:
+            self._closed = True
 
     def bind_registry(self, registry: ClaimRegistry) -> None:
         """Bind the engine's registry; binding the same one again is a no-op.
@@ -165,6 +180,8 @@ class Workflows:
                 "share one store so acquire and release fold into the ledger's writes"
             )
         with self._lock:
+            if self._closed:
+                raise ClosedError("cannot bind a registry to a closed workflow ledger")
             if self._registry is not None and self._registry is not registry:
                 raise ValueError(
                     f"this ledger is already bound to the registry of engine "
