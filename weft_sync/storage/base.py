@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Protocol, runtime_checkable
+from typing import Final, Protocol, runtime_checkable
 
 from ..errors import StorageCapabilityError
 
@@ -23,10 +23,12 @@ __all__ = [
     "validate_batch",
     "validate_key",
     "validate_operations",
+    "validate_scan_args",
     "validate_table_name",
 ]
 
 _TABLE_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,62}$")
+_SCAN_BOUNDS: Final = (("gt", ">"), ("gte", ">="), ("lt", "<"), ("lte", "<="))
 
 
 @dataclass(frozen=True, slots=True)
@@ -213,6 +215,41 @@ def validate_key(key: object) -> str:
             f"storage key {key!r} is not valid Unicode text (lone surrogate at {exc.start})"
         ) from None
     return key
+
+
+def validate_scan_args(
+    prefix: str,
+    gt: str | None,
+    gte: str | None,
+    lt: str | None,
+    lte: str | None,
+    limit: int | None,
+) -> list[tuple[str, str]]:
+    """Check ``scan()`` arguments before any I/O; return the comparisons bounding the keys.
+
+    Each item is ``(SQL operator, key)``. With ``key >= prefix`` (left to the caller) they
+    select the scanned keys: ``< prefix_upper_bound(prefix)`` when the prefix has an upper bound,
+    then each given bound in the order ``gt``, ``gte``, ``lt``, ``lte``.
+
+    :raises TypeError: the prefix or a bound is not a ``str``.
+    :raises ValueError: the prefix or a bound is not a storable key, or ``limit`` is not ``None``
+        or a non-negative ``int``.
+    """
+    validate_key(prefix)
+    if limit is not None and (type(limit) is not int or limit < 0):
+        raise ValueError(f"scan limit must be None or a non-negative int, got {limit!r}")
+    comparisons: list[tuple[str, str]] = []
+    upper = prefix_upper_bound(prefix)
+    if upper is not None:
+        comparisons.append(("<", upper))
+    for (name, op), bound in zip(_SCAN_BOUNDS, (gt, gte, lt, lte), strict=True):
+        if bound is not None:
+            try:
+                validate_key(bound)
+            except (TypeError, ValueError) as exc:
+                raise type(exc)(f"scan bound {name}: {exc}") from None
+            comparisons.append((op, bound))
+    return comparisons
 
 
 def _validate_value(key: str, value: object) -> bytes:

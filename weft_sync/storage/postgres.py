@@ -33,10 +33,10 @@ from .base import (
     Put,
     StorageCapabilities,
     check_batch_shape,
-    prefix_upper_bound,
     validate_batch,
     validate_key,
     validate_operations,
+    validate_scan_args,
     validate_table_name,
 )
 
@@ -357,27 +357,11 @@ class PostgresStorage:
         limit: int | None = None,
         reverse: bool = False,
     ) -> list[tuple[str, bytes]]:
-        validate_key(prefix)
-        if limit is not None and (type(limit) is not int or limit < 0):
-            raise ValueError(f"scan limit must be None or a non-negative int, got {limit!r}")
-        clauses: list[sql.Composable] = []
-        params: list[object] = []
-        bounds: list[tuple[str, str | None]] = [
-            (">=", prefix or None),
-            ("<", prefix_upper_bound(prefix)),
-        ]
-        named = (("gt", gt, ">"), ("gte", gte, ">="), ("lt", lt, "<"), ("lte", lte, "<="))
-        for name, bound, op in named:
-            if bound is not None:
-                try:
-                    validate_key(bound)
-                except (TypeError, ValueError) as exc:
-                    raise type(exc)(f"scan bound {name}: {exc}") from None
-            bounds.append((op, bound))
-        for op, bound in bounds:
-            if bound is not None:
-                clauses.append(sql.SQL("key {} %s").format(sql.SQL(op)))
-                params.append(bound)
+        comparisons = validate_scan_args(prefix, gt, gte, lt, lte, limit)
+        if prefix:
+            comparisons.insert(0, (">=", prefix))
+        clauses = [sql.SQL("key {} %s").format(sql.SQL(op)) for op, _ in comparisons]
+        params: list[object] = [bound for _, bound in comparisons]
         query = sql.Composed([self._q.scan])
         if clauses:
             query += sql.SQL(" WHERE ") + sql.SQL(" AND ").join(clauses)
