@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 
 from tests.claims.gated import GatedStorage, WarningSink, Worker, touches, watch_log
+from tests.workflows.helpers import holder_engine
 from weft_sync import keys
 from weft_sync.clock import ManualClock
 from weft_sync.codec import WorkflowRecord, decode_epoch, decode_holder, encode_workflow_record
@@ -102,8 +103,7 @@ def test_claim_holds_the_workflow_inside_the_block_and_releases_it_on_exit(
         assert not handle.lost.is_set()
         handle.assert_held()
         assert ownership.registry.current_epoch("wf-1") == 1
-        holder = decode_holder(storage.get(keys.workflow_owner_holder("wf-1")))
-        assert holder is not None and holder.engine_id == "engine-a"
+        assert holder_engine(storage, "wf-1") == "engine-a"
     assert storage.get(keys.workflow_owner_holder("wf-1")) is None
     assert decode_epoch(storage.get(keys.workflow_owner_epoch("wf-1"))) == 1
     assert ownership.registry.list_held_workflow_ids() == []
@@ -213,8 +213,7 @@ def test_an_exception_from_the_block_wins_over_a_lost_claim(
         owner.run_maintenance()
         raise KeyError("from the body")
     assert handle.lost.is_set()
-    holder = decode_holder(storage.get(keys.workflow_owner_holder("wf-1")))
-    assert holder is not None and holder.engine_id == "engine-b"
+    assert holder_engine(storage, "wf-1") == "engine-b"
 
 
 def test_release_finding_the_claim_replaced_marks_it_lost_and_raises_on_exit(
@@ -230,8 +229,7 @@ def test_release_finding_the_claim_replaced_marks_it_lost_and_raises_on_exit(
         handle.assert_held()
     assert handle.lost.is_set()
     assert lost.ids == ["wf-1"]
-    holder = decode_holder(storage.get(keys.workflow_owner_holder("wf-1")))
-    assert holder is not None and holder.engine_id == "engine-b"
+    assert holder_engine(storage, "wf-1") == "engine-b"
 
 
 def test_a_fenced_write_after_an_unnoticed_takeover_marks_the_claim_lost(

@@ -25,6 +25,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests import cli_handler
+from tests.workflows.helpers import holder_engine, stored_epoch
 from weft_sync import (
     EngineDeposedError,
     ManualClock,
@@ -34,7 +35,6 @@ from weft_sync import (
     system_clock,
 )
 from weft_sync.cli import main
-from weft_sync.codec import decode_epoch, decode_holder
 from weft_sync.storage import Storage
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -106,15 +106,6 @@ def abandon(url: str, workflow_id: str, workflow_type: str = "report") -> None:
     leave_claim(
         url, workflow_id, offset_ms=-HOUR_MS, engine_id="dead-engine", workflow_type=workflow_type
     )
-
-
-def stored_epoch(storage: Storage, workflow_id: str) -> int | None:
-    return decode_epoch(storage.get(keys.workflow_owner_epoch(workflow_id)))
-
-
-def holder_engine(storage: Storage, workflow_id: str) -> str | None:
-    holder = decode_holder(storage.get(keys.workflow_owner_holder(workflow_id)))
-    return None if holder is None else holder.engine_id
 
 
 @pytest.fixture

@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 
 from tests.claims.gated import WarningSink, Worker, watch_log
+from tests.workflows.helpers import holder_engine
 from weft_sync import keys
 from weft_sync.clock import ManualClock
 from weft_sync.codec import (
@@ -73,11 +74,6 @@ def _write_running(storage: Storage, workflow_id: str) -> None:
     storage.put(keys.workflow_status_index("running", workflow_id), b"")
 
 
-def _holder_engine(storage: Storage, workflow_id: str) -> str | None:
-    holder = decode_holder(storage.get(keys.workflow_owner_holder(workflow_id)))
-    return None if holder is None else holder.engine_id
-
-
 # -- open ----------------------------------------------------------------------------------------
 
 
@@ -123,9 +119,9 @@ def test_workflows_ledger_claims_through_the_engine_registry(
     record = ownership.workflows.start("wf-1", "job")
     assert record.status == "running"
     assert ownership.registry.current_epoch("wf-1") == 1
-    assert _holder_engine(storage, "wf-1") == "engine-a"
+    assert holder_engine(storage, "wf-1") == "engine-a"
     ownership.close()
-    assert _holder_engine(storage, "wf-1") is None
+    assert holder_engine(storage, "wf-1") is None
 
 
 def test_run_maintenance_includes_the_ledger_polls(make_ownership: MakeOwnership) -> None:
@@ -288,12 +284,12 @@ def test_close_waits_for_a_pass_in_flight_before_releasing(
     closer = Worker(close, "closer")
 
     assert not closed.wait(0.2), "close() returned while a pass was still running"
-    assert _holder_engine(storage, "wf-1") == "engine-a"
+    assert holder_engine(storage, "wf-1") == "engine-a"
     drive.release.set()
 
     closer.result()
     assert maintenance.result().reclaim is not None
-    assert _holder_engine(storage, "wf-1") is None
+    assert holder_engine(storage, "wf-1") is None
 
 
 def test_close_gives_up_waiting_for_a_stuck_pass_after_the_timeout(

@@ -1,9 +1,11 @@
-"""Test helpers: a gated wrapper around a real store, a log watcher and a thread runner.
+"""Test helpers: a gated wrapper around a real store, a log watcher, a thread runner, registries.
 
 ``GatedStorage`` delegates every call to a real backend and counts it. Tests can arm one-shot
 intercepts on the next compare-and-swap (``conditional_batch`` or ``conditional_batches``) that
 match a predicate: force its result without writing, raise before or after committing, run a
 callback just before it commits, or pause the calling thread at a gate until the test opens it.
+:func:`new_registry` builds a ``ClaimRegistry`` with the test timing (:data:`TTL_MS`,
+:data:`RENEW_MS`) on any store.
 """
 
 from __future__ import annotations
@@ -17,6 +19,9 @@ from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
 
 from weft_sync import keys
+from weft_sync.claims.registry import ClaimRegistry
+from weft_sync.claims.renewals import WarnSink
+from weft_sync.clock import Clock
 from weft_sync.storage.base import Batch, Condition, Operation, Storage, StorageCapabilities
 
 GATE_TIMEOUT_S = 30.0
@@ -283,9 +288,59 @@ class Worker(Generic[_T]):
         return self._error
 
 
+def pause_in_cas(
+    store: GatedStorage, workflow_id: str, fn: Callable[[], _T], name: str, **fields: Any
+) -> tuple[Intercept, Worker[_T]]:
+    """Run ``fn`` on thread ``name`` until its CAS naming ``workflow_id`` waits at a gate.
+
+    :param fields: further :class:`Intercept` fields, applied once the gate opens (``error``).
+    :returns: the gate (``open()`` lets the CAS go on) and the worker running ``fn``.
+    """
+    gate = store.pause_next_cas(match=touches(workflow_id), **fields)
+    worker = Worker(fn, name)
+    gate.wait_reached()
+    return gate, worker
+
+
+REGISTRY_LOGGER = "weft_sync.claims.registry"
+JOINS_RENEWAL = "joins the renewal already in flight"
+"""Logged by a renewal that shares the renewal of the same claim already in flight."""
+WAITS_FOR_RENEWAL = "waits for the renewal in flight"
+"""Logged by a release (or a release preparation) that waits for the renewal in flight."""
+
+
+def start_until_logged(
+    fn: Callable[[], _T], name: str, fragment: str, logger: str = REGISTRY_LOGGER
+) -> Worker[_T]:
+    """Run ``fn`` on thread ``name`` and return once logger ``logger`` logged ``fragment``.
+
+    Used to start a call that must wait for one paused at a gate: the message says it waits.
+    """
+    with watch_log(logger) as log:
+        worker = Worker(fn, name)
+        log.wait_for(fragment)
+    return worker
+
+
 TTL_MS = 30_000
 RENEW_MS = 5_000
 START_MS = 1_000
+PAST_GRACE_MS = TTL_MS + 2 * RENEW_MS + 1
+"""Advancing the clock by this much makes an unrenewed claim takeover-eligible."""
+
+
+def new_registry(
+    store: Storage, clock: Clock, engine_id: str = "engine-a", warn: WarnSink | None = None
+) -> ClaimRegistry:
+    """A registry of ``engine_id`` on ``store`` with the test timing and ``warn`` as its sink."""
+    return ClaimRegistry(
+        store,
+        engine_id=engine_id,
+        clock=clock,
+        claim_ttl_ms=TTL_MS,
+        claim_renew_interval_ms=RENEW_MS,
+        warn=warn,
+    )
 
 
 class WarningSink:

@@ -27,11 +27,6 @@ BAD_MODE: Any = "leases"
 CORRUPT = b"\x82\xa4mode\xaabogus-mode\xaeestablished_at\x05"
 
 
-@pytest.fixture
-def gated(storage: Storage) -> GatedStorage:
-    return GatedStorage(storage)
-
-
 def test_mode_none_touches_the_store_not_at_all(gated: GatedStorage) -> None:
     bootstrap_ownership_gates(gated, mode="none", clock=ManualClock(1000))
     assert_ownership_storage_capability(gated, "none")

@@ -8,11 +8,13 @@ from collections.abc import Callable
 import pytest
 
 from tests.claims.gated import (
+    REGISTRY_LOGGER,
     RENEW_MS,
     START_MS,
     TTL_MS,
     GatedStorage,
     WarningSink,
+    new_registry,
     touches,
     watch_log,
 )
@@ -27,43 +29,6 @@ WF = "wf-1"
 HOLDER = keys.workflow_owner_holder(WF)
 EPOCH = keys.workflow_owner_epoch(WF)
 Factory = Callable[..., ClaimRegistry]
-
-
-@pytest.fixture
-def clock() -> ManualClock:
-    return ManualClock(START_MS)
-
-
-@pytest.fixture
-def gated(storage: Storage) -> GatedStorage:
-    return GatedStorage(storage)
-
-
-@pytest.fixture
-def sink() -> WarningSink:
-    return WarningSink()
-
-
-@pytest.fixture
-def make(gated: GatedStorage, clock: ManualClock, sink: WarningSink) -> Factory:
-    """Build a registry on the gated store (or another store) sharing the test clock."""
-
-    def _make(engine_id: str = "engine-a", store: Storage | None = None) -> ClaimRegistry:
-        return ClaimRegistry(
-            store if store is not None else gated,
-            engine_id=engine_id,
-            clock=clock,
-            claim_ttl_ms=TTL_MS,
-            claim_renew_interval_ms=RENEW_MS,
-            warn=sink,
-        )
-
-    return _make
-
-
-@pytest.fixture
-def reg(make: Factory) -> ClaimRegistry:
-    return make()
 
 
 def _holder(storage: Storage, wid: str = WF) -> HolderRecord | None:
@@ -137,13 +102,7 @@ def test_acquire_losing_to_a_competitor_between_read_and_commit_names_the_compet
 def test_acquire_on_a_store_without_compare_and_swap_is_refused(
     storage: Storage, clock: ManualClock
 ) -> None:
-    reg = ClaimRegistry(
-        GatedStorage(storage, conditional_batch=False),
-        engine_id="engine-a",
-        clock=clock,
-        claim_ttl_ms=TTL_MS,
-        claim_renew_interval_ms=RENEW_MS,
-    )
+    reg = new_registry(GatedStorage(storage, conditional_batch=False), clock)
     with pytest.raises(StorageCapabilityError, match="conditional_batch"):
         reg.acquire(WF)
     assert storage.get(EPOCH) is None
@@ -196,13 +155,7 @@ def test_renew_after_another_engine_overwrote_the_holder_reports_lost_once(
 def test_lost_renewal_uses_the_default_warning_when_no_sink_is_given(
     storage: Storage, clock: ManualClock
 ) -> None:
-    reg = ClaimRegistry(
-        storage,
-        engine_id="engine-a",
-        clock=clock,
-        claim_ttl_ms=TTL_MS,
-        claim_renew_interval_ms=RENEW_MS,
-    )
+    reg = new_registry(storage, clock)
     reg.acquire(WF)
     storage.delete(HOLDER)
     with pytest.warns(WorkflowClaimLostWarning) as record:
@@ -537,7 +490,7 @@ def test_log_levels_follow_ownership_changes(
     make: Factory, storage: Storage, clock: ManualClock
 ) -> None:
     reg = make()
-    with watch_log("weft_sync.claims.registry") as log:
+    with watch_log(REGISTRY_LOGGER) as log:
         reg.acquire(WF)
         clock.advance(RENEW_MS)
         reg.renew(WF)

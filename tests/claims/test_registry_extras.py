@@ -7,16 +7,17 @@ from collections.abc import Callable
 import pytest
 
 from tests.claims.gated import (
+    PAST_GRACE_MS,
     RENEW_MS,
-    START_MS,
     TTL_MS,
+    WAITS_FOR_RENEWAL,
     GatedStorage,
     WarningSink,
-    Worker,
+    pause_in_cas,
+    start_until_logged,
     touches,
-    watch_log,
 )
-from tests.workflows.helpers import ReadHooks
+from tests.workflows.helpers import ReadHooks, expires_at
 from weft_sync import keys
 from weft_sync.claims import build_external_rotation_transition
 from weft_sync.claims.registry import ClaimRegistry, ReleasePreparation
@@ -30,15 +31,7 @@ from weft_sync.storage import Condition, Delete, Storage
 WF = "wf-1"
 HOLDER = keys.workflow_owner_holder(WF)
 EPOCH = keys.workflow_owner_epoch(WF)
-PAST_GRACE_MS = TTL_MS + 2 * RENEW_MS + 1
-LOGGER = "weft_sync.claims.registry"
-RELEASE_WAITS = "waits for the renewal in flight"
 Factory = Callable[..., ClaimRegistry]
-
-
-@pytest.fixture
-def clock() -> ManualClock:
-    return ManualClock(START_MS)
 
 
 @pytest.fixture
@@ -47,35 +40,11 @@ def gated(storage: Storage) -> ReadHooks:
 
 
 @pytest.fixture
-def sink() -> WarningSink:
-    return WarningSink()
-
-
-@pytest.fixture
-def make(gated: GatedStorage, clock: ManualClock, sink: WarningSink) -> Factory:
-    def _make(engine_id: str = "engine-a", warn: WarningSink | None = None) -> ClaimRegistry:
-        return ClaimRegistry(
-            gated,
-            engine_id=engine_id,
-            clock=clock,
-            claim_ttl_ms=TTL_MS,
-            claim_renew_interval_ms=RENEW_MS,
-            warn=warn if warn is not None else sink,
-        )
-
-    return _make
-
-
-@pytest.fixture
 def reg(make: Factory) -> ClaimRegistry:
+    """Engine A's registry, holding WF."""
     registry = make()
     assert registry.acquire(WF).status == "acquired"
     return registry
-
-
-def _expires_at(storage: Storage, wid: str = WF) -> int | None:
-    holder = decode_holder(storage.get(keys.workflow_owner_holder(wid)))
-    return None if holder is None else holder.expires_at
 
 
 def _renew_landing_but_raising(reg: ClaimRegistry, gated: GatedStorage, clock: ManualClock) -> None:
@@ -84,7 +53,7 @@ def _renew_landing_but_raising(reg: ClaimRegistry, gated: GatedStorage, clock: M
     gated.raise_on_next_cas(StorageError("lost the reply"), after_commit=True, match=touches(WF))
     with pytest.raises(StorageError, match="lost the reply"):
         reg.renew(WF)
-    assert _expires_at(gated) == clock() + TTL_MS  # it landed
+    assert expires_at(gated, WF) == clock() + TTL_MS  # it landed
     assert reg.current_epoch(WF) == 1
 
 
@@ -97,7 +66,7 @@ def test_renewal_after_an_ambiguous_commit_adopts_it_and_renews(
     _renew_landing_but_raising(reg, gated, clock)
     clock.advance(RENEW_MS)
     assert reg.renew(WF).status == "renewed"
-    assert _expires_at(gated) == clock() + TTL_MS
+    assert expires_at(gated, WF) == clock() + TTL_MS
     assert sink.received == []
     # Adopted for good: the next renewal is one plain CAS, with no re-read.
     clock.advance(RENEW_MS)
@@ -159,7 +128,7 @@ def test_a_failed_then_an_ambiguous_renewal_adopt_the_value_that_landed(
     _renew_landing_but_raising(reg, gated, clock)
     clock.advance(RENEW_MS)
     assert reg.renew(WF).status == "renewed"
-    assert _expires_at(gated) == clock() + TTL_MS
+    assert expires_at(gated, WF) == clock() + TTL_MS
     assert sink.received == []
 
 
@@ -203,7 +172,7 @@ def test_renew_many_adopts_ambiguous_commits_and_still_reports_a_real_loss(
     gated.raise_on_next_cas(StorageError("lost the reply"), after_commit=True)
     outcomes = reg.renew_many_outcomes(ids)
     assert all(isinstance(o, StorageError) for o in outcomes)
-    assert all(_expires_at(gated, wid) == clock() + TTL_MS for wid in ids)
+    assert all(expires_at(gated, wid) == clock() + TTL_MS for wid in ids)
     rotation = build_external_rotation_transition(
         workflow_id="wf-3", observed_epoch_bytes=gated.get(keys.workflow_owner_epoch("wf-3"))
     )
@@ -213,7 +182,7 @@ def test_renew_many_adopts_ambiguous_commits_and_still_reports_a_real_loss(
     results = reg.renew_many(ids)
     assert [r.status for r in results] == ["renewed", "renewed", "lost"]
     assert gated.calls["conditional_batches"] - batches == 2  # the chunk, then the retry
-    assert all(_expires_at(gated, wid) == clock() + TTL_MS for wid in ids[:2])
+    assert all(expires_at(gated, wid) == clock() + TTL_MS for wid in ids[:2])
     assert sink.lost_ids() == ["wf-3"]
     assert sorted(reg.list_held_workflow_ids()) == ["wf-1", "wf-2"]
 
@@ -304,18 +273,16 @@ def test_prepare_waits_for_the_renewal_in_flight_and_names_its_bytes(
     reg: ClaimRegistry, gated: GatedStorage, clock: ManualClock
 ) -> None:
     clock.advance(RENEW_MS)
-    gate = gated.pause_next_cas(match=touches(WF))
-    with watch_log(LOGGER) as log:
-        renewal = Worker(lambda: reg.renew(WF), "renew")
-        gate.wait_reached()
-        preparing = Worker(lambda: reg.prepare_release_fragment(WF), "prepare")
-        log.wait_for(RELEASE_WAITS)
-        gate.open()
-        assert renewal.result().status == "renewed"
-        prep = preparing.result()
+    gate, renewal = pause_in_cas(gated, WF, lambda: reg.renew(WF), "renew")
+    preparing = start_until_logged(
+        lambda: reg.prepare_release_fragment(WF), "prepare", WAITS_FOR_RENEWAL
+    )
+    gate.open()
+    assert renewal.result().status == "renewed"
+    prep = preparing.result()
     assert prep is not None
     assert prep.holder_bytes == gated.get(HOLDER)
-    assert _expires_at(gated) == clock() + TTL_MS
+    assert expires_at(gated, WF) == clock() + TTL_MS
     reg.finish_folded_release(WF, prep, committed=False)
 
 
@@ -425,9 +392,7 @@ def test_after_fork_in_child_forgets_everything_without_storage_io(
     assert reg.acquire("wf-2").status == "acquired"
     prep = reg.prepare_release_fragment("wf-2")  # marks wf-2 releasing
     assert prep is not None
-    gate = gated.pause_next_cas(match=touches(WF))
-    renewal = Worker(lambda: reg.renew(WF), "renew")
-    gate.wait_reached()
+    gate, renewal = pause_in_cas(gated, WF, lambda: reg.renew(WF), "renew")
     # A lock held at fork time by a thread that does not exist in the child.
     reg._table.lock.acquire()
     before = gated.total_calls

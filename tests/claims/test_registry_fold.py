@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.claims.gated import RENEW_MS, START_MS, TTL_MS, GatedStorage, WarningSink
+from tests.claims.gated import RENEW_MS, START_MS, TTL_MS, GatedStorage
 from weft_sync import keys
 from weft_sync.claims.registry import ClaimRegistry
 from weft_sync.clock import ManualClock
@@ -14,28 +14,6 @@ from weft_sync.storage import Condition, Put, Storage
 WF = "wf-fold"
 HOLDER = keys.workflow_owner_holder(WF)
 EPOCH = keys.workflow_owner_epoch(WF)
-
-
-@pytest.fixture
-def clock() -> ManualClock:
-    return ManualClock(START_MS)
-
-
-@pytest.fixture
-def gated(storage: Storage) -> GatedStorage:
-    return GatedStorage(storage)
-
-
-@pytest.fixture
-def reg(gated: GatedStorage, clock: ManualClock) -> ClaimRegistry:
-    return ClaimRegistry(
-        gated,
-        engine_id="engine-a",
-        clock=clock,
-        claim_ttl_ms=TTL_MS,
-        claim_renew_interval_ms=RENEW_MS,
-        warn=WarningSink(),
-    )
 
 
 def _commit(storage: Storage, reg: ClaimRegistry, extra: list[Put] | None = None) -> bool:

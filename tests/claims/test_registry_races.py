@@ -12,14 +12,19 @@ from collections.abc import Callable
 import pytest
 
 from tests.claims.gated import (
+    JOINS_RENEWAL,
+    PAST_GRACE_MS,
     RENEW_MS,
     START_MS,
     TTL_MS,
+    WAITS_FOR_RENEWAL,
     GatedStorage,
     WarningSink,
     Worker,
+    new_registry,
+    pause_in_cas,
+    start_until_logged,
     touches,
-    watch_log,
 )
 from weft_sync import keys
 from weft_sync.claims.registry import ClaimRegistry
@@ -31,36 +36,13 @@ from weft_sync.storage import Storage
 WF = "wf-1"
 HOLDER = keys.workflow_owner_holder(WF)
 EPOCH = keys.workflow_owner_epoch(WF)
-LOGGER = "weft_sync.claims.registry"
-JOINED = "joins the renewal already in flight"
-RELEASE_WAITS = "waits for the renewal in flight"
+Factory = Callable[..., ClaimRegistry]
 
 
 @pytest.fixture
-def clock() -> ManualClock:
-    return ManualClock(START_MS)
-
-
-@pytest.fixture
-def gated(storage: Storage) -> GatedStorage:
-    return GatedStorage(storage)
-
-
-@pytest.fixture
-def sink() -> WarningSink:
-    return WarningSink()
-
-
-@pytest.fixture
-def reg(gated: GatedStorage, clock: ManualClock, sink: WarningSink) -> ClaimRegistry:
-    registry = ClaimRegistry(
-        gated,
-        engine_id="engine-a",
-        clock=clock,
-        claim_ttl_ms=TTL_MS,
-        claim_renew_interval_ms=RENEW_MS,
-        warn=sink,
-    )
+def reg(make: Factory) -> ClaimRegistry:
+    """Engine A's registry, holding WF."""
+    registry = make()
     assert registry.acquire(WF).status == "acquired"
     return registry
 
@@ -69,20 +51,16 @@ def _install_newer_expired_generation(storage: Storage, clock: ManualClock) -> N
     """Simulate another engine that took the claim (epoch 2) and then died long ago."""
     storage.put(EPOCH, encode_epoch(2))
     storage.put(HOLDER, encode_holder(HolderRecord("engine-x", 2, START_MS, START_MS)))
-    clock.advance(TTL_MS + 2 * RENEW_MS + 1)
+    clock.advance(PAST_GRACE_MS)
 
 
 def test_two_concurrent_renews_return_the_identical_result_object(
     reg: ClaimRegistry, gated: GatedStorage
 ) -> None:
-    gate = gated.pause_next_cas(match=touches(WF))
-    with watch_log(LOGGER) as log:
-        first = Worker(lambda: reg.renew(WF), "renew-first")
-        gate.wait_reached()
-        second = Worker(lambda: reg.renew(WF), "renew-second")
-        log.wait_for(JOINED)
-        gate.open()
-        one, two = first.result(), second.result()
+    gate, first = pause_in_cas(gated, WF, lambda: reg.renew(WF), "renew-first")
+    second = start_until_logged(lambda: reg.renew(WF), "renew-second", JOINS_RENEWAL)
+    gate.open()
+    one, two = first.result(), second.result()
     assert one is two
     assert one.status == "renewed"
     assert gated.transactions == 2  # the acquire and one shared renewal
@@ -91,14 +69,12 @@ def test_two_concurrent_renews_return_the_identical_result_object(
 def test_concurrent_renews_share_the_identical_exception(
     reg: ClaimRegistry, gated: GatedStorage, sink: WarningSink
 ) -> None:
-    gate = gated.pause_next_cas(match=touches(WF), error=StorageError("flaky disk"))
-    with watch_log(LOGGER) as log:
-        first = Worker(lambda: reg.renew(WF), "renew-first")
-        gate.wait_reached()
-        second = Worker(lambda: reg.renew(WF), "renew-second")
-        log.wait_for(JOINED)
-        gate.open()
-        one, two = first.error(), second.error()
+    gate, first = pause_in_cas(
+        gated, WF, lambda: reg.renew(WF), "renew-first", error=StorageError("flaky disk")
+    )
+    second = start_until_logged(lambda: reg.renew(WF), "renew-second", JOINS_RENEWAL)
+    gate.open()
+    one, two = first.error(), second.error()
     assert isinstance(one, StorageError)
     assert one is two
     assert sink.received == []
@@ -109,15 +85,13 @@ def test_concurrent_renews_share_the_identical_exception(
 def test_release_waits_for_a_raising_renewal_and_still_releases(
     reg: ClaimRegistry, gated: GatedStorage, storage: Storage
 ) -> None:
-    gate = gated.pause_next_cas(match=touches(WF), error=StorageError("renewal failed"))
-    with watch_log(LOGGER) as log:
-        renewal = Worker(lambda: reg.renew(WF), "renew")
-        gate.wait_reached()
-        release = Worker(lambda: reg.release(WF), "release")
-        log.wait_for(RELEASE_WAITS)
-        gate.open()
-        assert isinstance(renewal.error(), StorageError)
-        assert release.result().status == "released"
+    gate, renewal = pause_in_cas(
+        gated, WF, lambda: reg.renew(WF), "renew", error=StorageError("renewal failed")
+    )
+    release = start_until_logged(lambda: reg.release(WF), "release", WAITS_FOR_RENEWAL)
+    gate.open()
+    assert isinstance(renewal.error(), StorageError)
+    assert release.result().status == "released"
     assert storage.get(HOLDER) is None
     assert reg.current_epoch(WF) is None
 
@@ -125,16 +99,12 @@ def test_release_waits_for_a_raising_renewal_and_still_releases(
 def test_release_issued_during_a_paused_renewal_waits_and_both_succeed(
     reg: ClaimRegistry, gated: GatedStorage, storage: Storage
 ) -> None:
-    gate = gated.pause_next_cas(match=touches(WF))
-    with watch_log(LOGGER) as log:
-        renewal = Worker(lambda: reg.renew(WF), "renew")
-        gate.wait_reached()
-        release = Worker(lambda: reg.release(WF), "release")
-        log.wait_for(RELEASE_WAITS)
-        assert gated.transactions == 2  # the release has not committed yet
-        gate.open()
-        assert renewal.result().status == "renewed"
-        assert release.result().status == "released"
+    gate, renewal = pause_in_cas(gated, WF, lambda: reg.renew(WF), "renew")
+    release = start_until_logged(lambda: reg.release(WF), "release", WAITS_FOR_RENEWAL)
+    assert gated.transactions == 2  # the release has not committed yet
+    gate.open()
+    assert renewal.result().status == "renewed"
+    assert release.result().status == "released"
     assert storage.get(HOLDER) is None
     assert storage.get(EPOCH) == encode_epoch(1)
 
@@ -142,9 +112,7 @@ def test_release_issued_during_a_paused_renewal_waits_and_both_succeed(
 def test_renew_issued_after_a_release_started_is_not_held(
     reg: ClaimRegistry, gated: GatedStorage, storage: Storage
 ) -> None:
-    gate = gated.pause_next_cas(match=touches(WF))
-    release = Worker(lambda: reg.release(WF), "release")
-    gate.wait_reached()
+    gate, release = pause_in_cas(gated, WF, lambda: reg.release(WF), "release")
     assert reg.renew(WF).status == "not-held"
     assert reg.renew_many([WF])[0].status == "not-held"
     gate.open()
@@ -159,9 +127,7 @@ def test_lost_renewal_leaves_alone_a_takeover_installed_while_it_was_in_flight(
     clock: ManualClock,
     sink: WarningSink,
 ) -> None:
-    gate = gated.pause_next_cas(match=touches(WF))
-    renewal = Worker(lambda: reg.renew(WF), "renew")
-    gate.wait_reached()
+    gate, renewal = pause_in_cas(gated, WF, lambda: reg.renew(WF), "renew")
     _install_newer_expired_generation(storage, clock)
     takeover = reg.takeover(WF)
     assert (takeover.status, takeover.epoch) == ("acquired", 3)
@@ -180,9 +146,9 @@ def test_lost_renewal_leaves_alone_a_takeover_installed_while_it_was_in_flight(
 def test_raising_release_leaves_alone_a_takeover_installed_while_it_was_in_flight(
     reg: ClaimRegistry, gated: GatedStorage, storage: Storage, clock: ManualClock
 ) -> None:
-    gate = gated.pause_next_cas(match=touches(WF), error=StorageError("network"))
-    release = Worker(lambda: reg.release(WF), "release")
-    gate.wait_reached()
+    gate, release = pause_in_cas(
+        gated, WF, lambda: reg.release(WF), "release", error=StorageError("network")
+    )
     _install_newer_expired_generation(storage, clock)
     assert reg.takeover(WF).epoch == 3
     gate.open()
@@ -194,9 +160,7 @@ def test_raising_release_leaves_alone_a_takeover_installed_while_it_was_in_fligh
 def test_lost_release_leaves_alone_a_takeover_installed_while_it_was_in_flight(
     reg: ClaimRegistry, gated: GatedStorage, storage: Storage, clock: ManualClock
 ) -> None:
-    gate = gated.pause_next_cas(match=touches(WF))
-    release = Worker(lambda: reg.release(WF), "release")
-    gate.wait_reached()
+    gate, release = pause_in_cas(gated, WF, lambda: reg.release(WF), "release")
     _install_newer_expired_generation(storage, clock)
     assert reg.takeover(WF).epoch == 3
     gate.open()
@@ -208,15 +172,11 @@ def test_release_all_during_a_paused_renewal_releases_after_it(
     reg: ClaimRegistry, gated: GatedStorage, storage: Storage
 ) -> None:
     reg.acquire("wf-2")
-    gate = gated.pause_next_cas(match=touches(WF))
-    with watch_log(LOGGER) as log:
-        renewal = Worker(lambda: reg.renew(WF), "renew")
-        gate.wait_reached()
-        release_all = Worker(reg.release_all, "release-all")
-        log.wait_for(RELEASE_WAITS)
-        gate.open()
-        assert renewal.result().status == "renewed"
-        release_all.result()
+    gate, renewal = pause_in_cas(gated, WF, lambda: reg.renew(WF), "renew")
+    release_all = start_until_logged(reg.release_all, "release-all", WAITS_FOR_RENEWAL)
+    gate.open()
+    assert renewal.result().status == "renewed"
+    release_all.result()
     assert reg.list_held_workflow_ids() == []
     assert storage.get(HOLDER) is None
     assert storage.get(keys.workflow_owner_holder("wf-2")) is None
@@ -274,17 +234,7 @@ def test_random_concurrent_operations_never_leave_two_believers(
 ) -> None:
     clock = ManualClock(START_MS)
     sinks = [WarningSink() for _ in range(3)]
-    registries = [
-        ClaimRegistry(
-            open_store(),
-            engine_id=f"engine-{n}",
-            clock=clock,
-            claim_ttl_ms=TTL_MS,
-            claim_renew_interval_ms=RENEW_MS,
-            warn=sinks[n],
-        )
-        for n in range(3)
-    ]
+    registries = [new_registry(open_store(), clock, f"engine-{n}", sinks[n]) for n in range(3)]
     deadline = time.monotonic() + STRESS_SECONDS
     start = threading.Barrier(8)
 

@@ -11,49 +11,25 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from tests.claims.gated import (
+    JOINS_RENEWAL,
     RENEW_MS,
     START_MS,
     TTL_MS,
     GatedStorage,
     WarningSink,
-    Worker,
+    new_registry,
+    pause_in_cas,
+    start_until_logged,
     touches,
-    watch_log,
 )
+from tests.workflows.helpers import expires_at
 from weft_sync import keys
 from weft_sync.claims.registry import ClaimRegistry
 from weft_sync.claims.transitions import build_external_rotation_transition
 from weft_sync.clock import ManualClock
-from weft_sync.codec import HolderRecord, decode_holder, encode_holder
+from weft_sync.codec import HolderRecord, encode_holder
 from weft_sync.errors import StorageCapabilityError, StorageError
 from weft_sync.storage import SqliteStorage, Storage
-
-
-@pytest.fixture
-def clock() -> ManualClock:
-    return ManualClock(START_MS)
-
-
-@pytest.fixture
-def gated(storage: Storage) -> GatedStorage:
-    return GatedStorage(storage)
-
-
-@pytest.fixture
-def sink() -> WarningSink:
-    return WarningSink()
-
-
-@pytest.fixture
-def reg(gated: GatedStorage, clock: ManualClock, sink: WarningSink) -> ClaimRegistry:
-    return ClaimRegistry(
-        gated,
-        engine_id="engine-a",
-        clock=clock,
-        claim_ttl_ms=TTL_MS,
-        claim_renew_interval_ms=RENEW_MS,
-        warn=sink,
-    )
 
 
 def _hold(reg: ClaimRegistry, storage: Storage, ids: Sequence[str]) -> None:
@@ -65,11 +41,6 @@ def _hold(reg: ClaimRegistry, storage: Storage, ids: Sequence[str]) -> None:
     assert all(committed)
     for wid, prep in zip(ids, preparations, strict=True):
         reg.record_folded_acquire(wid, prep)
-
-
-def _expires_at(storage: Storage, wid: str) -> int | None:
-    holder = decode_holder(storage.get(keys.workflow_owner_holder(wid)))
-    return None if holder is None else holder.expires_at
 
 
 def _steal(storage: Storage, wid: str) -> None:
@@ -90,7 +61,7 @@ def test_each_id_gets_the_outcome_renew_would_give_it(
     ]
     assert sink.lost_ids() == ["stolen"]
     assert reg.list_held_workflow_ids() == ["held"]
-    assert _expires_at(storage, "held") == clock() + TTL_MS
+    assert expires_at(storage, "held") == clock() + TTL_MS
     assert reg.takeover("stolen").status == "backoff-skipped"
     assert reg.renew("held").status == "renewed"
 
@@ -119,7 +90,7 @@ def test_renewing_500_held_claims_takes_one_transaction_per_chunk(
     results = reg.renew_many(ids)
     assert gated.transactions - before == 1
     assert all(r.status == "renewed" for r in results)
-    assert _expires_at(storage, "wf-499") == clock() + TTL_MS
+    assert expires_at(storage, "wf-499") == clock() + TTL_MS
     before = gated.transactions
     reg.renew_many(ids, chunk_size=100)
     assert gated.transactions - before == 5
@@ -144,8 +115,8 @@ def test_a_failing_chunk_fails_only_its_own_ids(
         "renewed",
         "renewed",
     ]
-    assert _expires_at(storage, "wf-2") == START_MS + TTL_MS
-    assert _expires_at(storage, "wf-5") == clock() + TTL_MS
+    assert expires_at(storage, "wf-2") == START_MS + TTL_MS
+    assert expires_at(storage, "wf-5") == clock() + TTL_MS
     assert sorted(reg.list_held_workflow_ids()) == ids
     assert sink.received == []
     assert reg.renew("wf-2").status == "renewed"
@@ -161,21 +132,19 @@ def test_renew_many_raises_the_first_chunk_error_after_attempting_every_chunk(
     gated.raise_on_next_cas(StorageError("second"), match=touches("wf-2"))
     with pytest.raises(StorageError, match="first"):
         reg.renew_many(ids, chunk_size=2)
-    assert _expires_at(storage, "wf-4") == clock() + TTL_MS
-    assert _expires_at(storage, "wf-5") == clock() + TTL_MS
+    assert expires_at(storage, "wf-4") == clock() + TTL_MS
+    assert expires_at(storage, "wf-5") == clock() + TTL_MS
 
 
 def test_renew_many_waits_for_a_renewal_another_caller_has_in_flight(
     reg: ClaimRegistry, gated: GatedStorage, storage: Storage
 ) -> None:
     _hold(reg, storage, ["wf-1", "wf-2"])
-    single_gate = gated.pause_next_cas(match=touches("wf-1"))
-    single = Worker(lambda: reg.renew("wf-1"), "renew")
-    single_gate.wait_reached()
+    single_gate, single = pause_in_cas(gated, "wf-1", lambda: reg.renew("wf-1"), "renew")
     # The batch arrives at its own commit only after registering as a waiter on wf-1.
-    batch_gate = gated.pause_next_cas(match=touches("wf-2"))
-    batch = Worker(lambda: reg.renew_many(["wf-1", "wf-2"]), "renew-many")
-    batch_gate.wait_reached()
+    batch_gate, batch = pause_in_cas(
+        gated, "wf-2", lambda: reg.renew_many(["wf-1", "wf-2"]), "renew-many"
+    )
     batch_gate.open()
     single_gate.open()
     single_result = single.result()
@@ -189,14 +158,12 @@ def test_renew_shares_a_renewal_that_renew_many_has_in_flight(
     reg: ClaimRegistry, gated: GatedStorage, storage: Storage
 ) -> None:
     _hold(reg, storage, ["wf-1", "wf-2"])
-    gate = gated.pause_next_cas(match=touches("wf-1"))
-    with watch_log("weft_sync.claims.registry") as log:
-        batch = Worker(lambda: reg.renew_many(["wf-1", "wf-2"]), "renew-many")
-        gate.wait_reached()
-        single = Worker(lambda: reg.renew("wf-1"), "renew")
-        log.wait_for("joins the renewal already in flight")
-        gate.open()
-        assert single.result() is batch.result()[0]
+    gate, batch = pause_in_cas(
+        gated, "wf-1", lambda: reg.renew_many(["wf-1", "wf-2"]), "renew-many"
+    )
+    single = start_until_logged(lambda: reg.renew("wf-1"), "renew", JOINS_RENEWAL)
+    gate.open()
+    assert single.result() is batch.result()[0]
     assert gated.calls["conditional_batch"] == 0
 
 
@@ -205,15 +172,13 @@ def test_a_chunk_error_reaches_a_renew_sharing_that_renewal(
 ) -> None:
     _hold(reg, storage, ["wf-1"])
     error = StorageError("batch failed")
-    gate = gated.pause_next_cas(match=touches("wf-1"), error=error)
-    with watch_log("weft_sync.claims.registry") as log:
-        batch = Worker(lambda: reg.renew_many_outcomes(["wf-1"]), "renew-many")
-        gate.wait_reached()
-        single = Worker(lambda: reg.renew("wf-1"), "renew")
-        log.wait_for("joins the renewal already in flight")
-        gate.open()
-        assert single.error() is error
-        assert batch.result() == [error]
+    gate, batch = pause_in_cas(
+        gated, "wf-1", lambda: reg.renew_many_outcomes(["wf-1"]), "renew-many", error=error
+    )
+    single = start_until_logged(lambda: reg.renew("wf-1"), "renew", JOINS_RENEWAL)
+    gate.open()
+    assert single.error() is error
+    assert batch.result() == [error]
 
 
 def test_renew_many_of_nothing_does_nothing(reg: ClaimRegistry, gated: GatedStorage) -> None:
@@ -232,13 +197,7 @@ def test_renew_many_on_a_store_without_compare_and_swap_is_refused(
     reg: ClaimRegistry, storage: Storage, clock: ManualClock
 ) -> None:
     _hold(reg, storage, ["a"])
-    refusing = ClaimRegistry(
-        GatedStorage(storage, conditional_batch=False),
-        engine_id="engine-z",
-        clock=clock,
-        claim_ttl_ms=TTL_MS,
-        claim_renew_interval_ms=RENEW_MS,
-    )
+    refusing = new_registry(GatedStorage(storage, conditional_batch=False), clock, "engine-z")
     _hold(refusing, storage, ["b"])
     with pytest.raises(StorageCapabilityError, match="conditional_batch"):
         refusing.renew_many(["b"])
@@ -254,14 +213,7 @@ def test_a_raising_warning_sink_fails_only_the_id_it_was_reporting(
         heard.append(getattr(warning, "workflow_id", "?"))
         raise RuntimeError("sink failed")
 
-    reg = ClaimRegistry(
-        storage,
-        engine_id="engine-a",
-        clock=clock,
-        claim_ttl_ms=TTL_MS,
-        claim_renew_interval_ms=RENEW_MS,
-        warn=sink,
-    )
+    reg = new_registry(storage, clock, warn=sink)
     _hold(reg, storage, ["a", "b", "c"])
     _steal(storage, "a")
     _steal(storage, "b")
@@ -301,14 +253,7 @@ class _World:
         self.clock = ManualClock(START_MS)
         self.sinks = [WarningSink() for _ in ENGINES]
         self.registries = [
-            ClaimRegistry(
-                self.store,
-                engine_id=engine,
-                clock=self.clock,
-                claim_ttl_ms=TTL_MS,
-                claim_renew_interval_ms=RENEW_MS,
-                warn=sink,
-            )
+            new_registry(self.store, self.clock, engine, sink)
             for engine, sink in zip(ENGINES, self.sinks, strict=True)
         ]
 

@@ -6,7 +6,7 @@ import warnings
 
 import pytest
 
-from tests.claims.gated import RENEW_MS, START_MS, TTL_MS, GatedStorage, WarningSink, touches
+from tests.claims.gated import START_MS, GatedStorage, WarningSink, new_registry, touches
 from weft_sync import keys
 from weft_sync.claims.registry import ClaimRegistry
 from weft_sync.claims.renewal_target import ClaimRenewalLostError, create_renewal_target
@@ -14,28 +14,6 @@ from weft_sync.clock import ManualClock
 from weft_sync.errors import StorageError, WorkflowClaimLostError, WorkflowClaimLostWarning
 from weft_sync.metrics import ClaimMetrics
 from weft_sync.storage import Storage
-
-
-@pytest.fixture
-def gated(storage: Storage) -> GatedStorage:
-    return GatedStorage(storage)
-
-
-@pytest.fixture
-def sink() -> WarningSink:
-    return WarningSink()
-
-
-@pytest.fixture
-def reg(gated: GatedStorage, sink: WarningSink) -> ClaimRegistry:
-    return ClaimRegistry(
-        gated,
-        engine_id="engine-a",
-        clock=ManualClock(START_MS),
-        claim_ttl_ms=TTL_MS,
-        claim_renew_interval_ms=RENEW_MS,
-        warn=sink,
-    )
 
 
 @pytest.fixture
@@ -121,13 +99,7 @@ def test_batched_renewal_reports_each_ids_error_in_place(
 def test_lost_claim_is_still_reported_when_warnings_are_errors(
     storage: Storage, metrics: ClaimMetrics
 ) -> None:
-    reg = ClaimRegistry(
-        storage,
-        engine_id="engine-a",
-        clock=ManualClock(START_MS),
-        claim_ttl_ms=TTL_MS,
-        claim_renew_interval_ms=RENEW_MS,
-    )
+    reg = new_registry(storage, ManualClock(START_MS))
     for wid in ("wf-1", "wf-2", "wf-3"):
         reg.acquire(wid)
     _lose(storage, "wf-1")

@@ -10,9 +10,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from weft_sync import ManualClock, Ownership, keys, system_clock
-from weft_sync.codec import decode_epoch, decode_holder
-from weft_sync.storage import Storage
+from weft_sync import ManualClock, Ownership, system_clock
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = REPO_ROOT / "examples"
@@ -82,12 +80,3 @@ def abandon(
         if checkpoint is not None:
             dead.workflows.save_checkpoint(workflow_id, checkpoint)
         dead.registry.forget_local_claim(workflow_id)
-
-
-def stored_epoch(storage: Storage, workflow_id: str) -> int | None:
-    return decode_epoch(storage.get(keys.workflow_owner_epoch(workflow_id)))
-
-
-def holder_engine(storage: Storage, workflow_id: str) -> str | None:
-    holder = decode_holder(storage.get(keys.workflow_owner_holder(workflow_id)))
-    return None if holder is None else holder.engine_id

@@ -8,14 +8,8 @@ from collections import Counter
 
 import pytest
 
-from tests.examples.helpers import (
-    WAIT_S,
-    holder_engine,
-    load_example,
-    run_script,
-    script_command,
-    script_env,
-)
+from tests.examples.helpers import WAIT_S, load_example, run_script, script_command, script_env
+from tests.workflows.helpers import holder_engine
 from weft_sync.storage import Storage
 from weft_sync.workflows import Workflows
 

@@ -6,8 +6,9 @@ import io
 
 import pytest
 
-from tests.examples.helpers import abandon, holder_engine, load_example, run_script, stored_epoch
+from tests.examples.helpers import abandon, load_example, run_script
 from tests.reliability.faulty import FaultyStorage
+from tests.workflows.helpers import holder_engine, stored_epoch
 from weft_sync.storage import Storage
 from weft_sync.workflows import Workflows
 

@@ -6,13 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.examples.helpers import (
-    EXAMPLES,
-    abandon,
-    holder_engine,
-    run_script,
-    stored_epoch,
-)
+from tests.examples.helpers import EXAMPLES, abandon, run_script
+from tests.workflows.helpers import holder_engine, stored_epoch
 from weft_sync.storage import Storage
 from weft_sync.workflows import Workflows
 

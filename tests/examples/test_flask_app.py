@@ -12,7 +12,8 @@ from flask import Flask
 from flask.testing import FlaskClient
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.examples.helpers import holder_engine, load_example, run_script
+from tests.examples.helpers import load_example, run_script
+from tests.workflows.helpers import holder_engine
 from weft_sync import OwnershipOptions
 from weft_sync.storage import Storage
 from weft_sync.workflows import Workflows

@@ -14,26 +14,23 @@ after each such deposition the worker replays one write with the stale epoch twi
 ledger and as a raw compare-and-swap naming the stale epoch bytes, and journals whether the
 fence refused it.
 
-Workers talk to the test only through files: the id list, a journal each (JSON lines appended
-with ``os.write``, so every line written before a SIGKILL survives it), a "go" file every first
-worker waits for, and a "stop" file that ends the run.
+Workers talk to the test only through files (see :mod:`tests.integration.procs`): the id list, a
+journal each, a "go" file every first worker waits for, and a "stop" file that ends the run.
 """
 
 from __future__ import annotations
 
 import json
-import logging
 import os
 import queue
 import random
 import struct
 import time
-import traceback
 from collections import Counter
 from dataclasses import asdict, dataclass
 from typing import Any, Final
 
-from tests.integration.contention_worker import Journal
+from tests.integration.procs import Journal, log_warnings_to, run_journaled, wait_for_go
 from weft_sync import keys
 from weft_sync.codec import decode_epoch, encode_epoch
 from weft_sync.errors import (
@@ -141,14 +138,7 @@ def _encode_counter(count: int) -> bytes:
 
 def run_worker(config: ChaosConfig) -> None:
     """Entry point of a worker process; journals a traceback before re-raising any error."""
-    journal = Journal(config.journal_path)
-    try:
-        _Worker(config, journal).run()
-    except BaseException:
-        journal.write({"ev": "error", "traceback": traceback.format_exc()})
-        raise
-    finally:
-        journal.close()
+    run_journaled(config.journal_path, lambda journal: _Worker(config, journal).run())
 
 
 class _Worker:
@@ -170,13 +160,7 @@ class _Worker:
     # -- lifecycle -------------------------------------------------------------------------
 
     def run(self) -> None:
-        # The library's warnings (skipped ticks on a loaded machine, lost claims) go to a file
-        # the test leaves in its tmp_path.
-        logging.basicConfig(
-            filename=self._config.log_path,
-            level=logging.WARNING,
-            format="%(asctime)s %(threadName)s %(name)s %(levelname)s %(message)s",
-        )
+        log_warnings_to(self._config.log_path)
         with open(self._config.ids_path, encoding="utf-8") as handle:
             ids = [line for line in handle.read().split("\n") if line]
         self._rng.shuffle(ids)
@@ -194,7 +178,7 @@ class _Worker:
         self._ownership = ownership
         self._journal.write({"ev": "ready", "pid": self._pid, "engine": ownership.engine_id})
         try:
-            self._wait_for_go()
+            wait_for_go(self._config.go_path, _GO_TIMEOUT_S, _POLL_S)
             self._loop(ids)
         finally:
             ownership.close(timeout=_CLOSE_TIMEOUT_S)
@@ -205,13 +189,6 @@ class _Worker:
                 "attempts": ownership.metrics.snapshot().attempts,
             }
         )
-
-    def _wait_for_go(self) -> None:
-        deadline = time.monotonic() + _GO_TIMEOUT_S
-        while not os.path.exists(self._config.go_path):
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"the go file {self._config.go_path!r} never appeared")
-            time.sleep(_POLL_S)
 
     def _should_stop(self) -> bool:
         # A parent that died (test timeout) never writes the stop file.

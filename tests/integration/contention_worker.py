@@ -10,24 +10,23 @@ A log entry is appended with one compare-and-swap that requires the workflow's e
 the writer's epoch and the log head to be the value just read, so the log of each workflow is a
 gap-free sequence.
 
-Contenders talk to the test only through files: a journal each (JSON lines appended with
-``os.write``, so every line written before a SIGKILL survives it), a "go" file the test creates
-once every contender is ready and a "stop" file that ends the contest.
+Contenders talk to the test only through files (see :mod:`tests.integration.procs`): a journal
+each, a "go" file the test creates once every contender is ready and a "stop" file that ends the
+contest.
 """
 
 from __future__ import annotations
 
 import json
-import logging
 import os
 import random
 import struct
 import time
-import traceback
 from collections import Counter
 from dataclasses import asdict, dataclass
-from typing import Any, Final
+from typing import Final
 
+from tests.integration.procs import Journal, log_warnings_to, run_journaled, wait_for_go
 from weft_sync import keys
 from weft_sync.claims.registry import ClaimRegistry
 from weft_sync.clock import system_clock
@@ -37,7 +36,6 @@ from weft_sync.storage import Condition, Put, Storage, open_storage
 
 __all__ = [
     "ContenderConfig",
-    "Journal",
     "LogEntry",
     "append_log_entry",
     "decode_log_entry",
@@ -45,7 +43,6 @@ __all__ = [
     "log_entry_key",
     "log_entry_prefix",
     "log_head_key",
-    "read_journal",
     "run_contender",
 ]
 
@@ -150,46 +147,13 @@ def append_log_entry(
     return committed
 
 
-class Journal:
-    """An append-only JSON-lines file; each line reaches the kernel before ``write`` returns."""
-
-    def __init__(self, path: str) -> None:
-        self._fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
-
-    def write(self, event: dict[str, Any]) -> None:
-        os.write(self._fd, (json.dumps(event) + "\n").encode())
-
-    def close(self) -> None:
-        os.close(self._fd)
-
-
-def read_journal(path: str) -> list[dict[str, Any]]:
-    """Every complete line of a journal (a line cut short by SIGKILL is dropped)."""
-    with open(path, encoding="utf-8") as handle:
-        text = handle.read()
-    return [json.loads(line) for line in text.split("\n")[:-1] if line]
-
-
 def run_contender(config: ContenderConfig) -> None:
     """Entry point of a contender process; journals a traceback before re-raising any error."""
-    journal = Journal(config.journal_path)
-    try:
-        _contend(config, journal)
-    except BaseException:
-        journal.write({"ev": "error", "traceback": traceback.format_exc()})
-        raise
-    finally:
-        journal.close()
+    run_journaled(config.journal_path, lambda journal: _contend(config, journal))
 
 
 def _contend(config: ContenderConfig, journal: Journal) -> None:
-    # The library's warnings (skipped ticks on a loaded machine, lost claims) go to a file the
-    # test leaves in its tmp_path, not to the test run's stderr.
-    logging.basicConfig(
-        filename=config.log_path,
-        level=logging.WARNING,
-        format="%(asctime)s %(threadName)s %(name)s %(levelname)s %(message)s",
-    )
+    log_warnings_to(config.log_path)
     storage = open_storage(config.storage_url)
     lost: list[Warning] = []
     ownership = bootstrap_workflow_lease_ownership(
@@ -201,7 +165,7 @@ def _contend(config: ContenderConfig, journal: Journal) -> None:
         engine_id=config.engine_id,
     )
     journal.write({"ev": "ready", "pid": os.getpid()})
-    _wait_for_go(config.go_path)
+    wait_for_go(config.go_path, _GO_TIMEOUT_S, _GO_POLL_S)
     ownership.renewal_task.start()
     contender = _Contender(config, ownership.registry, storage, journal)
     deadline = time.monotonic() + config.max_duration_s
@@ -219,14 +183,6 @@ def _contend(config: ContenderConfig, journal: Journal) -> None:
         {"ev": "summary", "counts": counts, "attempts": ownership.metrics.snapshot().attempts}
     )
     storage.close()
-
-
-def _wait_for_go(path: str) -> None:
-    deadline = time.monotonic() + _GO_TIMEOUT_S
-    while not os.path.exists(path):
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"the go file {path!r} never appeared")
-        time.sleep(_GO_POLL_S)
 
 
 class _Contender:

@@ -16,7 +16,6 @@ show that the epoch fence let no write through under a superseded epoch.
 
 from __future__ import annotations
 
-import multiprocessing
 import os
 import random
 import signal
@@ -27,7 +26,6 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from multiprocessing.process import BaseProcess
 from pathlib import Path
-from typing import Any
 
 import pytest
 
@@ -40,9 +38,21 @@ from tests.integration.chaos_worker import (
     run_worker,
     step_prefix,
 )
-from tests.integration.contention_worker import read_journal
+from tests.integration.procs import (
+    EXIT_TIMEOUT_S,
+    Event,
+    epochs,
+    holders,
+    journal_errors,
+    journal_has,
+    read_journal,
+    sigkill,
+    spawn,
+    stop_all,
+    wait_ready,
+)
 from weft_sync import keys
-from weft_sync.codec import WorkflowRecord, decode_epoch, decode_holder
+from weft_sync.codec import WorkflowRecord
 from weft_sync.storage import Storage
 from weft_sync.workflows import WorkflowOutcome, Workflows
 
@@ -65,14 +75,11 @@ RESUME_GRACE_S = 1.5
 """A worker that woke from a pause is not killed for this long: it journals its deposition."""
 READY_TIMEOUT_S = 60.0
 COMPLETE_TIMEOUT_S = 60.0
-EXIT_TIMEOUT_S = 30.0
 WORKER_MAX_S = 170.0
 POLL_S = 0.05
 JOURNAL_POLL_S = 0.5
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(180)]
-
-Event = dict[str, Any]
 
 
 # -- the fleet of worker processes -----------------------------------------------------------
@@ -94,11 +101,10 @@ class _Incarnation:
         return self.config.engine_id
 
     def journal(self) -> list[Event]:
-        path = self.config.journal_path
-        return read_journal(path) if os.path.exists(path) else []
+        return read_journal(self.config.journal_path)
 
     def errors(self) -> list[str]:
-        return [e["traceback"] for e in self.journal() if e["ev"] == "error"]
+        return journal_errors(self.config.journal_path)
 
 
 @dataclass
@@ -138,11 +144,7 @@ class _Fleet:
             seed=1_000 * slot + number,
             max_duration_s=WORKER_MAX_S,
         )
-        process = multiprocessing.get_context("spawn").Process(
-            target=run_worker, args=(config,), name=f"weft-{name}", daemon=True
-        )
-        process.start()
-        incarnation = _Incarnation(slot, number, config, process)
+        incarnation = _Incarnation(slot, number, config, spawn(run_worker, config, name))
         self.every.append(incarnation)
         if slot < len(self.current):
             self.current[slot] = incarnation
@@ -152,7 +154,7 @@ class _Fleet:
 
     def is_ready(self, incarnation: _Incarnation) -> bool:
         if not incarnation.ready:
-            incarnation.ready = any(e["ev"] == "ready" for e in incarnation.journal())
+            incarnation.ready = journal_has(incarnation.config.journal_path, "ready")
         return incarnation.ready
 
     def check_alive(self) -> None:
@@ -167,24 +169,17 @@ class _Fleet:
                 )
 
     def kill_and_restart(self, incarnation: _Incarnation) -> None:
-        pid = incarnation.process.pid
-        assert pid is not None
         incarnation.killed = True
-        os.kill(pid, signal.SIGKILL)
-        incarnation.process.join(EXIT_TIMEOUT_S)
-        assert incarnation.process.exitcode == -signal.SIGKILL, (
-            f"{incarnation.name} ended with {incarnation.process.exitcode}, not by the SIGKILL"
-        )
+        sigkill(incarnation.process, incarnation.name)
         self.kills += 1
         self.spawn(incarnation.slot)
 
     def wait_ready(self) -> None:
         deadline = time.monotonic() + READY_TIMEOUT_S
         for incarnation in self.current:
-            while not self.is_ready(incarnation):
-                self.check_alive()
-                assert time.monotonic() < deadline, f"{incarnation.name} never became ready"
-                time.sleep(POLL_S)
+            path = incarnation.config.journal_path
+            wait_ready(incarnation.name, path, deadline, POLL_S, self.check_alive)
+            incarnation.ready = True
 
     def stop(self) -> None:
         """Give the stop signal; every current worker must close its engine and exit 0."""
@@ -199,15 +194,7 @@ class _Fleet:
 
     def teardown(self) -> None:
         """Let frozen workers run, stop everyone, kill whoever does not end in time."""
-        self.stop_path.touch()
-        for incarnation in self.current:
-            if incarnation.process.exitcode is None and incarnation.process.pid is not None:
-                os.kill(incarnation.process.pid, signal.SIGCONT)
-        for incarnation in self.current:
-            incarnation.process.join(EXIT_TIMEOUT_S)
-            if incarnation.process.is_alive():
-                incarnation.process.kill()
-                incarnation.process.join(EXIT_TIMEOUT_S)
+        stop_all((incarnation.process for incarnation in self.current), self.stop_path)
 
     def events(self) -> list[tuple[_Incarnation, list[Event]]]:
         return [(incarnation, incarnation.journal()) for incarnation in self.every]
@@ -239,28 +226,6 @@ def _fleet(storage_url: str, tmp_path: Path, ids: list[str]) -> Iterator[_Fleet]
 # -- reading the store -----------------------------------------------------------------------
 
 
-def _holders(storage: Storage) -> dict[str, tuple[str, int]]:
-    """``{workflow id: (engine id, epoch)}`` of every readable holder."""
-    prefix = keys.workflow_owner_holder("")
-    found: dict[str, tuple[str, int]] = {}
-    for key, value in storage.scan(prefix):
-        holder = decode_holder(value)
-        if holder is not None:
-            found[keys.decode_key_component(key[len(prefix) :])] = (holder.engine_id, holder.epoch)
-    return found
-
-
-def _epochs(storage: Storage) -> dict[str, int]:
-    """``{workflow id: epoch}`` of every epoch key."""
-    prefix = keys.workflow_owner_epoch("")
-    found: dict[str, int] = {}
-    for key, value in storage.scan(prefix):
-        epoch = decode_epoch(value)
-        assert epoch is not None, f"undecodable epoch under {key!r}"
-        found[keys.decode_key_component(key[len(prefix) :])] = epoch
-    return found
-
-
 def _completed_count(storage: Storage) -> int:
     return len(storage.scan(keys.workflow_status_index("completed", "")))
 
@@ -278,7 +243,7 @@ class _Stored:
 
 def _read_store(storage: Storage, ids: list[str]) -> dict[str, _Stored]:
     ledger = Workflows(storage)
-    epochs = _epochs(storage)
+    epoch_of = epochs(storage)
     stored: dict[str, _Stored] = {}
     for wid in ids:
         record = ledger.get(wid)
@@ -290,21 +255,21 @@ def _read_store(storage: Storage, ids: list[str]) -> dict[str, _Stored]:
             ledger.get_outcome(wid),
             decode_counter(storage.get(counter_key(wid))),
             entries,
-            epochs[wid],
+            epoch_of[wid],
         )
     return stored
 
 
 def _describe_unfinished(storage: Storage, ids: list[str]) -> str:
     ledger = Workflows(storage)
-    holders = _holders(storage)
+    holder_of = holders(storage)
     lines = []
     for wid in ids:
         record = ledger.get(wid)
         if record is None or record.status != "completed":
             lines.append(
                 f"{wid}: status {None if record is None else record.status}, holder "
-                f"{holders.get(wid)}, steps {decode_counter(storage.get(counter_key(wid)))}"
+                f"{holder_of.get(wid)}, steps {decode_counter(storage.get(counter_key(wid)))}"
             )
     return "\n".join(lines[:20]) + (f"\n... {len(lines)} in all" if len(lines) > 20 else "")
 
@@ -374,7 +339,7 @@ class _Chaos:
             self.fleet.kill_and_restart(self.rng.choice(candidates))
 
     def _freeze_one(self, now: float) -> bool:
-        holding = {engine for engine, _ in _holders(self.storage).values()}
+        holding = {engine for engine, _ in holders(self.storage).values()}
         candidates = [inc for inc in self._eligible(now) if inc.name in holding]
         if not candidates:
             return False
@@ -384,7 +349,7 @@ class _Chaos:
         os.kill(pid, signal.SIGSTOP)
         held = {
             wid: epoch
-            for wid, (engine, epoch) in _holders(self.storage).items()
+            for wid, (engine, epoch) in holders(self.storage).items()
             if engine == victim.name
         }
         if not held:
@@ -395,8 +360,8 @@ class _Chaos:
 
     def _maybe_resume(self, now: float) -> None:
         assert self.pause is not None
-        epochs = _epochs(self.storage)
-        moved = all(epochs[wid] > epoch for wid, epoch in self.pause.held.items())
+        epoch_of = epochs(self.storage)
+        moved = all(epoch_of[wid] > epoch for wid, epoch in self.pause.held.items())
         if not moved and now - self.pause.since < PAUSE_MAX_S:
             return
         incarnation = self.pause.incarnation

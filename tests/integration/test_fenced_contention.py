@@ -10,9 +10,6 @@ replayed stale-epoch write got in, and every entry matches a write its engine sa
 
 from __future__ import annotations
 
-import multiprocessing
-import os
-import signal
 import time
 from collections import Counter, defaultdict
 from collections.abc import Callable, Iterator
@@ -20,7 +17,6 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from multiprocessing.process import BaseProcess
 from pathlib import Path
-from typing import Any
 
 import pytest
 
@@ -32,11 +28,21 @@ from tests.integration.contention_worker import (
     log_entry_key,
     log_entry_prefix,
     log_head_key,
-    read_journal,
     run_contender,
 )
+from tests.integration.procs import (
+    EXIT_TIMEOUT_S,
+    Event,
+    epochs,
+    holders,
+    read_journal,
+    sigkill,
+    spawn,
+    stop_all,
+    wait_ready,
+)
 from weft_sync import keys
-from weft_sync.codec import WorkflowRecord, decode_epoch, decode_holder, encode_workflow_record
+from weft_sync.codec import WorkflowRecord, decode_epoch, encode_workflow_record
 from weft_sync.storage import Put, Storage
 
 CONTENDERS = 4
@@ -56,7 +62,6 @@ AFTER_TAKEOVER_S = 1.0
 MAX_CONTEST_S = 30.0
 """A contender stops on its own after this long, should the stop signal never come."""
 READY_TIMEOUT_S = 60.0
-EXIT_TIMEOUT_S = 30.0
 POLL_S = 0.02
 MIN_HANDOVERS = 5
 """Workflows whose log has entries from at least two engines: proof that they contended."""
@@ -72,10 +77,15 @@ class _Contender:
     config: ContenderConfig
     process: BaseProcess
 
-    def journal(self) -> list[dict[str, Any]]:
+    def check_alive(self) -> None:
+        assert self.process.is_alive(), (
+            f"{self.config.engine_id} died before it was ready (exit {self.process.exitcode})"
+        )
+
+    def journal(self) -> list[Event]:
         return read_journal(self.config.journal_path)
 
-    def summary(self) -> dict[str, Any]:
+    def summary(self) -> Event:
         events = self.journal()
         errors = [e["traceback"] for e in events if e["ev"] == "error"]
         assert not errors, f"{self.config.engine_id} failed:\n{errors[0]}"
@@ -84,13 +94,16 @@ class _Contender:
         return summaries[0]
 
 
-def _seed_running_workflows(storage: Storage, ids: list[str]) -> None:
+def _seed_running_workflows(storage: Storage) -> list[str]:
+    """Store ``WORKFLOWS`` running workflows (records and index entries); return their ids."""
+    ids = [f"wf-{n:03d}" for n in range(WORKFLOWS)]
     operations: list[Put] = []
     for wid in ids:
         record = WorkflowRecord(wid, "import", "running")
         operations.append(Put(keys.workflow(wid), encode_workflow_record(record)))
         operations.append(Put(keys.workflow_status_index("running", wid), b""))
     storage.batch(operations)
+    return ids
 
 
 @contextmanager
@@ -100,41 +113,31 @@ def _contest(storage_url: str, tmp_path: Path, ids: list[str]) -> Iterator[list[
     On exit the stop signal is given (if the test has not given it) and contenders that do not
     end in time are killed.
     """
-    context = multiprocessing.get_context("spawn")
     go_path = tmp_path / "go"
     stop_path = tmp_path / "stop"
     contenders: list[_Contender] = []
-    for n in range(CONTENDERS):
-        config = ContenderConfig(
-            storage_url=storage_url,
-            engine_id=f"engine-{n}",
-            workflow_ids=tuple(ids),
-            journal_path=str(tmp_path / f"engine-{n}.jsonl"),
-            log_path=str(tmp_path / f"engine-{n}.log"),
-            go_path=str(go_path),
-            stop_path=str(stop_path),
-            max_duration_s=MAX_CONTEST_S,
-            claim_ttl_ms=TTL_MS,
-            claim_renew_interval_ms=RENEW_MS,
-            seed=1000 + n,
-        )
-        process = context.Process(
-            target=run_contender, args=(config,), name=f"weft-{config.engine_id}", daemon=True
-        )
-        contenders.append(_Contender(config, process))
     try:
-        for contender in contenders:
-            contender.process.start()
+        for n in range(CONTENDERS):
+            config = ContenderConfig(
+                storage_url=storage_url,
+                engine_id=f"engine-{n}",
+                workflow_ids=tuple(ids),
+                journal_path=str(tmp_path / f"engine-{n}.jsonl"),
+                log_path=str(tmp_path / f"engine-{n}.log"),
+                go_path=str(go_path),
+                stop_path=str(stop_path),
+                max_duration_s=MAX_CONTEST_S,
+                claim_ttl_ms=TTL_MS,
+                claim_renew_interval_ms=RENEW_MS,
+                seed=1000 + n,
+            )
+            process = spawn(run_contender, config, config.engine_id)
+            contenders.append(_Contender(config, process))
         _wait_ready(contenders)
         go_path.touch()
         yield contenders
     finally:
-        stop_path.touch()
-        for contender in contenders:
-            contender.process.join(EXIT_TIMEOUT_S)
-            if contender.process.is_alive():
-                contender.process.kill()
-                contender.process.join(EXIT_TIMEOUT_S)
+        stop_all((c.process for c in contenders), stop_path)
 
 
 def _stop(contenders: list[_Contender]) -> None:
@@ -152,14 +155,8 @@ def _stop(contenders: list[_Contender]) -> None:
 def _wait_ready(contenders: list[_Contender]) -> None:
     deadline = time.monotonic() + READY_TIMEOUT_S
     for contender in contenders:
-        path = contender.config.journal_path
-        while not (os.path.exists(path) and any(e["ev"] == "ready" for e in read_journal(path))):
-            assert contender.process.is_alive(), (
-                f"{contender.config.engine_id} died before it was ready "
-                f"(exit {contender.process.exitcode})"
-            )
-            assert time.monotonic() < deadline, f"{contender.config.engine_id} never became ready"
-            time.sleep(POLL_S)
+        name = contender.config.engine_id
+        wait_ready(name, contender.config.journal_path, deadline, POLL_S, contender.check_alive)
 
 
 def _read_logs(storage: Storage, ids: list[str]) -> dict[str, list[LogEntry]]:
@@ -199,7 +196,7 @@ def _written_by(logs: dict[str, list[LogEntry]]) -> dict[str, set[Written]]:
     return found
 
 
-def _journaled_writes(events: list[dict[str, Any]]) -> tuple[set[Written], Written | None]:
+def _journaled_writes(events: list[Event]) -> tuple[set[Written], Written | None]:
     """The writes a journal saw commit, and the write in flight when it ends (if any)."""
     accepted: set[Written] = set()
     pending: Written | None = None
@@ -229,42 +226,20 @@ def _assert_logs_match_journals(
     return written
 
 
-def _holders(storage: Storage) -> dict[str, tuple[str, int]]:
-    """``{workflow id: (engine id, epoch)}`` of every readable holder."""
-    prefix = keys.workflow_owner_holder("")
-    found: dict[str, tuple[str, int]] = {}
-    for key, value in storage.scan(prefix):
-        holder = decode_holder(value)
-        if holder is not None:
-            found[keys.decode_key_component(key[len(prefix) :])] = (holder.engine_id, holder.epoch)
-    return found
-
-
-def _epochs(storage: Storage) -> dict[str, int]:
-    """``{workflow id: epoch}`` of every epoch key (read in one scan)."""
-    prefix = keys.workflow_owner_epoch("")
-    found: dict[str, int] = {}
-    for key, value in storage.scan(prefix):
-        epoch = decode_epoch(value)
-        assert epoch is not None, f"undecodable epoch under {key!r}"
-        found[keys.decode_key_component(key[len(prefix) :])] = epoch
-    return found
-
-
 def _wait_until_holding(storage: Storage, engine_id: str, count: int) -> None:
     deadline = time.monotonic() + STRANDED_WAIT_S
-    while sum(1 for engine, _ in _holders(storage).values() if engine == engine_id) < count:
+    while sum(1 for engine, _ in holders(storage).values() if engine == engine_id) < count:
         assert time.monotonic() < deadline, f"{engine_id} never held {count} claims at once"
         time.sleep(POLL_S)
 
 
 def _unmoved(storage: Storage, stranded: dict[str, int]) -> list[str]:
     """The ids whose epoch is still the one in ``stranded``."""
-    epochs = _epochs(storage)
-    return [wid for wid, epoch in stranded.items() if epochs.get(wid, 0) <= epoch]
+    current = epochs(storage)
+    return [wid for wid, epoch in stranded.items() if current.get(wid, 0) <= epoch]
 
 
-def _assert_contended(logs: dict[str, list[LogEntry]], summaries: list[dict[str, Any]]) -> None:
+def _assert_contended(logs: dict[str, list[LogEntry]], summaries: list[Event]) -> None:
     """The run exercised what it claims to: handovers, stale replays, the reclaim target."""
     handovers = sum(1 for entries in logs.values() if len({e.worker for e in entries}) > 1)
     assert handovers >= MIN_HANDOVERS, f"only {handovers} workflows changed hands"
@@ -285,8 +260,7 @@ def test_epoch_fence_admits_only_the_holders_writes_under_contention(
     storage_url: str, open_store: Callable[[], Storage], tmp_path: Path
 ) -> None:
     store = open_store()
-    ids = [f"wf-{n:03d}" for n in range(WORKFLOWS)]
-    _seed_running_workflows(store, ids)
+    ids = _seed_running_workflows(store)
 
     with _contest(storage_url, tmp_path, ids) as contenders:
         time.sleep(RUN_S)
@@ -298,28 +272,24 @@ def test_epoch_fence_admits_only_the_holders_writes_under_contention(
     _assert_logs_match_journals(logs, contenders)
     _assert_contended(logs, summaries)
     # Every engine released what it held when it stopped.
-    assert _holders(store) == {}
+    assert holders(store) == {}
 
 
 def test_killed_engine_is_taken_over_and_its_log_ends_at_its_last_accepted_write(
     storage_url: str, open_store: Callable[[], Storage], tmp_path: Path
 ) -> None:
     store = open_store()
-    ids = [f"wf-{n:03d}" for n in range(WORKFLOWS)]
-    _seed_running_workflows(store, ids)
+    ids = _seed_running_workflows(store)
 
     with _contest(storage_url, tmp_path, ids) as contenders:
         victim, survivors = contenders[0], contenders[1:]
         time.sleep(KILL_AFTER_S)
         _wait_until_holding(store, victim.config.engine_id, MIN_STRANDED)
-        assert victim.process.pid is not None and victim.process.is_alive()
-        os.kill(victim.process.pid, signal.SIGKILL)
         killed_at = time.monotonic()
-        victim.process.join(EXIT_TIMEOUT_S)
-        assert victim.process.exitcode == -signal.SIGKILL
+        sigkill(victim.process, victim.config.engine_id)
         stranded = {
             wid: epoch
-            for wid, (engine, epoch) in _holders(store).items()
+            for wid, (engine, epoch) in holders(store).items()
             if engine == victim.config.engine_id
         }
         assert stranded, "the victim released everything just before it was killed"
@@ -351,5 +321,5 @@ def test_killed_engine_is_taken_over_and_its_log_ends_at_its_last_accepted_write
     for wid, epoch in stranded.items():
         assert all(e.epoch <= epoch for e in logs[wid] if e.worker == victim.config.engine_id)
     # The survivors released what they held, the victim's takeovers included: none is left.
-    assert _holders(store) == {}
+    assert holders(store) == {}
     _assert_contended(logs, summaries)

@@ -34,8 +34,6 @@ from weft_sync.maintenance.targets import (
 from weft_sync.metrics import CLAIM_ATTEMPT_OUTCOMES
 from weft_sync.storage import Storage
 
-PAST_GRACE_MS = TTL_MS + 2 * RENEW_MS + 1
-
 MakeEngine = Callable[..., OwnershipBootstrap]
 
 

@@ -72,6 +72,11 @@ class _Park:
         self.entered.set()
         wait_set(self.release, "the parked call to be released")
 
+    def open(self) -> None:
+        """Release the parked call and let every later call through."""
+        self.armed = False
+        self.release.set()
+
 
 # --- lifecycle -------------------------------------------------------------------------------
 
@@ -183,8 +188,7 @@ def test_overlapping_tick_skips_a_renewal_still_in_flight(
         h.fire()
     assert target.list_calls == 1
     assert "still running" in caplog.text
-    park.armed = False
-    park.release.set()
+    park.open()
     h.recorder.wait_for(RENEWAL)
     assert h.task.wait_idle(10)
     h.fire()
@@ -207,8 +211,7 @@ def test_renewal_keeps_ticking_while_a_reclaim_listing_hangs(
     h.fire()
     h.recorder.wait_for(RENEWAL, 2)
     assert reclaim.list_calls == 1
-    park.armed = False
-    park.release.set()
+    park.open()
     (reclaimed,) = h.recorder.wait_for(RECLAIM)
     assert reclaimed.reclaim is not None and reclaimed.reclaim.status == "completed"
     assert (reclaimed.outcomes, reclaimed.renewed_count, reclaimed.failed_count) == ((), 0, 0)
@@ -224,8 +227,7 @@ def test_the_reclaim_slot_is_single_flight(harness: Callable[..., Harness]) -> N
     h.fire()
     h.fire()
     assert reclaim.list_calls == 1
-    park.armed = False
-    park.release.set()
+    park.open()
     h.recorder.wait_for(RECLAIM)
     assert h.task.wait_idle(10)
     h.fire()

@@ -13,21 +13,24 @@ from typing import Any
 import pytest
 
 from tests.claims.gated import (
+    PAST_GRACE_MS,
     RENEW_MS,
     START_MS,
     TTL_MS,
     GatedStorage,
     WarningSink,
     Worker,
+    new_registry,
+    pause_in_cas,
     touches,
 )
 from tests.maintenance.helpers import wait_set
+from tests.workflows.helpers import holder_engine, stored_epoch
 from weft_sync import keys
 from weft_sync.claims.registry import ClaimRegistry
 from weft_sync.clock import ManualClock
 from weft_sync.codec import (
     WorkflowRecord,
-    decode_epoch,
     decode_holder,
     encode_epoch,
     encode_workflow_record,
@@ -36,9 +39,6 @@ from weft_sync.errors import StorageError
 from weft_sync.maintenance.reclaim_target import ReclaimTargetHandle, create_reclaim_target
 from weft_sync.metrics import ClaimMetrics
 from weft_sync.storage import Storage
-
-PAST_GRACE_MS = TTL_MS + 2 * RENEW_MS + 1
-"""Advancing a claim's clock by this much makes an unrenewed claim takeover-eligible."""
 
 
 class Drive:
@@ -101,15 +101,6 @@ def _complete(storage: Storage, workflow_id: str) -> None:
     _write_workflow(storage, workflow_id, "completed")
 
 
-def _holder_engine(storage: Storage, workflow_id: str) -> str | None:
-    holder = decode_holder(storage.get(keys.workflow_owner_holder(workflow_id)))
-    return None if holder is None else holder.engine_id
-
-
-def _stored_epoch(storage: Storage, workflow_id: str) -> int | None:
-    return decode_epoch(storage.get(keys.workflow_owner_epoch(workflow_id)))
-
-
 @pytest.fixture
 def clock() -> ManualClock:
     return ManualClock(START_MS)
@@ -125,29 +116,16 @@ def sink() -> WarningSink:
     return WarningSink()
 
 
-def _registry(
-    store: Storage, clock: ManualClock, engine_id: str, sink: WarningSink
-) -> ClaimRegistry:
-    return ClaimRegistry(
-        store,
-        engine_id=engine_id,
-        clock=clock,
-        claim_ttl_ms=TTL_MS,
-        claim_renew_interval_ms=RENEW_MS,
-        warn=sink,
-    )
-
-
 @pytest.fixture
 def reg(gated: ReadHookStorage, clock: ManualClock, sink: WarningSink) -> ClaimRegistry:
     """Engine A's registry, writing through the gated store."""
-    return _registry(gated, clock, "engine-a", sink)
+    return new_registry(gated, clock, "engine-a", sink)
 
 
 @pytest.fixture
 def rival(storage: Storage, clock: ManualClock, sink: WarningSink) -> ClaimRegistry:
     """Engine B's registry, writing to the store directly."""
-    return _registry(storage, clock, "engine-b", sink)
+    return new_registry(storage, clock, "engine-b", sink)
 
 
 @pytest.fixture
@@ -183,6 +161,38 @@ def _attempts(metrics: ClaimMetrics) -> dict[str, int]:
     return {k: v for k, v in metrics.snapshot().attempts.items() if v}
 
 
+def _failed_first_drive(
+    make_target: MakeTarget, reg: ClaimRegistry, message: str = "resume failed"
+) -> tuple[ReclaimTargetHandle, Drive]:
+    """A target whose first drive of ``wf-1`` raised: the claim is held and a redrive is due.
+
+    The attempt re-raises the very ``RuntimeError(message)`` the drive raised.
+    """
+    failure = RuntimeError(message)
+    drive = Drive(reg, failure)
+    target = make_target(on_reclaimed=drive)
+    with pytest.raises(RuntimeError) as caught:
+        target.attempt_workflow_claim_takeover("wf-1")
+    assert caught.value is failure
+    return target, drive
+
+
+def _after_workflow_read(
+    gated: ReadHookStorage, callback: Callable[[], object], *, after_claim: bool
+) -> None:
+    """Run ``callback`` right after the next read of ``wf-1``'s record.
+
+    :param after_claim: count only reads after ``wf-1``'s claim CAS (the hook is armed from that
+        CAS, so no earlier read trips it).
+    """
+    if after_claim:
+        gated.before_next_cas(
+            lambda: gated.after_next_get(keys.workflow("wf-1"), callback), match=touches("wf-1")
+        )
+    else:
+        gated.after_next_get(keys.workflow("wf-1"), callback)
+
+
 # -- candidates -----------------------------------------------------------------------------
 
 
@@ -202,10 +212,7 @@ def test_id_both_discovered_and_pending_redrive_is_listed_once(
     clock: ManualClock,
 ) -> None:
     _write_workflow(storage, "wf-1")
-    drive = Drive(reg, RuntimeError("drive failed"))
-    target = make_target(on_reclaimed=drive)
-    with pytest.raises(RuntimeError, match="drive failed"):
-        target.attempt_workflow_claim_takeover("wf-1")
+    target, _ = _failed_first_drive(make_target, reg, "drive failed")
     clock.advance(PAST_GRACE_MS)
     assert rival.takeover("wf-1").status == "acquired"
     assert reg.renew("wf-1").status == "lost"
@@ -230,8 +237,8 @@ def test_ownerless_running_workflow_is_acquired_at_epoch_1_and_driven_once(
     assert drive.calls == ["orphan"]
     assert drive.epochs == [1]  # the claim is held while the drive runs
     assert reg.current_epoch("orphan") == 1
-    assert _stored_epoch(storage, "orphan") == 1
-    assert _holder_engine(storage, "orphan") == "engine-a"
+    assert stored_epoch(storage, "orphan") == 1
+    assert holder_engine(storage, "orphan") == "engine-a"
     assert _attempts(metrics) == {"acquired": 1}
     assert target.list_reclaim_candidate_workflow_ids() == []
 
@@ -252,7 +259,7 @@ def test_competitor_acquiring_just_before_our_acquire_commits_wins(
     assert _attempts(metrics) == {"lost_race": 1}
     assert reg.list_held_workflow_ids() == []
     assert drive.calls == []
-    assert _holder_engine(storage, "orphan") == "engine-b"
+    assert holder_engine(storage, "orphan") == "engine-b"
 
 
 def test_never_claimed_workflow_without_a_record_is_not_eligible(
@@ -293,7 +300,7 @@ def test_undecodable_workflow_record_is_not_eligible_and_nothing_stays_tracked(
     assert drive.calls == []
     # A takeover that committed is released again; the epoch it minted stays.
     assert storage.get(keys.workflow_owner_holder("wf-1")) is None
-    assert _stored_epoch(storage, "wf-1") == (2 if claimed else None)
+    assert stored_epoch(storage, "wf-1") == (2 if claimed else None)
 
 
 # -- takeover -------------------------------------------------------------------------------
@@ -313,7 +320,7 @@ def test_expired_foreign_holder_is_taken_over_tracked_and_driven(
     clock.advance(PAST_GRACE_MS)
     assert target.attempt_workflow_claim_takeover("wf-1") == "reclaimed"
     assert reg.current_epoch("wf-1") == 2
-    assert _holder_engine(storage, "wf-1") == "engine-a"
+    assert holder_engine(storage, "wf-1") == "engine-a"
     assert drive.calls == ["wf-1"]
     assert drive.epochs == [2]
     assert _attempts(metrics) == {"takeover": 1}
@@ -366,7 +373,7 @@ def test_takeover_gives_up_after_five_lost_races(
     else:
         assert reg.list_held_workflow_ids() == []
         assert drive.calls == []
-        assert _holder_engine(storage, "wf-1") == "engine-b"
+        assert holder_engine(storage, "wf-1") == "engine-b"
 
 
 def test_attempt_during_this_engines_cooldown_is_backoff_skipped(
@@ -438,14 +445,9 @@ def test_failed_drive_keeps_the_claim_and_is_redriven_without_a_cas(
     make_target: MakeTarget, reg: ClaimRegistry, gated: ReadHookStorage, storage: Storage
 ) -> None:
     _write_workflow(storage, "wf-1")
-    failure = RuntimeError("resume failed")
-    drive = Drive(reg, failure)
-    target = make_target(on_reclaimed=drive)
-    with pytest.raises(RuntimeError) as caught:
-        target.attempt_workflow_claim_takeover("wf-1")
-    assert caught.value is failure
+    target, drive = _failed_first_drive(make_target, reg)
     assert reg.current_epoch("wf-1") == 1
-    assert _holder_engine(storage, "wf-1") == "engine-a"
+    assert holder_engine(storage, "wf-1") == "engine-a"
     assert target.list_reclaim_candidate_workflow_ids() == ["wf-1"]
     transactions = gated.transactions
     assert target.attempt_workflow_claim_takeover("wf-1") == "reclaimed"
@@ -459,16 +461,13 @@ def test_pending_redrive_of_a_completed_workflow_releases_the_claim(
     make_target: MakeTarget, reg: ClaimRegistry, storage: Storage
 ) -> None:
     _write_workflow(storage, "wf-1")
-    drive = Drive(reg, RuntimeError("resume failed"))
-    target = make_target(on_reclaimed=drive)
-    with pytest.raises(RuntimeError):
-        target.attempt_workflow_claim_takeover("wf-1")
+    target, drive = _failed_first_drive(make_target, reg)
     _complete(storage, "wf-1")
     assert target.attempt_workflow_claim_takeover("wf-1") == "not-eligible"
     assert drive.calls == ["wf-1"]
     assert reg.list_held_workflow_ids() == []
     assert storage.get(keys.workflow_owner_holder("wf-1")) is None
-    assert _stored_epoch(storage, "wf-1") == 1
+    assert stored_epoch(storage, "wf-1") == 1
     assert target.list_reclaim_candidate_workflow_ids() == []
 
 
@@ -481,10 +480,7 @@ def test_pending_redrive_of_a_lost_claim_takes_the_takeover_path(
     metrics: ClaimMetrics,
 ) -> None:
     _write_workflow(storage, "wf-1")
-    drive = Drive(reg, RuntimeError("resume failed"))
-    target = make_target(on_reclaimed=drive)
-    with pytest.raises(RuntimeError):
-        target.attempt_workflow_claim_takeover("wf-1")
+    target, drive = _failed_first_drive(make_target, reg)
     clock.advance(PAST_GRACE_MS)
     assert rival.takeover("wf-1").status == "acquired"
     clock.advance(PAST_GRACE_MS)
@@ -493,7 +489,7 @@ def test_pending_redrive_of_a_lost_claim_takes_the_takeover_path(
     assert target.attempt_workflow_claim_takeover("wf-1") == "backoff-skipped"
     assert drive.calls == ["wf-1"]
     assert target.pending_redrive_ids() == []
-    assert _holder_engine(storage, "wf-1") == "engine-b"
+    assert holder_engine(storage, "wf-1") == "engine-b"
     assert metrics.snapshot().attempts["backoff_skipped"] == 1
 
 
@@ -570,10 +566,7 @@ def test_terminal_read_racing_a_start_new_leaves_the_replacement_claim_alone(
 ) -> None:
     _write_workflow(storage, "wf-1")
     if path == "redrive":
-        drive = Drive(reg, RuntimeError("resume failed"))
-        target = make_target(on_reclaimed=drive)
-        with pytest.raises(RuntimeError):
-            target.attempt_workflow_claim_takeover("wf-1")
+        target, drive = _failed_first_drive(make_target, reg)
         old_epoch = 1
     else:
         drive = Drive(reg)
@@ -593,18 +586,12 @@ def test_terminal_read_racing_a_start_new_leaves_the_replacement_claim_alone(
         replacement.append(reg.acquire("wf-1").epoch)
 
     # Run start_new right after the read that judges the old generation: the redrive's running
-    # check, or the takeover's post-CAS check (armed from the CAS so no earlier read trips it).
-    if path == "redrive":
-        gated.after_next_get(keys.workflow("wf-1"), start_new)
-    else:
-        gated.before_next_cas(
-            lambda: gated.after_next_get(keys.workflow("wf-1"), start_new),
-            match=touches("wf-1"),
-        )
+    # check, or the takeover's post-CAS check.
+    _after_workflow_read(gated, start_new, after_claim=path == "takeover")
     assert target.attempt_workflow_claim_takeover("wf-1") == "not-eligible"
     assert replacement == [old_epoch + 1]
     assert reg.current_epoch("wf-1") == old_epoch + 1
-    assert _stored_epoch(storage, "wf-1") == old_epoch + 1
+    assert stored_epoch(storage, "wf-1") == old_epoch + 1
     holder = decode_holder(storage.get(keys.workflow_owner_holder("wf-1")))
     assert holder is not None
     assert (holder.engine_id, holder.epoch) == ("engine-a", old_epoch + 1)
@@ -629,9 +616,9 @@ def test_disposal_during_the_claim_cas_releases_instead_of_driving(
     if path == "takeover":
         rival.acquire("wf-1")
         clock.advance(PAST_GRACE_MS)
-    gate = gated.pause_next_cas(match=touches("wf-1"))
-    worker = Worker(lambda: target.attempt_workflow_claim_takeover("wf-1"), "reclaim-attempt")
-    gate.wait_reached()
+    gate, worker = pause_in_cas(
+        gated, "wf-1", lambda: target.attempt_workflow_claim_takeover("wf-1"), "reclaim-attempt"
+    )
     target.mark_disposing()
     gate.open()
     assert worker.result() == "not-eligible"
@@ -639,7 +626,7 @@ def test_disposal_during_the_claim_cas_releases_instead_of_driving(
     assert reg.list_held_workflow_ids() == []
     assert storage.get(keys.workflow_owner_holder("wf-1")) is None
     # The claim did commit (a new epoch was minted) before it was released.
-    assert _stored_epoch(storage, "wf-1") == (2 if path == "takeover" else 1)
+    assert stored_epoch(storage, "wf-1") == (2 if path == "takeover" else 1)
 
 
 def test_disposing_target_lists_nothing_and_claims_nothing(
@@ -670,10 +657,7 @@ def test_disposal_during_a_pending_redrive_does_not_drive(
     make_target: MakeTarget, reg: ClaimRegistry, storage: Storage
 ) -> None:
     _write_workflow(storage, "wf-1")
-    drive = Drive(reg, RuntimeError("resume failed"))
-    target = make_target(on_reclaimed=drive)
-    with pytest.raises(RuntimeError):
-        target.attempt_workflow_claim_takeover("wf-1")
+    target, drive = _failed_first_drive(make_target, reg)
     target.mark_disposing()
     assert target.attempt_workflow_claim_takeover("wf-1") == "not-eligible"
     assert drive.calls == ["wf-1"]
@@ -695,19 +679,13 @@ def test_failed_workflow_read_keeps_a_held_claim_for_a_redrive(
 ) -> None:
     _write_workflow(storage, "wf-1")
     if path == "redrive":
-        drive = Drive(reg, RuntimeError("resume failed"))
-        target = make_target(on_reclaimed=drive)
-        with pytest.raises(RuntimeError):
-            target.attempt_workflow_claim_takeover("wf-1")
-        gated.after_next_get(keys.workflow("wf-1"), _fail_read)
+        target, drive = _failed_first_drive(make_target, reg)
     else:
         drive = Drive(reg)
         target = make_target(on_reclaimed=drive)
-        # Fail the read that confirms the workflow after the acquire committed.
-        gated.before_next_cas(
-            lambda: gated.after_next_get(keys.workflow("wf-1"), _fail_read),
-            match=touches("wf-1"),
-        )
+    # Fail the redrive's running check, or the read that confirms the workflow after the
+    # acquire committed.
+    _after_workflow_read(gated, _fail_read, after_claim=path == "after-claim")
     with pytest.raises(StorageError, match="read failed"):
         target.attempt_workflow_claim_takeover("wf-1")
     assert reg.current_epoch("wf-1") == 1

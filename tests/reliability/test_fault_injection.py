@@ -25,6 +25,7 @@ import threading
 from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from typing import Any
 
 import pytest
 
@@ -72,6 +73,21 @@ class Ledger:
     rotations: int = 0
 
 
+def _engine(
+    storage: Storage, clock: ManualClock, warn: WarningSink, **kwargs: Any
+) -> OwnershipBootstrap:
+    """An engine on ``storage`` with this module's timing, ticked by hand unless told otherwise."""
+    kwargs.setdefault("scheduler", ManualScheduler())
+    return bootstrap_workflow_lease_ownership(
+        storage=storage,
+        clock=clock,
+        claim_ttl_ms=TTL_MS,
+        claim_renew_interval_ms=RENEW_MS,
+        warn=warn,
+        **kwargs,
+    )
+
+
 class Harness:
     """The faulty engine ``a``, the clean competitor ``b`` and the checks run after each tick."""
 
@@ -87,14 +103,12 @@ class Harness:
         self.sink_a = WarningSink()
         self.sink_b = WarningSink()
         self.ledger = Ledger()
-        self.engine: OwnershipBootstrap = bootstrap_workflow_lease_ownership(
-            storage=self.faulty,
-            clock=clock,
-            claim_ttl_ms=TTL_MS,
-            claim_renew_interval_ms=RENEW_MS,
+        self.engine = _engine(
+            self.faulty,
+            clock,
+            self.sink_a,
             scheduler=self.scheduler,
             on_pass_complete=self.recorder,
-            warn=self.sink_a,
             engine_id="engine-a",
         )
         self.b = ClaimRegistry(
@@ -318,15 +332,7 @@ def test_a_renewal_whose_commit_landed_but_raised_is_adopted_by_the_next_pass(
     faulty = FaultyStorage(storage, rate=0.0, kinds=("after",), methods=["conditional_batches"])
     sink = WarningSink()
     recorder = PassRecorder()
-    engine = bootstrap_workflow_lease_ownership(
-        storage=faulty,
-        clock=clock,
-        claim_ttl_ms=TTL_MS,
-        claim_renew_interval_ms=RENEW_MS,
-        scheduler=ManualScheduler(),
-        on_pass_complete=recorder,
-        warn=sink,
-    )
+    engine = _engine(faulty, clock, sink, on_pass_complete=recorder)
     task = engine.renewal_task
     try:
         assert engine.registry.acquire("wf-1").status == "acquired"
@@ -371,14 +377,7 @@ def test_a_renewal_that_failed_before_reaching_the_store_keeps_the_claim_and_war
     clock = ManualClock(START_MS)
     faulty = FaultyStorage(storage, rate=0.0, kinds=("before",), methods=["conditional_batches"])
     sink = WarningSink()
-    engine = bootstrap_workflow_lease_ownership(
-        storage=faulty,
-        clock=clock,
-        claim_ttl_ms=TTL_MS,
-        claim_renew_interval_ms=RENEW_MS,
-        scheduler=ManualScheduler(),
-        warn=sink,
-    )
+    engine = _engine(faulty, clock, sink)
     task = engine.renewal_task
     try:
         assert engine.registry.acquire("wf-1").status == "acquired"

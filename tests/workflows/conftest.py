@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.claims.gated import RENEW_MS, START_MS, TTL_MS, GatedStorage, WarningSink
+from tests.claims.gated import START_MS, GatedStorage, WarningSink, new_registry
 from tests.workflows.helpers import ReadHooks
 from weft_sync.claims.registry import ClaimRegistry
 from weft_sync.clock import ManualClock
@@ -37,22 +37,9 @@ def sink_b() -> WarningSink:
     return WarningSink()
 
 
-def _registry(
-    store: GatedStorage, clock: ManualClock, engine_id: str, sink: WarningSink
-) -> ClaimRegistry:
-    return ClaimRegistry(
-        store,
-        engine_id=engine_id,
-        clock=clock,
-        claim_ttl_ms=TTL_MS,
-        claim_renew_interval_ms=RENEW_MS,
-        warn=sink,
-    )
-
-
 @pytest.fixture
 def registry(gated: GatedStorage, clock: ManualClock, sink: WarningSink) -> ClaimRegistry:
-    return _registry(gated, clock, "engine-a", sink)
+    return new_registry(gated, clock, "engine-a", sink)
 
 
 @pytest.fixture
@@ -64,7 +51,7 @@ def ledger(
 
 @pytest.fixture
 def registry_b(gated: GatedStorage, clock: ManualClock, sink_b: WarningSink) -> ClaimRegistry:
-    return _registry(gated, clock, "engine-b", sink_b)
+    return new_registry(gated, clock, "engine-b", sink_b)
 
 
 @pytest.fixture

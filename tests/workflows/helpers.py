@@ -16,9 +16,6 @@ from weft_sync.storage import Storage
 WAIT_S = 10.0
 """Upper bound for any wait in these tests; reaching it means the test failed."""
 
-PAST_GRACE_MS = 30_000 + 2 * 5_000 + 1
-"""Clock advance after which a holder (TTL 30 s, renew 5 s) is takeover-eligible."""
-
 
 def snapshot(storage: Storage) -> dict[str, bytes]:
     """Every key and value in the store."""
@@ -61,6 +58,11 @@ def stored_epoch(storage: Storage, workflow_id: str) -> int | None:
 def holder_engine(storage: Storage, workflow_id: str) -> str | None:
     holder = decode_holder(storage.get(keys.workflow_owner_holder(workflow_id)))
     return None if holder is None else holder.engine_id
+
+
+def expires_at(storage: Storage, workflow_id: str) -> int | None:
+    holder = decode_holder(storage.get(keys.workflow_owner_holder(workflow_id)))
+    return None if holder is None else holder.expires_at
 
 
 def wait_until(predicate: Callable[[], bool], what: str) -> None:

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from tests.claims.gated import GatedStorage, WarningSink
-from tests.workflows.helpers import PAST_GRACE_MS, ReadHooks, snapshot
+from tests.claims.gated import PAST_GRACE_MS, GatedStorage, WarningSink
+from tests.workflows.helpers import ReadHooks, snapshot
 from weft_sync import keys
 from weft_sync.claims.registry import ClaimRegistry
 from weft_sync.clock import ManualClock

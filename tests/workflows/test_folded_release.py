@@ -7,8 +7,17 @@ from dataclasses import replace
 
 import pytest
 
-from tests.claims.gated import RENEW_MS, TTL_MS, WarningSink, Worker, touches, watch_log
-from tests.workflows.helpers import PAST_GRACE_MS, ReadHooks, holder_engine, stored_epoch
+from tests.claims.gated import (
+    PAST_GRACE_MS,
+    RENEW_MS,
+    TTL_MS,
+    WAITS_FOR_RENEWAL,
+    WarningSink,
+    pause_in_cas,
+    start_until_logged,
+    touches,
+)
+from tests.workflows.helpers import ReadHooks, holder_engine, stored_epoch
 from weft_sync import keys
 from weft_sync.claims.registry import ClaimRegistry
 from weft_sync.clock import ManualClock
@@ -65,9 +74,7 @@ def test_a_renewal_started_while_complete_commits_is_not_held_and_warns_nothing(
     ledger: Workflows, registry: ClaimRegistry, gated: ReadHooks, sink: WarningSink
 ) -> None:
     ledger.start(WF, "import")
-    gate = gated.pause_next_cas(match=touches(WF))
-    completing = Worker(lambda: ledger.complete(WF), "complete")
-    gate.wait_reached()
+    gate, completing = pause_in_cas(gated, WF, lambda: ledger.complete(WF), "complete")
     before = gated.transactions
     assert registry.renew(WF).status == "not-held"
     assert registry.renew_many([WF])[0].status == "not-held"
@@ -88,15 +95,11 @@ def test_complete_waits_for_a_renewal_in_flight_and_releases_what_it_wrote(
 ) -> None:
     ledger.start(WF, "import")
     clock.advance(RENEW_MS)
-    gate = gated.pause_next_cas(match=touches(WF))
-    with watch_log("weft_sync.claims.registry") as log:
-        renewal = Worker(lambda: registry.renew(WF), "renew")
-        gate.wait_reached()
-        completing = Worker(lambda: ledger.complete(WF), "complete")
-        log.wait_for("waits for the renewal in flight")
-        gate.open()
-        assert renewal.result().status == "renewed"
-        assert completing.result().status == "completed"
+    gate, renewal = pause_in_cas(gated, WF, lambda: registry.renew(WF), "renew")
+    completing = start_until_logged(lambda: ledger.complete(WF), "complete", WAITS_FOR_RENEWAL)
+    gate.open()
+    assert renewal.result().status == "renewed"
+    assert completing.result().status == "completed"
     assert gated.get(HOLDER) is None
     assert registry.list_held_workflow_ids() == []
     assert sink.received == []

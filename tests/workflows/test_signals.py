@@ -8,9 +8,8 @@ from collections.abc import Sequence
 
 import pytest
 
-from tests.claims.gated import WarningSink, Worker
+from tests.claims.gated import PAST_GRACE_MS, WarningSink, Worker
 from tests.workflows.helpers import (
-    PAST_GRACE_MS,
     WAIT_S,
     ReadHooks,
     snapshot,

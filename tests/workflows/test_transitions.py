@@ -6,9 +6,8 @@ from collections.abc import Callable
 
 import pytest
 
-from tests.claims.gated import RENEW_MS, TTL_MS, GatedStorage, WarningSink
+from tests.claims.gated import PAST_GRACE_MS, RENEW_MS, TTL_MS, GatedStorage, WarningSink
 from tests.workflows.helpers import (
-    PAST_GRACE_MS,
     ReadHooks,
     assert_index_matches_records,
     holder_engine,

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from tests.claims.gated import WarningSink
-from tests.workflows.helpers import PAST_GRACE_MS, ReadHooks
+from tests.claims.gated import PAST_GRACE_MS, WarningSink
+from tests.workflows.helpers import ReadHooks
 from weft_sync.claims.registry import ClaimRegistry
 from weft_sync.clock import ManualClock
 from weft_sync.errors import WorkflowWakeDiscardedWarning
