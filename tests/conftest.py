@@ -27,6 +27,15 @@ def _in_ci() -> bool:
     return os.environ.get("CI", "").lower() == "true"
 
 
+def _start_cluster_or_skip() -> PostgresCluster:
+    try:
+        return start_cluster()
+    except Exception as exc:  # pragma: no cover - depends on the machine
+        if _in_ci():
+            pytest.fail(f"PostgreSQL could not be started under CI=true: {exc}")
+        pytest.skip(f"PostgreSQL is not available here: {exc}")
+
+
 @pytest.fixture(scope="session")
 def postgres_base_url() -> Iterator[str]:
     """A ``postgresql://`` URL of a server for the whole session."""
@@ -34,15 +43,19 @@ def postgres_base_url() -> Iterator[str]:
     if env:
         yield env
         return
-    cluster: PostgresCluster | None = None
-    try:
-        cluster = start_cluster()
-    except Exception as exc:  # pragma: no cover - depends on the machine
-        if _in_ci():
-            pytest.fail(f"PostgreSQL could not be started under CI=true: {exc}")
-        pytest.skip(f"PostgreSQL is not available here: {exc}")
+    cluster = _start_cluster_or_skip()
     try:
         yield cluster.url
+    finally:
+        cluster.stop()
+
+
+@pytest.fixture
+def private_cluster() -> Iterator[PostgresCluster]:
+    """A PostgreSQL cluster of the test's own, which it may stop and restart."""
+    cluster = _start_cluster_or_skip()
+    try:
+        yield cluster
     finally:
         cluster.stop()
 

@@ -8,7 +8,6 @@ back, with every claim still held.
 
 from __future__ import annotations
 
-import os
 import threading
 import time
 from collections.abc import Iterator
@@ -16,7 +15,7 @@ from collections.abc import Iterator
 import pytest
 
 from tests.maintenance.helpers import WAIT_S, PassRecorder
-from tests.pgcluster import PostgresCluster, start_cluster
+from tests.pgcluster import PostgresCluster
 from weft_sync import keys
 from weft_sync.clock import system_clock
 from weft_sync.codec import HolderRecord, decode_holder
@@ -36,21 +35,6 @@ POLL_S = 0.02
 ENGINE_ID = "engine-restart"
 
 pytestmark = [pytest.mark.slow, pytest.mark.postgres_only]
-
-
-@pytest.fixture
-def private_cluster() -> Iterator[PostgresCluster]:
-    """A cluster of this test's own, so stopping it disturbs no other test."""
-    try:
-        cluster = start_cluster()
-    except Exception as exc:  # pragma: no cover - depends on the machine
-        if os.environ.get("CI", "").lower() == "true":
-            pytest.fail(f"PostgreSQL could not be started under CI=true: {exc}")
-        pytest.skip(f"a private PostgreSQL cluster cannot be started here: {exc}")
-    try:
-        yield cluster
-    finally:
-        cluster.stop()
 
 
 @pytest.fixture

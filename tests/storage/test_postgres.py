@@ -15,7 +15,7 @@ from typing import Any, Protocol
 import psycopg
 import pytest
 
-from tests.pgcluster import PostgresCluster, start_cluster
+from tests.pgcluster import PostgresCluster
 from weft_sync.errors import ClosedError, StorageError
 from weft_sync.storage import Condition, Delete, Operation, Put, open_storage
 from weft_sync.storage.postgres import PostgresStorage
@@ -592,21 +592,6 @@ def test_many_openers_creating_the_same_table_at_once_all_succeed(
 
 
 # -- server restarts -------------------------------------------------------------------------
-
-
-@pytest.fixture
-def private_cluster() -> Iterator[PostgresCluster]:
-    """A cluster of this test's own, which it may stop and restart."""
-    try:
-        cluster = start_cluster()
-    except Exception as exc:  # pragma: no cover - depends on the machine
-        if os.environ.get("CI", "").lower() == "true":
-            pytest.fail(f"PostgreSQL could not be started under CI=true: {exc}")
-        pytest.skip(f"PostgreSQL is not available here: {exc}")
-    try:
-        yield cluster
-    finally:
-        cluster.stop()
 
 
 def test_calls_succeed_again_after_a_server_restart(private_cluster: PostgresCluster) -> None:
