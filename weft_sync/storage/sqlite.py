@@ -81,13 +81,16 @@ class SqliteStorage:
     The table has sqlitedict's schema, so :meth:`dict_view` can open it as a ``SqliteDict``.
     The file uses WAL with ``synchronous`` ``FULL`` (or ``NORMAL``) and a busy timeout.
 
-    Threads: every write is queued to one writer thread per instance, which drains the queue into
-    a single ``BEGIN IMMEDIATE`` transaction (group commit) and applies each request under its own
-    SAVEPOINT, so one request's failed condition or error leaves the others intact. A request
-    whose batches are all renewal-shaped (one condition expecting bytes, one put of the same key)
-    runs as one ``executemany`` of ``UPDATE … WHERE key = ? AND value = ?``, judged batch by batch
-    only when a row did not change. Reads use one connection per thread; WAL readers never block
-    the writer.
+    Threads: a write arriving while no other write of this instance is queued or committing is
+    committed by the calling thread itself, in its own ``BEGIN IMMEDIATE`` transaction. Otherwise
+    it is queued to the instance's writer thread, which drains the queue into a single
+    ``BEGIN IMMEDIATE`` transaction (group commit). Both take the same in-process transaction
+    lock, so one write connection is used by one thread at a time, and apply each request under
+    its own SAVEPOINT, so one request's failed condition or error leaves the others intact.
+    A request whose batches are all renewal-shaped (one condition expecting bytes, one put of the
+    same key) runs as one ``executemany`` of ``UPDATE … WHERE key = ? AND value = ?``, judged
+    batch by batch only when a row did not change. Reads use one connection per thread; WAL
+    readers never block the writer.
 
     Processes: writers in different processes are serialised by ``flock`` on ``<path>.lock``,
     held only while a write transaction runs, and ``BEGIN IMMEDIATE`` takes SQLite's write lock
@@ -134,8 +137,9 @@ class SqliteStorage:
         self._sql_get = f"SELECT value FROM {quoted} WHERE key = ?"
         self._sql_scan = f"SELECT key, value FROM {quoted} WHERE key >= ?"
 
-        # Guards _closed, _writer, _readers and _local, and orders enqueueing against close(): no
-        # request is queued after close() has drained the queue. Recreated with the per-process
+        # Guards _closed, _writer, _readers and _local, and orders each write's choice (commit on
+        # the calling thread, or queue) against other writes and against close(): no request is
+        # queued or started after close() has drained the queue. Recreated with the per-process
         # state in a forked child.
         self._lock = threading.Lock()
         self._closed = False
@@ -370,7 +374,14 @@ class SqliteStorage:
                     file_lock=self._file_lock,
                 )
                 self._writer.start()
-            self._queue.put(request)
+            writer = self._writer
+            # Deciding under this lock orders the decision against queueing: a request already
+            # queued commits before this one.
+            fast = writer.try_begin_fast()
+            if not fast:
+                self._queue.put(request)
+        if fast:
+            writer.commit_fast(request)
         return request.wait()
 
     # -- views and lifecycle -----------------------------------------------------------------
@@ -406,17 +417,24 @@ class SqliteStorage:
             writer, readers = self._writer, self._readers
             self._readers = []
             self._local = threading.local()
-            # Requests the writer has not taken yet fail; the one it is committing finishes.
+            # Requests the writer has not taken yet fail; those being committed finish.
             pending = self._queue.drain()
             if writer is not None:
                 self._queue.put_stop()
         for request in pending:
             request.finish(None, ClosedError(f"SqliteStorage({self._path!r}) is closed"))
+        stopped = True
         if writer is not None:
-            writer.join(timeout=2 * self._busy_timeout_ms / 1000.0 + _JOIN_GRACE_S)
+            timeout = 2 * self._busy_timeout_ms / 1000.0 + _JOIN_GRACE_S
+            writer.join(timeout=timeout)
             if writer.is_alive():
+                stopped = False
                 _log.warning("SQLite writer thread %s did not stop in time", writer.name)
-        if writer is None or not writer.is_alive():
+            # A caller may still be committing on the write connection: wait for it.
+            elif not writer.close_connection(timeout):
+                stopped = False
+                _log.warning("SQLite write on %r did not finish in time", self._path)
+        if stopped:
             self._file_lock.close()
         for request in self._queue.drain():
             request.finish(None, ClosedError(f"SqliteStorage({self._path!r}) is closed"))

@@ -1,17 +1,18 @@
 """The SQLite backend's write path: the request queue, the group-commit writer thread, the flock.
 
 Internal to :mod:`weft_sync.storage.sqlite`; :class:`~weft_sync.storage.sqlite.SqliteStorage`
-queues every write here and waits for its outcome.
+hands every write here: committed on the caller's thread when no other write is under way,
+queued for the writer thread otherwise.
 """
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import copy
 import fcntl
 import logging
 import os
-import queue
 import sqlite3
 import threading
 import time
@@ -92,6 +93,20 @@ def _duplicate(exc: BaseException) -> BaseException:
     return dup
 
 
+def _finish(
+    group: list[WriteRequest],
+    outcomes: list[tuple[list[bool] | None, BaseException | None]],
+    failure: BaseException | None,
+) -> None:
+    """Hand each request its outcome; re-raise a failure that is not an ``Exception``."""
+    if failure is not None:
+        _log.debug("SQLite write transaction of %d requests failed: %s", len(group), failure)
+    for req, (results, error) in zip(group, outcomes, strict=True):
+        req.finish(results, error)
+    if failure is not None and not isinstance(failure, Exception):
+        raise failure
+
+
 class WriteRequest:
     """Conditional batches committed together; the caller blocks in :meth:`wait`.
 
@@ -129,55 +144,64 @@ class WriteRequest:
 class RequestQueue:
     """The requests waiting for the writer thread, followed by its stop signal once stopping.
 
-    Safe to use from any thread (a ``queue.SimpleQueue`` underneath).
+    Safe to use from any thread. A request stays queued until the writer thread takes it while
+    holding the transaction lock, so a non-empty queue means the writer has work coming.
     """
 
     def __init__(self) -> None:
-        self._items: queue.SimpleQueue[object] = queue.SimpleQueue()
+        # Guards _items; the writer thread waits on it for the next request or stop signal.
+        self._cond = threading.Condition(threading.Lock())
+        self._items: collections.deque[object] = collections.deque()
 
     def put(self, request: WriteRequest) -> None:
-        self._items.put(request)
+        with self._cond:
+            self._items.append(request)
+            self._cond.notify()
 
     def put_stop(self) -> None:
         """Tell the writer thread to stop once it has committed what it took before this."""
-        self._items.put(_STOP)
+        with self._cond:
+            self._items.append(_STOP)
+            self._cond.notify()
 
     def qsize(self) -> int:
-        return self._items.qsize()
+        with self._cond:
+            return len(self._items)
 
-    def next_group(self) -> tuple[list[WriteRequest], bool]:
-        """Wait for requests; return up to ``_MAX_GROUP`` of them and whether to stop after them."""
+    def wait(self) -> None:
+        """Block until a request or the stop signal is queued, without taking it."""
+        with self._cond:
+            while not self._items:
+                self._cond.wait()
+
+    def take_group(self) -> tuple[list[WriteRequest], bool]:
+        """Take up to ``_MAX_GROUP`` queued requests and whether to stop after them."""
         group: list[WriteRequest] = []
-        item = self._items.get()
-        while True:
-            if item is _STOP:
-                return group, True
-            assert isinstance(item, WriteRequest)
-            group.append(item)
-            if len(group) >= _MAX_GROUP:
-                return group, False
-            try:
-                item = self._items.get_nowait()
-            except queue.Empty:
-                return group, False
+        with self._cond:
+            while self._items and len(group) < _MAX_GROUP:
+                item = self._items.popleft()
+                if item is _STOP:
+                    return group, True
+                assert isinstance(item, WriteRequest)
+                group.append(item)
+        return group, False
 
     def drain(self) -> list[WriteRequest]:
-        """Remove and return every request queued now, without waiting."""
-        drained: list[WriteRequest] = []
-        while True:
-            try:
-                item = self._items.get_nowait()
-            except queue.Empty:
-                return drained
-            if isinstance(item, WriteRequest):
-                drained.append(item)
+        """Remove and return every request queued now; a queued stop signal stays."""
+        with self._cond:
+            drained = [item for item in self._items if isinstance(item, WriteRequest)]
+            stops = len(self._items) - len(drained)
+            self._items.clear()
+            self._items.extend([_STOP] * stops)
+        return drained
 
 
 class WriterFileLock:
     """``flock`` on ``<path>.lock``, the mutex between writers in different processes.
 
     Not thread-safe, and it need not be: one thread at a time uses it (the storage's constructor,
-    then the writer thread), and the descriptor is closed only when no writer thread runs.
+    then whichever thread holds the :class:`SqliteWriter`'s transaction lock), and the descriptor
+    is closed only once no writer thread runs and no caller is committing.
 
     :param path: the lock file; created if missing.
     :param timeout_ms: how long :meth:`hold` waits for another process to let go.
@@ -226,16 +250,25 @@ class WriterFileLock:
 
 
 class SqliteWriter:
-    """Commit queued requests in groups on one named daemon thread, with one connection.
+    """Commit write requests on one connection: on the caller's thread when idle, else in groups.
 
-    Each group is one ``BEGIN IMMEDIATE`` transaction taken under the :class:`WriterFileLock`;
-    each request in it runs under its own SAVEPOINT, so its failed condition or error leaves the
-    others intact. An error that aborts the transaction itself fails every request in the group.
+    Every write transaction is ``BEGIN IMMEDIATE`` taken under the :class:`WriterFileLock` and
+    the in-process transaction lock, so transactions of one instance never overlap, in this
+    process or across processes. Each request in a transaction runs under its own SAVEPOINT, so
+    its failed condition or error leaves the others intact. An error that aborts the transaction
+    itself fails every request in it.
+
+    A request submitted while no request is queued and no transaction runs is committed by the
+    calling thread itself (:meth:`try_begin_fast` then :meth:`commit_fast`), sparing the handoff
+    to the writer thread. Otherwise it is queued; the named daemon writer thread waits for the
+    transaction lock, then takes every queued request (up to ``_MAX_GROUP``) into one
+    transaction (group commit).
 
     :param requests: the queue to drain; :meth:`RequestQueue.put_stop` ends the thread.
     :param name: the thread's name.
     :param table: the (validated) table name.
-    :param connect: opens a configured autocommit connection to the database.
+    :param connect: opens a configured autocommit connection to the database; it must allow use
+        from any thread (``check_same_thread=False``).
     :param translate: wraps driver errors of the named action into ``StorageError``.
     :param file_lock: the cross-process writer mutex.
     """
@@ -259,8 +292,17 @@ class SqliteWriter:
         self._connect = connect
         self._translate = translate
         self._file_lock = file_lock
-        # Opened and closed by the writer thread only.
+        # The transaction lock: held for each write transaction, by the writer thread around a
+        # group or by a caller committing its own request. Guards _conn (used strictly by one
+        # thread at a time), the use of _file_lock, fast_commits and group_commits. It is held
+        # across the transaction's I/O by design, like the flock it wraps; only the request
+        # queue's lock is taken while holding it, and it is only ever tried (never waited for)
+        # while holding another lock.
+        self._txn_lock = threading.Lock()
         self._conn: sqlite3.Connection | None = None
+        # Transactions committed (or attempted) by callers and by the writer thread.
+        self.fast_commits = 0
+        self.group_commits = 0
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
 
     @property
@@ -269,7 +311,7 @@ class SqliteWriter:
 
     @property
     def connection(self) -> sqlite3.Connection | None:
-        """The writer thread's connection while it has one open."""
+        """The write connection while one is open."""
         return self._conn
 
     def start(self) -> None:
@@ -281,21 +323,62 @@ class SqliteWriter:
     def is_alive(self) -> bool:
         return self._thread.is_alive()
 
+    def try_begin_fast(self) -> bool:
+        """Take the transaction lock if no request is queued and no transaction runs.
+
+        The caller serialises this against queueing (the storage's lock), so a request queued
+        before it always commits before the caller's. On ``True`` the caller must call
+        :meth:`commit_fast`, which releases the lock.
+        """
+        if self._requests.qsize():
+            return False
+        return self._txn_lock.acquire(blocking=False)
+
+    def commit_fast(self, request: WriteRequest) -> None:
+        """Commit ``request`` on the calling thread, which holds the lock from try_begin_fast."""
+        try:
+            self.fast_commits += 1
+            outcomes, failure = self._transaction([request])
+        finally:
+            self._txn_lock.release()
+        _finish([request], outcomes, failure)
+
+    def close_connection(self, timeout: float) -> bool:
+        """Close the write connection once no transaction runs.
+
+        :returns: ``False`` if a transaction outlasted ``timeout`` seconds; the connection is
+            then left open.
+        """
+        if not self._txn_lock.acquire(timeout=timeout):
+            return False
+        try:
+            conn, self._conn = self._conn, None
+        finally:
+            self._txn_lock.release()
+        if conn is not None:
+            with contextlib.suppress(sqlite3.Error):
+                conn.close()
+        return True
+
     def _run(self) -> None:
         stop = False
-        try:
-            while not stop:
-                group, stop = self._requests.next_group()
-                if group:
-                    self._commit_group(group)
-        finally:
-            conn, self._conn = self._conn, None
-            if conn is not None:
-                with contextlib.suppress(sqlite3.Error):
-                    conn.close()
+        while not stop:
+            self._requests.wait()
+            with self._txn_lock:
+                group, stop = self._requests.take_group()
+                if not group:
+                    continue
+                self.group_commits += 1
+                outcomes, failure = self._transaction(group)
+            _finish(group, outcomes, failure)
 
-    def _commit_group(self, group: list[WriteRequest]) -> None:
-        outcomes: list[tuple[list[bool] | None, BaseException | None]] = []
+    def _transaction(
+        self, group: list[WriteRequest]
+    ) -> tuple[list[tuple[list[bool] | None, BaseException | None]], BaseException | None]:
+        """Commit ``group`` in one transaction; the caller holds the transaction lock.
+
+        Returns each request's outcome and, if the transaction failed as a whole, its error.
+        """
         try:
             with self._translate("write transaction"):
                 if self._conn is None:
@@ -312,16 +395,13 @@ class SqliteWriter:
                                 conn.execute("ROLLBACK")
                         raise
         except BaseException as exc:
-            _log.debug("SQLite write transaction of %d requests failed: %s", len(group), exc)
             # Nothing in the group committed, so every caller gets the error (its own copy, so
             # threads raising it do not share one traceback).
-            for i, req in enumerate(group):
-                req.finish(None, exc if i == 0 else _duplicate(exc))
-            if not isinstance(exc, Exception):
-                raise
-            return
-        for req, (results, error) in zip(group, outcomes, strict=True):
-            req.finish(results, error)
+            failed: list[tuple[list[bool] | None, BaseException | None]] = [
+                (None, exc if i == 0 else _duplicate(exc)) for i in range(len(group))
+            ]
+            return failed, exc
+        return outcomes, None
 
     def _apply_request(
         self, conn: sqlite3.Connection, request: WriteRequest
