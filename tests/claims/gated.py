@@ -1,11 +1,13 @@
-"""Test helpers: a gated wrapper around a real store, a log watcher, a thread runner, registries.
+"""Test helpers: wrappers around a real store, a log watcher, a thread runner, registries.
 
 ``GatedStorage`` delegates every call to a real backend and counts it. Tests can arm one-shot
-intercepts on the next compare-and-swap (``conditional_batch`` or ``conditional_batches``) that
-match a predicate: force its result without writing, raise before or after committing, run a
-callback just before it commits, or pause the calling thread at a gate until the test opens it.
-:func:`new_registry` builds a ``ClaimRegistry`` with the test timing (:data:`TTL_MS`,
-:data:`RENEW_MS`) on any store.
+intercepts on the next compare-and-swap (``conditional_batch``, ``conditional_batches`` or
+``compare_and_set_many``, whose rows are matched as the equivalent batches) that match a
+predicate: force its result without writing, raise before or after committing, run a callback
+just before it commits, or pause the calling thread at a gate until the test opens it.
+``BatchesOnly`` hides ``compare_and_set_many`` (and can misreport results or the capability), so
+callers take the ``conditional_batches`` fallback. :func:`new_registry` builds a
+``ClaimRegistry`` with the test timing (:data:`TTL_MS`, :data:`RENEW_MS`) on any store.
 """
 
 from __future__ import annotations
@@ -23,8 +25,10 @@ from weft_sync.claims.registry import ClaimRegistry
 from weft_sync.claims.renewals import WarnSink
 from weft_sync.clock import Clock
 from weft_sync.storage.base import Batch, Condition, Operation, Storage, StorageCapabilities
+from weft_sync.storage.cas import CasRow, cas_batches, storage_compare_and_set_many
 
 GATE_TIMEOUT_S = 30.0
+CAS_METHODS = ("conditional_batch", "conditional_batches", "compare_and_set_many")
 _T = TypeVar("_T")
 
 BatchMatcher = Callable[[Sequence[Batch]], bool]
@@ -118,7 +122,7 @@ class GatedStorage:
     def transactions(self) -> int:
         """How many compare-and-swap transactions were started."""
         with self._lock:
-            return self.calls["conditional_batch"] + self.calls["conditional_batches"]
+            return sum(self.calls[name] for name in CAS_METHODS)
 
     @property
     def total_calls(self) -> int:
@@ -184,6 +188,10 @@ class GatedStorage:
         self._count("conditional_batches")
         return self._run(batches, lambda: self.inner.conditional_batches(batches))
 
+    def compare_and_set_many(self, rows: Sequence[CasRow]) -> list[bool]:
+        self._count("compare_and_set_many")
+        return self._run(cas_batches(rows), lambda: storage_compare_and_set_many(self.inner, rows))
+
     def _run(self, batches: Sequence[Batch], commit: Callable[[], list[bool]]) -> list[bool]:
         intercept = self._take(batches)
         if intercept is None:
@@ -210,6 +218,31 @@ class GatedStorage:
 
     def __exit__(self, *exc_info: object) -> None:
         self.close()
+
+
+class BatchesOnly:
+    """A real store seen through the Storage protocol alone (no ``compare_and_set_many``)."""
+
+    def __init__(self, inner: Storage, *, capable: bool = True, drop_result: bool = False) -> None:
+        self.inner = inner
+        self.capable = capable
+        self.drop_result = drop_result
+        self.batches_calls = 0
+
+    @property
+    def capabilities(self) -> StorageCapabilities:
+        caps = self.inner.capabilities
+        return StorageCapabilities(self.capable, caps.multi_process, caps.multi_host)
+
+    def conditional_batches(self, batches: Sequence[Batch]) -> list[bool]:
+        self.batches_calls += 1
+        results = self.inner.conditional_batches(batches)
+        return results[:-1] if self.drop_result else results
+
+    def __getattr__(self, name: str) -> Any:
+        if name == "compare_and_set_many":
+            raise AttributeError(name)
+        return getattr(self.inner, name)
 
 
 class LogWatcher(logging.Handler):

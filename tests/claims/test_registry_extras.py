@@ -178,10 +178,10 @@ def test_renew_many_adopts_ambiguous_commits_and_still_reports_a_real_loss(
     )
     assert gated.inner.conditional_batch(rotation.conditions, rotation.operations)
     clock.advance(RENEW_MS)
-    batches = gated.calls["conditional_batches"]
+    batches = gated.calls["compare_and_set_many"]
     results = reg.renew_many(ids)
     assert [r.status for r in results] == ["renewed", "renewed", "lost"]
-    assert gated.calls["conditional_batches"] - batches == 2  # the chunk, then the retry
+    assert gated.calls["compare_and_set_many"] - batches == 2  # the chunk, then the retry
     assert all(expires_at(gated, wid) == clock() + TTL_MS for wid in ids[:2])
     assert sink.lost_ids() == ["wf-3"]
     assert sorted(reg.list_held_workflow_ids()) == ["wf-1", "wf-2"]

@@ -15,6 +15,7 @@ from tests.claims.gated import (
     RENEW_MS,
     START_MS,
     TTL_MS,
+    BatchesOnly,
     GatedStorage,
     WarningSink,
     new_registry,
@@ -24,7 +25,7 @@ from tests.claims.gated import (
 )
 from tests.workflows.helpers import expires_at
 from weft_sync import keys
-from weft_sync.claims.registry import ClaimRegistry
+from weft_sync.claims.registry import DEFAULT_RENEW_CHUNK_SIZE, ClaimRegistry
 from weft_sync.claims.transitions import build_external_rotation_transition
 from weft_sync.clock import ManualClock
 from weft_sync.codec import HolderRecord, encode_holder
@@ -80,20 +81,36 @@ def test_a_repeated_id_is_renewed_once_and_shares_its_result_object(
     assert gated.transactions - before == 1
 
 
-def test_renewing_500_held_claims_takes_one_transaction_per_chunk(
+def test_renewing_held_claims_takes_one_transaction_per_chunk(
     reg: ClaimRegistry, gated: GatedStorage, storage: Storage, clock: ManualClock
 ) -> None:
-    ids = [f"wf-{n:03d}" for n in range(500)]
+    ids = [f"wf-{n:04d}" for n in range(DEFAULT_RENEW_CHUNK_SIZE + 1)]
     _hold(reg, storage, ids)
     clock.advance(RENEW_MS)
     before = gated.transactions
     results = reg.renew_many(ids)
-    assert gated.transactions - before == 1
+    assert gated.transactions - before == 2
+    assert gated.calls["compare_and_set_many"] == 2
     assert all(r.status == "renewed" for r in results)
-    assert expires_at(storage, "wf-499") == clock() + TTL_MS
+    assert expires_at(storage, ids[-1]) == clock() + TTL_MS
     before = gated.transactions
-    reg.renew_many(ids, chunk_size=100)
+    reg.renew_many(ids[:500], chunk_size=100)
     assert gated.transactions - before == 5
+
+
+def test_renew_many_through_a_store_without_compare_and_set_many_gives_the_same_outcomes(
+    storage: Storage, clock: ManualClock, sink: WarningSink
+) -> None:
+    plain = BatchesOnly(storage)
+    reg = new_registry(plain, clock, "engine-a", warn=sink)  # type: ignore[arg-type]
+    _hold(reg, storage, ["held", "stolen"])
+    _steal(storage, "stolen")
+    clock.advance(RENEW_MS)
+    results = reg.renew_many(["held", "stolen", "never"])
+    assert [r.status for r in results] == ["renewed", "lost", "not-held"]
+    assert plain.batches_calls == 1
+    assert sink.lost_ids() == ["stolen"]
+    assert expires_at(storage, "held") == clock() + TTL_MS
 
 
 def test_a_failing_chunk_fails_only_its_own_ids(
@@ -151,7 +168,7 @@ def test_renew_many_waits_for_a_renewal_another_caller_has_in_flight(
     batch_results = batch.result()
     assert batch_results[0] is single_result
     assert batch_results[1].status == "renewed"
-    assert gated.calls["conditional_batches"] == 1  # the batch committed wf-2 alone
+    assert gated.calls["compare_and_set_many"] == 1  # the batch committed wf-2 alone
 
 
 def test_renew_shares_a_renewal_that_renew_many_has_in_flight(

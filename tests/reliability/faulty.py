@@ -26,13 +26,14 @@ from typing import Any, Final, Literal, TypeVar
 
 from weft_sync.errors import StorageError
 from weft_sync.storage.base import Batch, Condition, Operation, Storage, StorageCapabilities
+from weft_sync.storage.cas import CasRow, storage_compare_and_set_many
 
 __all__ = ["FAULT_KINDS", "FaultKind", "FaultyStorage", "InjectedFault"]
 
 FaultKind = Literal["before", "after", "delay"]
 FAULT_KINDS: Final[tuple[FaultKind, ...]] = ("before", "after", "delay")
 WRITE_METHODS: Final = frozenset(
-    {"put", "delete", "batch", "conditional_batch", "conditional_batches"}
+    {"put", "delete", "batch", "conditional_batch", "conditional_batches", "compare_and_set_many"}
 )
 
 _T = TypeVar("_T")
@@ -183,6 +184,11 @@ class FaultyStorage:
 
     def conditional_batches(self, batches: Sequence[Batch]) -> list[bool]:
         return self._call("conditional_batches", lambda: self.inner.conditional_batches(batches))
+
+    def compare_and_set_many(self, rows: Sequence[CasRow]) -> list[bool]:
+        return self._call(
+            "compare_and_set_many", lambda: storage_compare_and_set_many(self.inner, rows)
+        )
 
     def close(self) -> None:
         self.inner.close()

@@ -329,7 +329,7 @@ def test_a_renewal_whose_commit_landed_but_raised_is_adopted_by_the_next_pass(
     storage: Storage, thread_errors: list[BaseException | None]
 ) -> None:
     clock = ManualClock(START_MS)
-    faulty = FaultyStorage(storage, rate=0.0, kinds=("after",), methods=["conditional_batches"])
+    faulty = FaultyStorage(storage, rate=0.0, kinds=("after",), methods=["compare_and_set_many"])
     sink = WarningSink()
     recorder = PassRecorder()
     engine = _engine(faulty, clock, sink, on_pass_complete=recorder)
@@ -375,7 +375,7 @@ def test_a_renewal_that_failed_before_reaching_the_store_keeps_the_claim_and_war
     storage: Storage, thread_errors: list[BaseException | None]
 ) -> None:
     clock = ManualClock(START_MS)
-    faulty = FaultyStorage(storage, rate=0.0, kinds=("before",), methods=["conditional_batches"])
+    faulty = FaultyStorage(storage, rate=0.0, kinds=("before",), methods=["compare_and_set_many"])
     sink = WarningSink()
     engine = _engine(faulty, clock, sink)
     task = engine.renewal_task

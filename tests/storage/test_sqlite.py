@@ -216,6 +216,10 @@ def test_table_written_through_sqlitedict_is_readable_and_casable(db_path: Path)
         assert store.get("text") == b"stored as TEXT"
         assert store.conditional_batch([Condition("text", b"stored as TEXT")], [Put("a", b"A2")])
         assert store.get("a") == b"A2"
+        # A TEXT value defeats the UPDATE … WHERE value = ? fast path; row by row it matches.
+        rows = [("a", b"A2", b"A3"), ("text", b"stored as TEXT", b"now bytes"), ("b", b"x", b"")]
+        assert store.compare_and_set_many(rows) == [True, True, False]
+        assert store.scan() == [("a", b"A3"), ("b", b"\xffB"), ("text", b"now bytes")]
 
 
 # -- the writer thread ----------------------------------------------------------------------

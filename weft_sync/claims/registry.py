@@ -17,7 +17,8 @@ a newer one a concurrent acquire or takeover installed.
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable
+from collections.abc import Container, Iterable
+from typing import cast
 
 from .. import keys
 from ..clock import Clock
@@ -70,7 +71,8 @@ def _optional_epoch(expected_epoch: object) -> int | None:
     return expected_epoch
 
 
-def _workflow_ids(workflow_ids: Iterable[str]) -> list[str]:
+def _workflow_ids(workflow_ids: Iterable[str], tracked: Container[str] = ()) -> list[str]:
+    """Validate ``workflow_ids``; ids found in ``tracked`` were validated when they were claimed."""
     # A str (or bytes) is iterable too: renewing its characters is never what the caller meant.
     if isinstance(workflow_ids, (str, bytes, bytearray, memoryview)):
         raise TypeError(
@@ -78,7 +80,7 @@ def _workflow_ids(workflow_ids: Iterable[str]) -> list[str]:
             f"{type(workflow_ids).__name__} {workflow_ids!r:.80}; pass [{workflow_ids!r:.80}] "
             f"to renew one workflow"
         )
-    return [validate_workflow_id(w) for w in workflow_ids]
+    return [w if type(w) is str and w in tracked else validate_workflow_id(w) for w in workflow_ids]
 
 
 class ClaimRegistry:
@@ -281,12 +283,10 @@ class ClaimRegistry:
             ``warn`` sink raised). :meth:`renew_many_outcomes` reports failures per id instead.
         """
         outcomes = self.renew_many_outcomes(workflow_ids, chunk_size=chunk_size)
-        results: list[RenewResult] = []
         for outcome in outcomes:
             if isinstance(outcome, Exception):
                 raise outcome
-            results.append(outcome)
-        return results
+        return cast("list[RenewResult]", outcomes)
 
     def renew_many_outcomes(
         self, workflow_ids: Iterable[str], *, chunk_size: int = DEFAULT_RENEW_CHUNK_SIZE
@@ -302,7 +302,9 @@ class ClaimRegistry:
 
         :raises TypeError: ``workflow_ids`` is a ``str`` or ``bytes`` rather than ids.
         """
-        ids = _workflow_ids(workflow_ids)
+        # Membership alone is read without the lock: a dict lookup is atomic, and an id that was
+        # ever tracked is known to be valid whether or not it still is.
+        ids = _workflow_ids(workflow_ids, self._table.claims)
         if isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size < 1:
             raise ValueError(f"chunk_size must be an int >= 1, got {chunk_size!r}")
         return self._renewals.renew_many_outcomes(ids, chunk_size)
@@ -477,12 +479,15 @@ class ClaimRegistry:
     def _install(self, wid: str, fragment: Fragment, claimed_at: int) -> int:
         """Track the claim ``fragment`` wrote, from its exact put values; return its epoch."""
         epoch_bytes = extract_put_value(fragment.operations, keys.workflow_owner_epoch(wid))
-        holder_bytes = extract_put_value(fragment.operations, keys.workflow_owner_holder(wid))
+        holder_key = keys.workflow_owner_holder(wid)
+        holder_bytes = extract_put_value(fragment.operations, holder_key)
         epoch = decode_epoch(epoch_bytes)
         if epoch is None:
             raise ValueError(f"the fragment for workflow {wid!r} puts an invalid epoch")
         head_len, tail_len = renewal_split(holder_bytes)
-        entry = TrackedClaim(epoch, claimed_at, epoch_bytes, holder_bytes, head_len, tail_len)
+        entry = TrackedClaim(
+            epoch, claimed_at, epoch_bytes, holder_bytes, holder_key, head_len, tail_len
+        )
         self._table.install(wid, entry)
         return epoch
 

@@ -15,18 +15,17 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import re
 import warnings
 from collections.abc import Callable, Sequence
 from typing import Final
 
 import msgpack
 
-from .. import keys
 from ..clock import Clock
 from ..codec import SAFE_INT_MAX, decode_holder, encode_holder
-from ..errors import StorageCapabilityError, StorageError, WorkflowClaimLostWarning
-from ..storage.base import Batch, Condition, Put, Storage, storage_conditional_batch
+from ..errors import WorkflowClaimLostWarning
+from ..storage.base import Condition, Put, Storage, storage_conditional_batch
+from ..storage.cas import CasRow, storage_compare_and_set_many
 from .results import RenewResult, RenewStatus
 from .tracking import ClaimTable, RenewalGroup, TrackedClaim
 from .transitions import build_renew_transition, extract_put_value
@@ -36,7 +35,6 @@ __all__ = [
     "Renewals",
     "WarnSink",
     "default_warn",
-    "holder_key",
     "renewal_split",
 ]
 
@@ -44,18 +42,17 @@ __all__ = [
 _log = logging.getLogger("weft_sync.claims.registry")
 
 WarnSink = Callable[[Warning], None]
-DEFAULT_RENEW_CHUNK_SIZE: Final = 500
+_RENEWED: Final = RenewStatus.RENEWED
+_LOST: Final = RenewStatus.LOST
+DEFAULT_RENEW_CHUNK_SIZE: Final = 2000
 
-_HOLDER_PREFIX: Final = keys.workflow_owner_holder("")
-# Ids made only of these characters are their own key component: encodeURIComponent keeps them.
-_PLAIN_ID: Final = re.compile(r"[A-Za-z0-9_.!~*'()-]+")
 _PACKED_EXPIRES_AT_KEY: Final = msgpack.packb("expires_at")
 
 # A renewal in flight: the workflow id, the entry it started from and the holder bytes it expects.
 Member = tuple[str, TrackedClaim, bytes]
-# Commits independent batches; returns whether each committed.
-Committer = Callable[[Sequence[Batch]], list[bool]]
-Outcomes = dict[str, "RenewResult | BaseException"]
+# Commits independent compare-and-set rows; returns whether each committed.
+Committer = Callable[[Sequence[CasRow]], list[bool]]
+Outcomes = dict[str, "RenewResult | Exception"]
 
 
 def default_warn(warning: Warning) -> None:
@@ -64,15 +61,10 @@ def default_warn(warning: Warning) -> None:
     warnings.warn(warning, stacklevel=5)
 
 
-def holder_key(workflow_id: str) -> str:
-    """``keys.workflow_owner_holder``, without percent-encoding ids that encode to themselves."""
-    if _PLAIN_ID.fullmatch(workflow_id):
-        return _HOLDER_PREFIX + workflow_id
-    return keys.workflow_owner_holder(workflow_id)
-
-
 def renewal_split(holder_bytes: bytes) -> tuple[int, int]:
     """Return ``(head_len, tail_len)`` around the packed ``expires_at`` value, or ``(0, 0)``.
+
+    Both are positive when a split is found: the record's other fields are packed around it.
 
     Splicing a packed value between the head and the tail must give exactly what
     ``encode_holder`` gives for that value; this is checked here on a probe value, so a holder
@@ -87,6 +79,8 @@ def renewal_split(holder_bytes: bytes) -> tuple[int, int]:
         return 0, 0
     head_len = at + len(_PACKED_EXPIRES_AT_KEY)
     tail_len = len(holder_bytes) - at - len(marker)
+    if tail_len <= 0:
+        return 0, 0
     probe = record.expires_at - 1 if record.expires_at > 0 else 1
     spliced = holder_bytes[:head_len] + msgpack.packb(probe) + holder_bytes[at + len(marker) :]
     if spliced != encode_holder(dataclasses.replace(record, expires_at=probe)):
@@ -138,11 +132,14 @@ class Renewals:
         if member is None:
             _log.debug("renewal of workflow %r: not held", wid)
             return RenewResult(RenewStatus.NOT_HELD, wid)
-        outcome = self._run_group(group, [member], self._commit_one)[wid]
-        if isinstance(outcome, BaseException):
+        outcomes: Outcomes = {}
+        lost: list[str] = []
+        self._run_group(group, [member], self._commit_one, outcomes, lost)
+        outcome = outcomes[wid]
+        if isinstance(outcome, Exception):
             _log.debug("renewal of workflow %r failed: %r", wid, outcome)
             raise outcome
-        if outcome.status is RenewStatus.LOST:
+        if lost:
             self._report_lost(wid)
         else:
             _log.debug("renewed the claim on workflow %r", wid)
@@ -154,24 +151,29 @@ class Renewals:
         """See :meth:`ClaimRegistry.renew_many_outcomes
         <weft_sync.claims.registry.ClaimRegistry.renew_many_outcomes>`.
         """
-        outcomes: dict[str, RenewResult | Exception] = {}
+        outcomes: Outcomes = {}
         joined: dict[str, RenewalGroup] = {}
         groups: list[tuple[RenewalGroup, list[Member]]] = []
         table = self._table
+        started: list[Member] = []
         with table.lock:
+            # _start(), inlined: this loop runs once per held claim on every renewal pass.
+            claims, in_flight, releasing = table.claims, table.in_flight, table.releasing
             for wid in dict.fromkeys(ids):
-                in_flight = table.in_flight.get(wid)
-                if in_flight is not None:
-                    joined[wid] = in_flight
+                running = in_flight.get(wid)
+                if running is not None:
+                    joined[wid] = running
                     continue
-                if not groups or len(groups[-1][1]) >= chunk_size:
-                    groups.append((RenewalGroup(), []))
-                group, members = groups[-1]
-                member = self._start(wid, group)
-                if member is None:
+                entry = claims.get(wid)
+                if entry is None or (releasing and wid in releasing):
                     outcomes[wid] = RenewResult(RenewStatus.NOT_HELD, wid)
-                else:
-                    members.append(member)
+                    continue
+                started.append((wid, entry, entry.holder_bytes))
+            for start in range(0, len(started), chunk_size):
+                members = started[start : start + chunk_size]
+                group = RenewalGroup()
+                in_flight.update(dict.fromkeys([wid for wid, _, _ in members], group))
+                groups.append((group, members))
         lost: list[str] = []
         try:
             for group, members in groups:
@@ -182,8 +184,8 @@ class Renewals:
                 if not group.done.is_set():
                     self._fail_group(group, members, [], exc)
             raise
-        for wid, in_flight in joined.items():
-            outcomes[wid] = in_flight.outcome(wid)
+        for wid, running in joined.items():
+            outcomes[wid] = running.outcome(wid)
         # A warn sink that raises fails only the id it was reporting, as renew() would.
         outcomes.update(self._report_all_lost(lost))
         return [outcomes[wid] for wid in ids]
@@ -202,23 +204,11 @@ class Renewals:
         return (wid, entry, entry.holder_bytes)
 
     def _renew_chunk(
-        self,
-        group: RenewalGroup,
-        members: list[Member],
-        outcomes: dict[str, RenewResult | Exception],
-        lost: list[str],
+        self, group: RenewalGroup, members: list[Member], outcomes: Outcomes, lost: list[str]
     ) -> None:
-        lost_here = failed = 0
-        for wid, outcome in self._run_group(group, members, self._commit_many).items():
-            if isinstance(outcome, Exception):
-                outcomes[wid] = outcome
-                failed += 1
-                continue
-            assert isinstance(outcome, RenewResult)  # a BaseException was raised, not returned
-            outcomes[wid] = outcome
-            if outcome.status is RenewStatus.LOST:
-                lost.append(wid)
-                lost_here += 1
+        lost_before = len(lost)
+        failed = self._run_group(group, members, self._commit_many, outcomes, lost)
+        lost_here = len(lost) - lost_before
         _log.debug(
             "batched renewal of %d claims: %d renewed, %d lost, %d failed",
             len(members),
@@ -227,56 +217,66 @@ class Renewals:
             failed,
         )
 
-    def _run_group(self, group: RenewalGroup, members: list[Member], commit: Committer) -> Outcomes:
+    def _run_group(
+        self,
+        group: RenewalGroup,
+        members: list[Member],
+        commit: Committer,
+        outcomes: Outcomes,
+        lost: list[str],
+    ) -> int:
         """Renew ``members`` in one commit, settle them and wake the group's waiters.
 
-        :returns: each id's result, or the ``Exception`` that failed it.
+        Stores each id's result, or the ``Exception`` that failed it, in ``outcomes``; appends
+        the ids of lost claims to ``lost``.
+
+        :returns: how many of the renewals failed with an exception.
         :raises BaseException: anything that is not an ``Exception`` (the group fails with it).
         """
-        writes: list[bytes] = []
+        writes: list[CasRow] = []
         try:
             now = self._clock()
-            batches, writes = self._writes(members, now)
-            committed = commit(batches)
+            writes = self._writes(members, now)
+            committed = commit(writes)
             errors = self._retry_ambiguous(members, writes, committed, now, commit)
         except BaseException as exc:
             self._fail_group(group, members, writes, exc)
             if not isinstance(exc, Exception):
                 raise
-            return {wid: exc for wid, _, _ in members}
-        return self._settle(group, members, writes, committed, errors, now)
+            for wid, _, _ in members:
+                outcomes[wid] = exc
+            return len(members)
+        self._settle(group, members, writes, committed, errors, now, outcomes, lost)
+        return len(errors)
 
-    def _writes(self, members: Sequence[Member], now: int) -> tuple[list[Batch], list[bytes]]:
-        """Build each member's renewal CAS; return the batches and the holder bytes they write.
+    def _writes(self, members: Sequence[Member], now: int) -> list[CasRow]:
+        """Build each member's renewal: ``(holder key, expected bytes, new bytes)``.
 
         Holders with a known split get the packed ``expires_at`` spliced in, which is byte for
         byte what :func:`build_renew_transition` would write; the others go through it.
         """
         expires_at = now + self._claim_ttl_ms
-        packed = msgpack.packb(expires_at) if 0 <= expires_at <= SAFE_INT_MAX else None
-        batches: list[Batch] = []
-        new_values: list[bytes] = []
-        for wid, entry, old in members:
-            if packed is not None and entry.head_len:
-                new = old[: entry.head_len] + packed + old[len(old) - entry.tail_len :]
-                key = holder_key(wid)
-                batches.append(((Condition(key, old),), (Put(key, new),)))
-            else:
-                fragment = build_renew_transition(
-                    workflow_id=wid,
-                    now=now,
-                    claim_ttl_ms=self._claim_ttl_ms,
-                    current_holder_bytes=old,
-                )
-                new = extract_put_value(fragment.operations, keys.workflow_owner_holder(wid))
-                batches.append((fragment.conditions, fragment.operations))
-            new_values.append(new)
-        return batches, new_values
+        if not 0 <= expires_at <= SAFE_INT_MAX:
+            return [self._rebuilt(wid, entry, old, now) for wid, entry, old in members]
+        packed = msgpack.packb(expires_at)
+        return [
+            (entry.holder_key, old, old[: entry.head_len] + packed + old[-entry.tail_len :])
+            if entry.head_len
+            else self._rebuilt(wid, entry, old, now)
+            for wid, entry, old in members
+        ]
+
+    def _rebuilt(self, wid: str, entry: TrackedClaim, old: bytes, now: int) -> CasRow:
+        """One renewal built by decoding and re-encoding the holder record."""
+        fragment = build_renew_transition(
+            workflow_id=wid, now=now, claim_ttl_ms=self._claim_ttl_ms, current_holder_bytes=old
+        )
+        return entry.holder_key, old, extract_put_value(fragment.operations, entry.holder_key)
 
     def _retry_ambiguous(
         self,
         members: list[Member],
-        writes: list[bytes],
+        writes: list[CasRow],
         committed: list[bool],
         now: int,
         commit: Committer,
@@ -288,20 +288,22 @@ class Renewals:
         :returns: the ids whose re-read or retry raised, with the exception.
         """
         errors: dict[str, Exception] = {}
+        if all(committed):
+            return errors
         adopted = self._adopt_landed(members, committed, errors)
         if not adopted:
             return errors
         retried = [members[i] for i in adopted]
-        retry_writes: list[bytes] = []
+        retry_writes: list[CasRow] = []
         try:
-            batches, retry_writes = self._writes(retried, now)
-            results = commit(batches)
+            retry_writes = self._writes(retried, now)
+            results = commit(retry_writes)
         except Exception as exc:
             self._remember_pending(retried, retry_writes)
             errors.update((wid, exc) for wid, _, _ in retried)
             return errors
-        for i, new, ok in zip(adopted, retry_writes, results, strict=True):
-            writes[i] = new
+        for i, row, ok in zip(adopted, retry_writes, results, strict=True):
+            writes[i] = row
             committed[i] = ok
         return errors
 
@@ -326,7 +328,7 @@ class Renewals:
         for i in suspects:
             wid, entry, _ = members[i]
             try:
-                observed = self._storage.get(holder_key(wid))
+                observed = self._storage.get(entry.holder_key)
             except Exception as exc:
                 errors[wid] = exc
                 continue
@@ -344,42 +346,52 @@ class Renewals:
         self,
         group: RenewalGroup,
         members: Sequence[Member],
-        writes: Sequence[bytes],
+        writes: Sequence[CasRow],
         committed: Sequence[bool],
         errors: dict[str, Exception],
         now: int,
-    ) -> Outcomes:
-        """Apply finished renewals to the entries they started from, then wake their waiters."""
-        outcomes: Outcomes = {}
-        renewed, lost = RenewStatus.RENEWED, RenewStatus.LOST
+        outcomes: Outcomes,
+        lost: list[str],
+    ) -> None:
+        """Apply finished renewals to the entries they started from, then wake their waiters.
+
+        Stores each outcome in ``outcomes`` and appends the ids of lost claims to ``lost``.
+        """
+        results, group_errors = group.results, group.errors
         table = self._table
         with table.lock:
             claims, in_flight = table.claims, table.in_flight
-            for (wid, entry, _), new, ok in zip(members, writes, committed, strict=True):
+            for (wid, entry, _), row, ok in zip(members, writes, committed, strict=True):
                 if in_flight.get(wid) is group:
                     del in_flight[wid]
-                error = errors.get(wid)
-                if error is not None:
-                    group.errors[wid] = outcomes[wid] = error
+                if errors:
+                    error = errors.get(wid)
+                    if error is not None:
+                        group_errors[wid] = outcomes[wid] = error
+                        continue
+                if ok:
+                    if claims.get(wid) is entry:
+                        entry.holder_bytes = row[2]
+                        if entry.pending:
+                            entry.pending = ()
+                    result = entry.renewed
+                    if result is None:
+                        result = entry.renewed = RenewResult(_RENEWED, wid)
+                    results[wid] = outcomes[wid] = result
                     continue
-                tracked = claims.get(wid) is entry
-                if ok and tracked:
-                    entry.holder_bytes = new
-                    entry.pending = ()
-                elif not ok and tracked:
+                if claims.get(wid) is entry:
                     del claims[wid]
                     # The window starts at this renewal's own clock reading.
                     table.cooldown.record_deposition(wid, now)
-                result = RenewResult(renewed if ok else lost, wid)
-                group.results[wid] = outcomes[wid] = result
+                results[wid] = outcomes[wid] = RenewResult(_LOST, wid)
+                lost.append(wid)
         group.done.set()
-        return outcomes
 
     def _fail_group(
         self,
         group: RenewalGroup,
         members: Sequence[Member],
-        writes: Sequence[bytes],
+        writes: Sequence[CasRow],
         exc: BaseException,
     ) -> None:
         """Fail every renewal of ``group`` with ``exc``; remember the values it may have written."""
@@ -391,30 +403,24 @@ class Renewals:
         group.error = exc
         group.done.set()
 
-    def _remember_pending(self, members: Sequence[Member], writes: Sequence[bytes]) -> None:
+    def _remember_pending(self, members: Sequence[Member], writes: Sequence[CasRow]) -> None:
         # zip stops at the writes built before the failure: only those can have been committed.
         with self._table.lock:
-            for (wid, entry, _), new in zip(members, writes, strict=False):
+            for (wid, entry, _), row in zip(members, writes, strict=False):
                 if self._table.claims.get(wid) is entry:
-                    entry.remember_pending(new)
+                    entry.remember_pending(row[2])
 
     # -- commits and reports ---------------------------------------------------------------
 
-    def _commit_one(self, batches: Sequence[Batch]) -> list[bool]:
-        ((conditions, operations),) = batches
-        return [storage_conditional_batch(self._storage, conditions, operations)]
+    def _commit_one(self, rows: Sequence[CasRow]) -> list[bool]:
+        ((key, expected, new),) = rows
+        return [
+            storage_conditional_batch(self._storage, [Condition(key, expected)], [Put(key, new)])
+        ]
 
-    def _commit_many(self, batches: Sequence[Batch]) -> list[bool]:
-        """Commit independent batches in one transaction, checking the declared capability."""
-        if not self._storage.capabilities.conditional_batch:
-            raise StorageCapabilityError("batched claim renewal", "conditional_batch")
-        results = self._storage.conditional_batches(batches)
-        if len(results) != len(batches):
-            raise StorageError(
-                f"conditional_batches() returned {len(results)} results for {len(batches)} "
-                f"batches; the backend breaks the Storage contract"
-            )
-        return [bool(ok) for ok in results]
+    def _commit_many(self, rows: Sequence[CasRow]) -> list[bool]:
+        """Commit independent renewals in one transaction, checking the declared capability."""
+        return storage_compare_and_set_many(self._storage, rows)
 
     def _report_lost(self, wid: str) -> None:
         _log.warning(

@@ -25,23 +25,29 @@ PENDING_LIMIT: Final = 8
 class TrackedClaim:
     """One held claim. Compared by identity: each acquire or takeover installs a new object.
 
-    ``holder_bytes`` is what the store held after this engine's last confirmed write. A renewal
-    rewrites only the ``expires_at`` value: ``head_len`` bytes before it and ``tail_len`` bytes
-    after it stay as they are (``head_len == 0``: renew through ``build_renew_transition``).
+    ``holder_bytes`` is what the store held at ``holder_key`` after this engine's last confirmed
+    write. A renewal rewrites only the ``expires_at`` value: ``head_len`` bytes before it and
+    ``tail_len`` bytes after it stay as they are (``head_len == 0``: renew through
+    ``build_renew_transition``).
 
     ``pending`` holds the values of renewals whose commit raised: any one of them may have
     committed all the same (a connection lost during COMMIT). Each of those renewals was
     conditioned on ``holder_bytes``, so at most one of them landed; the first and the latest
     values are kept, at most :data:`PENDING_LIMIT` in all. A confirmed write empties it.
+
+    ``renewed`` is the ``renewed`` result of this claim, made at its first successful renewal
+    and returned by every later one (results are immutable, so one object serves them all).
     """
 
     epoch: int
     claimed_at: int
     epoch_bytes: bytes
     holder_bytes: bytes
+    holder_key: str
     head_len: int = 0
     tail_len: int = 0
     pending: tuple[bytes, ...] = ()
+    renewed: RenewResult | None = None
 
     def remember_pending(self, value: bytes) -> None:
         """Add the value of a renewal whose commit raised. Call with the table lock held."""

@@ -57,7 +57,7 @@ RECLAIM_CONCURRENCY: Final = 16
 TAKEOVER_MAX_ATTEMPTS: Final = 5
 """CAS attempts one reclaim attempt makes before it reports ``lost-race`` (inclusive bound)."""
 
-RENEWAL_CHUNK_SIZE: Final = 200
+RENEWAL_CHUNK_SIZE: Final = 1000
 """Default number of ids handed to one ``renew_workflow_claims`` call of a batched target."""
 
 

@@ -16,6 +16,7 @@ from .base import (
     storage_conditional_batch,
     validate_table_name,
 )
+from .cas import CasRow, SupportsCompareAndSetMany, storage_compare_and_set_many
 from .sqlite import SqliteStorage
 
 if TYPE_CHECKING:
@@ -23,6 +24,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "Batch",
+    "CasRow",
     "Condition",
     "Delete",
     "Operation",
@@ -31,7 +33,9 @@ __all__ = [
     "SqliteStorage",
     "Storage",
     "StorageCapabilities",
+    "SupportsCompareAndSetMany",
     "open_storage",
+    "storage_compare_and_set_many",
     "storage_conditional_batch",
 ]
 

@@ -97,6 +97,9 @@ class Storage(Protocol):
       transaction; batch ``i`` is judged against the state left by batches ``0 .. i-1`` and applied
       on its own, exactly as if they had been committed one after another. Result ``i`` says
       whether batch ``i`` committed.
+    - Optionally, ``compare_and_set_many(rows)``: many independent ``(key, expected, new)``
+      compare-and-sets in one transaction (see :mod:`weft_sync.storage.cas`); callers go through
+      ``storage_compare_and_set_many``, which falls back to ``conditional_batches`` without it.
     - Driver failures raise :class:`~weft_sync.errors.StorageError`, never ``False``; a failed
       transaction writes nothing. Bad arguments raise ``TypeError``/``ValueError`` before any I/O.
     - ``close()`` is idempotent; any other call after it raises

@@ -39,6 +39,7 @@ from .base import (
     validate_scan_args,
     validate_table_name,
 )
+from .cas import CasRow, cas_batches, validate_cas_rows
 
 __all__ = ["PostgresStorage"]
 
@@ -413,6 +414,21 @@ class PostgresStorage:
         with self._connection("conditional_batches") as conn, conn.transaction():
             return [self._run(conn, plan, savepoint=True) for plan in plans]
 
+    def compare_and_set_many(self, rows: Sequence[CasRow]) -> list[bool]:
+        """Set each ``(key, expected, new)`` row's key to ``new`` if it holds ``expected``.
+
+        Rows on distinct keys run as one ``UPDATE … FROM unnest(…)``; rows repeating a key are
+        applied one after another as conditional batches, in one transaction. See
+        :class:`~weft_sync.storage.cas.SupportsCompareAndSetMany`.
+        """
+        checked = validate_cas_rows(rows)
+        if not checked:
+            self._check_open()
+            return []
+        if len({row[0] for row in checked}) == len(checked):
+            return self._update_rows(checked, "compare_and_set_many")
+        return self.conditional_batches(cas_batches(checked))
+
     def close(self) -> None:
         with self._lock:
             if self._closed:
@@ -440,20 +456,26 @@ class PostgresStorage:
         self, batches: Sequence[tuple[list[Condition], list[Operation]]], action: str
     ) -> list[bool]:
         """Apply renewal-shaped batches on distinct keys with one UPDATE (atomic by itself)."""
-        rows = sorted(
-            (
-                (conds[0].key, conds[0].expected, ops[0].value)
-                for conds, ops in batches
-                if isinstance(ops[0], Put)
-            ),
-            key=lambda row: row[0],
-        )
+        rows = [
+            (conds[0].key, conds[0].expected, ops[0].value)
+            for conds, ops in batches
+            if conds[0].expected is not None and isinstance(ops[0], Put)
+        ]
+        return self._update_rows(rows, action)
+
+    def _update_rows(self, rows: list[CasRow], action: str) -> list[bool]:
+        """Apply compare-and-set rows on distinct keys with one ``UPDATE … FROM unnest(…)``.
+
+        The rows are sent in key order, so concurrent updates lock shared rows in one order.
+        """
+        ordered = sorted(rows, key=lambda row: row[0])
         with self._connection(action) as conn:
             cur = conn.execute(
-                self._q.renew, [[r[0] for r in rows], [r[1] for r in rows], [r[2] for r in rows]]
+                self._q.renew,
+                [[r[0] for r in ordered], [r[1] for r in ordered], [r[2] for r in ordered]],
             )
             renewed = {str(row[0]) for row in cur.fetchall()}
-        return [conds[0].key in renewed for conds, _ in batches]
+        return [row[0] in renewed for row in rows]
 
     def _run(self, conn: _Conn, plan: _Plan, *, savepoint: bool) -> bool:
         """Judge and apply one plan inside the caller's transaction.

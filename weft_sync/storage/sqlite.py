@@ -26,6 +26,7 @@ from .base import (
     validate_scan_args,
     validate_table_name,
 )
+from .cas import CasRow, validate_cas_rows
 from .sqlite_writer import (
     RenewalRow,
     RequestQueue,
@@ -354,6 +355,20 @@ class SqliteStorage:
             return self._submit([], rows)
         # Not every batch is a renewal: the renewals seen first go through the general path too.
         return self._submit([renewal_batch(row) for row in rows] + checked)
+
+    def compare_and_set_many(self, rows: Sequence[CasRow]) -> list[bool]:
+        """Set each ``(key, expected, new)`` row's key to ``new`` if it holds ``expected``.
+
+        One ``BEGIN IMMEDIATE`` transaction runs one ``executemany`` of ``UPDATE … SET value =
+        new WHERE key = ? AND value = expected``; when some condition fails, the rows are judged
+        one by one instead. See :class:`~weft_sync.storage.cas.SupportsCompareAndSetMany`.
+        """
+        checked = validate_cas_rows(rows)
+        if not checked:
+            self._ensure_process()
+            self._check_open()
+            return []
+        return self._submit([], checked)
 
     def _submit(
         self,

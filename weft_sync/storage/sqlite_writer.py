@@ -22,6 +22,7 @@ from typing import Final
 
 from ..errors import StorageError
 from .base import Condition, Operation, Put, validate_key
+from .cas import CasRow
 
 __all__ = [
     "RenewalRow",
@@ -42,8 +43,8 @@ _LOCK_POLL_MIN_S: Final = 0.0002
 _LOCK_POLL_MAX_S: Final = 0.005
 _STOP: Final = object()
 
-# ``(new value, key, expected value)`` of a renewal-shaped batch.
-RenewalRow = tuple[bytes, str, bytes]
+# A renewal-shaped batch, or a compare_and_set_many row: ``(key, expected value, new value)``.
+RenewalRow = CasRow
 
 
 def as_bytes(value: object) -> bytes | None:
@@ -73,12 +74,12 @@ def renewal_row(
         return None
     if type(cond.expected) is not bytes or type(op.value) is not bytes:
         return None
-    return op.value, validate_key(cond.key), cond.expected
+    return validate_key(cond.key), cond.expected, op.value
 
 
 def renewal_batch(row: RenewalRow) -> tuple[list[Condition], list[Operation]]:
     """Return the conditional batch a renewal row stands for."""
-    new, key, expected = row
+    key, expected, new = row
     return [Condition(key, expected)], [Put(key, new)]
 
 
@@ -111,7 +112,7 @@ class WriteRequest:
     """Conditional batches committed together; the caller blocks in :meth:`wait`.
 
     ``renewals`` replaces ``batches`` when every batch is renewal-shaped (see
-    :func:`renewal_row`).
+    :func:`renewal_row`) or the rows come from ``compare_and_set_many``.
     """
 
     __slots__ = ("batches", "done", "error", "renewals", "results")
@@ -287,7 +288,7 @@ class SqliteWriter:
         self._sql_get = f"SELECT value FROM {quoted} WHERE key = ?"
         self._sql_put = f"REPLACE INTO {quoted} (key, value) VALUES (?, ?)"
         self._sql_delete = f"DELETE FROM {quoted} WHERE key = ?"
-        self._sql_renew = f"UPDATE {quoted} SET value = ? WHERE key = ? AND value = ?"
+        self._sql_renew = f"UPDATE {quoted} SET value = ?3 WHERE key = ?1 AND value = ?2"
         self._requests = requests
         self._connect = connect
         self._translate = translate
