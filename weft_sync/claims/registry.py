@@ -35,19 +35,18 @@ from .results import (
     ReleaseResult,
     RenewResult,
     TakeoverResult,
-    TakeoverStatus,
 )
+from .takeovers import DEFAULT_TAKEOVER_CHUNK_SIZE, Takeovers
 from .tracking import ClaimTable, TrackedClaim
 from .transitions import (
     Fragment,
     build_acquire_transition,
-    build_takeover_transition,
     extract_put_value,
-    is_claim_expired,
 )
 
 __all__ = [
     "DEFAULT_RENEW_CHUNK_SIZE",
+    "DEFAULT_TAKEOVER_CHUNK_SIZE",
     "RELEASE_ALL_CONCURRENCY",
     "ClaimRegistry",
     "ReleasePreparation",
@@ -137,6 +136,15 @@ class ClaimRegistry:
             engine_id,
         )
         self._releases = Releases(self._table, storage)
+        self._takeovers = Takeovers(
+            self._table,
+            storage,
+            clock,
+            self._install,
+            engine_id=engine_id,
+            claim_ttl_ms=self._claim_ttl_ms,
+            renew_interval_ms=self._renew_interval_ms,
+        )
 
     # -- read-only views -------------------------------------------------------------------
 
@@ -409,61 +417,28 @@ class ClaimRegistry:
             ``no-claim`` when there is no holder or no epoch; ``not-expired`` with the live
             holder's engine id and expiry; ``lost-race`` with the new holder's engine id.
         """
-        wid = validate_workflow_id(workflow_id)
-        now = self._clock()
-        if self._table.cooldown.is_active(wid, now):
-            _log.debug("takeover of workflow %r skipped: cooldown active", wid)
-            return TakeoverResult(TakeoverStatus.BACKOFF_SKIPPED, wid)
-        holder_key = keys.workflow_owner_holder(wid)
-        observed_holder = self._storage.get(holder_key)
-        observed_epoch = (
-            None if observed_holder is None else self._storage.get(keys.workflow_owner_epoch(wid))
-        )
-        if observed_holder is None or observed_epoch is None:
-            # A holder without an epoch breaks the invariant: there is nothing safe to fence on.
-            _log.debug(
-                "takeover of workflow %r: no claim (holder %s, epoch absent)",
-                wid,
-                "absent" if observed_holder is None else "present",
-            )
-            return TakeoverResult(TakeoverStatus.NO_CLAIM, wid)
-        holder = decode_holder(observed_holder)
-        if holder is not None and not is_claim_expired(
-            expires_at=holder.expires_at, now=now, renew_interval_ms=self._renew_interval_ms
-        ):
-            _log.debug(
-                "takeover of workflow %r: held by %r until %d",
-                wid,
-                holder.engine_id,
-                holder.expires_at,
-            )
-            return TakeoverResult(
-                TakeoverStatus.NOT_EXPIRED,
-                wid,
-                held_by=holder.engine_id,
-                expires_at=holder.expires_at,
-            )
-        fragment = build_takeover_transition(
-            workflow_id=wid,
-            engine_id=self._engine_id,
-            now=now,
-            claim_ttl_ms=self._claim_ttl_ms,
-            observed_holder_bytes=observed_holder,
-            observed_epoch_bytes=observed_epoch,
-        )
-        if not self._commit(fragment):
-            held_by = self._held_by(holder_key, None)
-            _log.debug("takeover of workflow %r lost the race (held by %r)", wid, held_by)
-            return TakeoverResult(TakeoverStatus.LOST_RACE, wid, held_by=held_by)
-        epoch = self._install(wid, fragment, now)
-        _log.info(
-            "engine %s took over workflow %r at epoch %d from %r",
-            self._engine_id,
-            wid,
-            epoch,
-            None if holder is None else holder.engine_id,
-        )
-        return TakeoverResult(TakeoverStatus.ACQUIRED, wid, epoch=epoch)
+        return self._takeovers.takeover(validate_workflow_id(workflow_id))
+
+    def takeover_many(
+        self, workflow_ids: Iterable[str], *, chunk_size: int = DEFAULT_TAKEOVER_CHUNK_SIZE
+    ) -> list[TakeoverResult | Exception]:
+        """Like :meth:`takeover` for each id, reading and committing a chunk at a time.
+
+        Each id gets the outcome :meth:`takeover` would give it (one compare-and-swap attempt;
+        no retries), positionally; a repeated id is attempted once and its result appears at each
+        of its positions. The clock is read once for the whole call. Per chunk of ``chunk_size``
+        ids, the holders and epochs are read with one ``get_many`` (a single snapshot where the
+        store has one) and the takeovers committed with one ``conditional_batches``. A chunk
+        whose read or commit raised reports that exception for each of its ids not yet decided,
+        and the other chunks still run.
+
+        :raises TypeError: ``workflow_ids`` is a ``str`` or ``bytes`` rather than ids.
+        :raises ValueError: an invalid id, or ``chunk_size`` is not a positive int.
+        """
+        ids = _workflow_ids(workflow_ids)
+        if isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size < 1:
+            raise ValueError(f"chunk_size must be an int >= 1, got {chunk_size!r}")
+        return self._takeovers.takeover_many(ids, chunk_size)
 
     # -- helpers ---------------------------------------------------------------------------
 

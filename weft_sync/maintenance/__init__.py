@@ -24,10 +24,12 @@ from .subpasses import (
     run_update_poll_subpass,
 )
 from .targets import (
+    RECLAIM_CHUNK_SIZE,
     RECLAIM_CONCURRENCY,
     RENEWAL_CHUNK_SIZE,
     RENEWAL_CONCURRENCY,
     TAKEOVER_MAX_ATTEMPTS,
+    BatchReclaimTarget,
     BatchRenewalTarget,
     ParkedSignalWait,
     PassKind,
@@ -58,6 +60,7 @@ from .task import PassCallback, RenewalTask, create_renewal_task
 
 __all__ = [
     "AUTHORITATIVE_SCAN_LIMIT",
+    "BatchReclaimTarget",
     "BatchRenewalTarget",
     "EligibilityPredicate",
     "IntervalScheduler",
@@ -68,6 +71,7 @@ __all__ = [
     "PassCallback",
     "PassKind",
     "PassResult",
+    "RECLAIM_CHUNK_SIZE",
     "RECLAIM_CONCURRENCY",
     "RENEWAL_CHUNK_SIZE",
     "RENEWAL_CONCURRENCY",

@@ -6,25 +6,36 @@ the claim and is retried on later passes, never released, since the workflow may
 started locally. A claim this engine already holds is driven again only as such a retry (or after
 the confirming read failed), and by one attempt at a time: a candidate listed before this
 engine's host claimed it, or listed by two overlapping passes, is not driven twice.
+
+The target is also a :class:`~.targets.BatchReclaimTarget`: the first takeover attempt of many
+candidates is made with one read and one commit per chunk
+(:meth:`ClaimRegistry.takeover_many <weft_sync.claims.registry.ClaimRegistry.takeover_many>`);
+each candidate is then finished (retries, the re-check of its record, the drive) exactly as a
+single attempt would finish it. The re-check reads the record at completion, right before the
+drive, however long after the takeover that is; and a claim is driven only while this engine
+still holds it at the epoch it won.
 """
 
 from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Final
 
 from .. import keys
 from ..claims.registry import ClaimRegistry
+from ..claims.results import TakeoverResult
 from ..claims.transitions import is_claim_expired
 from ..codec import WorkflowRecord, decode_holder, try_decode_workflow_record
 from ..metrics import ClaimMetrics
 from ..storage.base import Storage
+from ..storage.reads import storage_get_many
 from .reclaim_scan import list_reclaim_candidates
 from .targets import TAKEOVER_MAX_ATTEMPTS, ReclaimAttemptResult
 
-__all__ = ["EligibilityPredicate", "ReclaimTargetHandle", "create_reclaim_target"]
+__all__ = ["EligibilityPredicate", "ReclaimPlan", "ReclaimTargetHandle", "create_reclaim_target"]
 
 _log = logging.getLogger(__name__)
 
@@ -35,6 +46,24 @@ _RECLAIMED: Final = ReclaimAttemptResult.RECLAIMED
 _NOT_ELIGIBLE: Final = ReclaimAttemptResult.NOT_ELIGIBLE
 _BACKOFF: Final = ReclaimAttemptResult.BACKOFF_SKIPPED
 _LOST_RACE: Final = ReclaimAttemptResult.LOST_RACE
+
+
+@dataclass(eq=False, slots=True)
+class ReclaimPlan:
+    """One candidate as :meth:`ReclaimTargetHandle.prepare_workflow_claim_takeovers` left it.
+
+    ``final`` is the attempt's result when preparing decided it (not eligible). ``first`` is the
+    outcome of the first takeover attempt when preparing made it. A plan with neither is
+    attempted in full by
+    :meth:`~ReclaimTargetHandle.complete_workflow_claim_takeover`. ``completed`` is set (under
+    the target's lock) when a completion starts: a plan is completed at most once, so a claim it
+    won is driven at most once.
+    """
+
+    workflow_id: str
+    first: TakeoverResult | None = None
+    final: ReclaimAttemptResult | None = None
+    completed: bool = False
 
 
 class ReclaimTargetHandle:
@@ -67,7 +96,7 @@ class ReclaimTargetHandle:
         self._metrics = metrics
         self._on_reclaimed = on_reclaimed
         self._is_eligible = is_eligible
-        # _lock guards _pending_redrive and _disposing.
+        # _lock guards _pending_redrive, _disposing and the completed flag of every plan.
         self._lock = threading.Lock()
         self._pending_redrive: dict[str, int] = {}
         self._disposing = False
@@ -133,6 +162,94 @@ class ReclaimTargetHandle:
             return self._takeover_loop(workflow_id)
         return self._redrive(workflow_id, current)
 
+    def prepare_workflow_claim_takeovers(self, workflow_ids: Sequence[str]) -> list[ReclaimPlan]:
+        """Make the first takeover attempt of every candidate this engine does not hold.
+
+        One ``get_many`` reads the workflow records when an eligibility predicate is set
+        (ineligible candidates are decided here) and one ``takeover_many`` makes the attempts. A
+        read or a chunk that fails leaves its candidates to be attempted in full by
+        :meth:`complete_workflow_claim_takeover`, as do candidates held here, candidates whose
+        eligibility check raised, and invalid ids. Every returned plan must be completed: it may
+        stand for a claim already taken over.
+        """
+        plans = {wid: ReclaimPlan(wid) for wid in workflow_ids}
+        if self._is_disposing():
+            return [ReclaimPlan(wid) for wid in workflow_ids]
+        fresh: list[str] = []
+        for wid in plans:
+            try:
+                held = self._registry.current_epoch(wid) is not None
+            except (TypeError, ValueError):
+                continue  # the single attempt reports the invalid id
+            if not held:
+                fresh.append(wid)
+        for wid in fresh:
+            # Not held here, so no drive of ours can be pending (as in the single attempt).
+            self._drop_pending(wid)
+        eligible = self._eligible_or_decide(fresh, plans)
+        if eligible:
+            self._first_attempts(eligible, plans)
+        # A repeated id gets a plain plan after the first: attempted alone, it finds the claim
+        # held here and leaves it to the first plan's completion.
+        seen: set[str] = set()
+        ordered: list[ReclaimPlan] = []
+        for wid in workflow_ids:
+            ordered.append(plans[wid] if wid not in seen else ReclaimPlan(wid))
+            seen.add(wid)
+        return ordered
+
+    def complete_workflow_claim_takeover(self, plan: object) -> ReclaimAttemptResult:
+        """Finish one prepared candidate as :meth:`attempt_workflow_claim_takeover` would."""
+        if not isinstance(plan, ReclaimPlan):
+            raise TypeError(
+                f"complete_workflow_claim_takeover() takes a ReclaimPlan from "
+                f"prepare_workflow_claim_takeovers(), got {type(plan).__name__} {plan!r:.80}"
+            )
+        with self._lock:
+            if plan.completed:
+                raise ValueError(
+                    f"the reclaim plan of workflow {plan.workflow_id!r} was already completed; "
+                    f"prepare the candidate again"
+                )
+            plan.completed = True
+        if plan.final is not None:
+            return plan.final
+        if plan.first is None:
+            return self.attempt_workflow_claim_takeover(plan.workflow_id)
+        return self._takeover_loop(plan.workflow_id, plan.first)
+
+    def _eligible_or_decide(self, fresh: list[str], plans: dict[str, ReclaimPlan]) -> list[str]:
+        """The candidates of ``fresh`` worth a takeover; ineligible ones get a final plan."""
+        if self._is_eligible is None or not fresh:
+            return fresh
+        try:
+            records = self._read_records(fresh)
+        except Exception as exc:
+            _log.debug("batched eligibility read failed (%r); attempting one by one", exc)
+            return []
+        eligible: list[str] = []
+        for wid, record in zip(fresh, records, strict=True):
+            try:
+                ok = self._check_eligible(record)
+            except Exception as exc:
+                # Attempted alone, the candidate asks the predicate again and fails by itself.
+                _log.debug("eligibility check of %r raised %r; attempting alone", wid, exc)
+                continue
+            if ok:
+                eligible.append(wid)
+            else:
+                plans[wid] = ReclaimPlan(wid, final=_NOT_ELIGIBLE)
+        return eligible
+
+    def _first_attempts(self, eligible: list[str], plans: dict[str, ReclaimPlan]) -> None:
+        """Attempt ``eligible`` in one ``takeover_many``; a failed id is attempted alone later."""
+        outcomes = self._registry.takeover_many(eligible)
+        for wid, outcome in zip(eligible, outcomes, strict=True):
+            if isinstance(outcome, Exception):
+                _log.debug("batched takeover of %r failed (%r); attempting alone", wid, outcome)
+                continue
+            plans[wid] = ReclaimPlan(wid, first=outcome)
+
     # -- steps ----------------------------------------------------------------------------------
 
     def _redrive(self, workflow_id: str, epoch: int) -> ReclaimAttemptResult:
@@ -155,15 +272,28 @@ class ReclaimTargetHandle:
             return _NOT_ELIGIBLE
         return self._drive(workflow_id, epoch)
 
-    def _takeover_loop(self, workflow_id: str) -> ReclaimAttemptResult:
-        if self._is_eligible is not None and not self._check_eligible(
-            self._read_record(workflow_id)
+    def _takeover_loop(
+        self, workflow_id: str, first: TakeoverResult | None = None
+    ) -> ReclaimAttemptResult:
+        """Take over (or acquire, if ownerless) with bounded retries, then re-check and drive.
+
+        ``first`` is a first attempt already made (eligibility was checked before it).
+        """
+        if (
+            first is None
+            and self._is_eligible is not None
+            and not self._check_eligible(self._read_record(workflow_id))
         ):
             return _NOT_ELIGIBLE
-        for _ in range(TAKEOVER_MAX_ATTEMPTS):
-            if self._is_disposing():
-                return _NOT_ELIGIBLE
-            result = self._registry.takeover(workflow_id)
+        for attempt in range(TAKEOVER_MAX_ATTEMPTS):
+            if attempt == 0 and first is not None:
+                result = first
+                if result.status != "acquired" and self._is_disposing():
+                    return _NOT_ELIGIBLE
+            else:
+                if self._is_disposing():
+                    return _NOT_ELIGIBLE
+                result = self._registry.takeover(workflow_id)
             status = result.status
             if status == "acquired":
                 self._metrics.record_claim_attempt("takeover")
@@ -195,6 +325,7 @@ class ReclaimTargetHandle:
         return self._after_claim(workflow_id, result.epoch)
 
     def _after_claim(self, workflow_id: str, epoch: int) -> ReclaimAttemptResult:
+        """Re-check a claim won at ``epoch`` against a fresh read of its record, then drive it."""
         if self._is_disposing():
             self._release_if_epoch(workflow_id, epoch)
             return _NOT_ELIGIBLE
@@ -208,6 +339,11 @@ class ReclaimTargetHandle:
             return _NOT_ELIGIBLE
         if self._is_disposing():
             self._release_if_epoch(workflow_id, epoch)
+            return _NOT_ELIGIBLE
+        if self._registry.current_epoch(workflow_id) != epoch:
+            # Lost, or released and claimed anew by this engine's host since it was won:
+            # whoever holds the newer claim drives that generation.
+            _log.debug("reclaimed claim on %r at epoch %d is no longer held", workflow_id, epoch)
             return _NOT_ELIGIBLE
         _log.info("reclaimed workflow %r at epoch %d", workflow_id, epoch)
         return self._drive(workflow_id, epoch)
@@ -240,6 +376,10 @@ class ReclaimTargetHandle:
 
     def _read_record(self, workflow_id: str) -> WorkflowRecord | None:
         return try_decode_workflow_record(self._storage.get(keys.workflow(workflow_id)))
+
+    def _read_records(self, workflow_ids: list[str]) -> list[WorkflowRecord | None]:
+        values = storage_get_many(self._storage, [keys.workflow(wid) for wid in workflow_ids])
+        return [try_decode_workflow_record(value) for value in values]
 
     def _is_still_running(self, workflow_id: str) -> bool:
         record = self._read_record(workflow_id)

@@ -17,9 +17,11 @@ from typing import TypeVar
 from ..clock import Clock
 from .polls import run_owner_side_signal_poll, run_owner_side_update_poll
 from .targets import (
+    RECLAIM_CHUNK_SIZE,
     RECLAIM_CONCURRENCY,
     RENEWAL_CHUNK_SIZE,
     RENEWAL_CONCURRENCY,
+    BatchReclaimTarget,
     ReclaimAttemptResult,
     ReclaimOutcome,
     ReclaimOutcomeStatus,
@@ -140,26 +142,75 @@ def run_reclaim_pass(
     attempted (an attempt that raises, or returns something that is not a
     :class:`~.targets.ReclaimAttemptResult` value, becomes an ``error`` outcome and the rest still
     run), at most :data:`~.targets.RECLAIM_CONCURRENCY` at a time, outcomes in candidate order.
+
+    A :class:`~.targets.BatchReclaimTarget` first prepares the candidates in chunks of
+    :data:`~.targets.RECLAIM_CHUNK_SIZE` (a chunk whose preparation raises gives each of its ids
+    an ``error`` outcome), then completes each plan as one attempt.
     """
     try:
         ids = list(target.list_reclaim_candidate_workflow_ids())
     except Exception as exc:
         return ReclaimPassResult(ReclaimPassStatus.DISCOVERY_FAILED, error=exc)
     slots: list[ReclaimOutcome | None] = [None] * len(ids)
+    attempt: Callable[[int], object]
+    if isinstance(target, BatchReclaimTarget):
+        plans = _prepare_reclaim(target, ids, slots, executor)
 
-    def attempt(index: int) -> None:
-        workflow_id = ids[index]
+        def attempt(index: int) -> object:
+            return target.complete_workflow_claim_takeover(plans[index])
+
+    else:
+
+        def attempt(index: int) -> object:
+            return target.attempt_workflow_claim_takeover(ids[index])
+
+    def run(index: int) -> None:
+        if slots[index] is not None:
+            return  # its preparation failed
         try:
-            status = _reclaim_status(target.attempt_workflow_claim_takeover(workflow_id))
+            status = _reclaim_status(attempt(index))
         except Exception as exc:
-            slots[index] = ReclaimOutcome(workflow_id, ReclaimOutcomeStatus.ERROR, exc)
+            slots[index] = ReclaimOutcome(ids[index], ReclaimOutcomeStatus.ERROR, exc)
         else:
-            slots[index] = ReclaimOutcome(workflow_id, status)
+            slots[index] = ReclaimOutcome(ids[index], status)
 
-    _fan_out(len(ids), attempt, executor=executor, concurrency=RECLAIM_CONCURRENCY)
+    _fan_out(len(ids), run, executor=executor, concurrency=RECLAIM_CONCURRENCY)
     outcomes = tuple(_filled(slots))
     reclaimed = sum(1 for o in outcomes if o.status is ReclaimOutcomeStatus.RECLAIMED)
     return ReclaimPassResult(ReclaimPassStatus.COMPLETED, outcomes, reclaimed)
+
+
+def _prepare_reclaim(
+    target: BatchReclaimTarget,
+    ids: list[str],
+    slots: list[ReclaimOutcome | None],
+    executor: Executor | None,
+) -> list[object]:
+    """Prepare ``ids`` in chunks over the pool; a failed chunk fills its ids' error slots."""
+    chunks = [
+        range(start, min(start + RECLAIM_CHUNK_SIZE, len(ids)))
+        for start in range(0, len(ids), RECLAIM_CHUNK_SIZE)
+    ]
+    plans: list[object] = [None] * len(ids)
+
+    def prepare(index: int) -> None:
+        chunk = chunks[index]
+        try:
+            prepared = list(target.prepare_workflow_claim_takeovers([ids[i] for i in chunk]))
+            if len(prepared) != len(chunk):
+                raise ValueError(
+                    f"prepare_workflow_claim_takeovers() returned {len(prepared)} plans for "
+                    f"{len(chunk)} ids"
+                )
+        except Exception as exc:
+            for i in chunk:
+                slots[i] = ReclaimOutcome(ids[i], ReclaimOutcomeStatus.ERROR, exc)
+            return
+        for i, plan in zip(chunk, prepared, strict=True):
+            plans[i] = plan
+
+    _fan_out(len(chunks), prepare, executor=executor, concurrency=RECLAIM_CONCURRENCY)
+    return plans
 
 
 def _reclaim_status(value: object) -> ReclaimOutcomeStatus:

@@ -17,10 +17,12 @@ from dataclasses import dataclass
 from typing import Final, Protocol, runtime_checkable
 
 __all__ = [
+    "RECLAIM_CHUNK_SIZE",
     "RECLAIM_CONCURRENCY",
     "RENEWAL_CHUNK_SIZE",
     "RENEWAL_CONCURRENCY",
     "TAKEOVER_MAX_ATTEMPTS",
+    "BatchReclaimTarget",
     "BatchRenewalTarget",
     "ParkedSignalWait",
     "PassKind",
@@ -56,6 +58,9 @@ RECLAIM_CONCURRENCY: Final = 16
 
 TAKEOVER_MAX_ATTEMPTS: Final = 5
 """CAS attempts one reclaim attempt makes before it reports ``lost-race`` (inclusive bound)."""
+
+RECLAIM_CHUNK_SIZE: Final = 200
+"""Candidates handed to one ``prepare_workflow_claim_takeovers`` call of a batched target."""
 
 RENEWAL_CHUNK_SIZE: Final = 1000
 """Default number of ids handed to one ``renew_workflow_claims`` call of a batched target."""
@@ -120,6 +125,30 @@ class ReclaimTarget(Protocol):
     def list_reclaim_candidate_workflow_ids(self) -> Sequence[str]: ...
 
     def attempt_workflow_claim_takeover(self, workflow_id: str) -> str: ...
+
+
+@runtime_checkable
+class BatchReclaimTarget(ReclaimTarget, Protocol):
+    """A :class:`ReclaimTarget` that can make the first takeover attempt of many candidates at once.
+
+    - ``prepare_workflow_claim_takeovers(ids)`` returns one opaque plan per id, in order. It may
+      make the first takeover attempt of each id (one read and one commit for all of them); it
+      decides nothing that ``complete_workflow_claim_takeover`` does not then finish. Raising
+      fails every id of the call with that exception.
+    - ``complete_workflow_claim_takeover(plan)`` finishes one id exactly as
+      ``attempt_workflow_claim_takeover`` would from that point (its remaining retries, the
+      re-checks, the drive) and returns a :class:`ReclaimAttemptResult` or its value; raising is
+      recorded as an ``error`` outcome for that id only. Every plan must be completed: a plan may
+      stand for a claim already taken over.
+
+    The reclaim pass prefers this pair whenever the target has it: it prepares chunks of
+    :data:`RECLAIM_CHUNK_SIZE` candidates spread over the pool, then completes every plan, one per
+    pool item, as it would attempt them.
+    """
+
+    def prepare_workflow_claim_takeovers(self, workflow_ids: Sequence[str]) -> Sequence[object]: ...
+
+    def complete_workflow_claim_takeover(self, plan: object) -> str: ...
 
 
 @dataclass(frozen=True, slots=True)

@@ -17,6 +17,7 @@ from .base import (
     validate_table_name,
 )
 from .cas import CasRow, SupportsCompareAndSetMany, storage_compare_and_set_many
+from .reads import SupportsGetMany, storage_get_many
 from .sqlite import SqliteStorage
 
 if TYPE_CHECKING:
@@ -34,9 +35,11 @@ __all__ = [
     "Storage",
     "StorageCapabilities",
     "SupportsCompareAndSetMany",
+    "SupportsGetMany",
     "open_storage",
     "storage_compare_and_set_many",
     "storage_conditional_batch",
+    "storage_get_many",
 ]
 
 SUPPORTED_SCHEMES = ("sqlite", "postgresql", "postgres")

@@ -100,6 +100,8 @@ class Storage(Protocol):
     - Optionally, ``compare_and_set_many(rows)``: many independent ``(key, expected, new)``
       compare-and-sets in one transaction (see :mod:`weft_sync.storage.cas`); callers go through
       ``storage_compare_and_set_many``, which falls back to ``conditional_batches`` without it.
+      Likewise ``get_many(keys)`` (see :mod:`weft_sync.storage.reads`) through
+      ``storage_get_many``, which falls back to one ``get`` per key.
     - Driver failures raise :class:`~weft_sync.errors.StorageError`, never ``False``; a failed
       transaction writes nothing. Bad arguments raise ``TypeError``/``ValueError`` before any I/O.
     - ``close()`` is idempotent; any other call after it raises

@@ -40,6 +40,7 @@ from .base import (
     validate_table_name,
 )
 from .cas import CasRow, cas_batches, validate_cas_rows
+from .reads import validate_keys
 
 __all__ = ["PostgresStorage"]
 
@@ -111,6 +112,9 @@ class _Queries:
             'CREATE TABLE {t} (key TEXT COLLATE "C" PRIMARY KEY, value BYTEA NOT NULL)'
         ).format(t=t)
         self.get = sql.SQL("SELECT value FROM {t} WHERE key = %s").format(t=t)
+        self.get_many = sql.SQL("SELECT key, value FROM {t} WHERE key = ANY(%b::text[])").format(
+            t=t
+        )
         self.put = sql.SQL(
             "INSERT INTO {t} (key, value) VALUES (%s, %b) "
             "ON CONFLICT (key) DO UPDATE SET value = EXCLUDED.value"
@@ -155,6 +159,18 @@ def _renewal_rows(batches: Sequence[tuple[list[Condition], list[Operation]]]) ->
     return keys if len(set(keys)) == len(keys) else None
 
 
+def _disjoint(plans: list[_Plan]) -> bool:
+    """Whether ``plans`` (more than one) all lock existing rows only, on pairwise disjoint keys."""
+    if len(plans) < 2:
+        return False
+    seen: set[str] = set()
+    for plan in plans:
+        if plan.absent or not plan.lock_keys or not seen.isdisjoint(plan.lock_keys):
+            return False
+        seen.update(plan.lock_keys)
+    return True
+
+
 class PostgresStorage:
     """Store keys in one PostgreSQL table, safely across threads, processes and hosts.
 
@@ -169,7 +185,9 @@ class PostgresStorage:
     and a concurrent writer of that key waits for this transaction. ``conditional_batches`` runs
     all batches in one transaction and gives a batch a SAVEPOINT when it could fail after writing;
     a list of renewal-shaped batches (one condition expecting bytes and one put, on the same key,
-    keys distinct across the list) runs as a single ``UPDATE … FROM unnest(…)``.
+    keys distinct across the list) runs as a single ``UPDATE … FROM unnest(…)``, and batches on
+    pairwise disjoint keys that require no key absent (takeovers, for one) are judged against one
+    row-locking SELECT and written with one upsert and one delete.
 
     Connections come from a ``psycopg_pool.ConnectionPool`` (autocommit sessions) that checks each
     connection before lending it, so calls succeed again once a restarted server is back. A
@@ -336,6 +354,20 @@ class PostgresStorage:
             row = conn.execute(self._q.get, [key], binary=True).fetchone()
         return None if row is None else bytes(row[0])
 
+    def get_many(self, keys: Sequence[str]) -> list[bytes | None]:
+        """Read many keys with one statement (one snapshot).
+
+        See :class:`~weft_sync.storage.reads.SupportsGetMany`.
+        """
+        checked = validate_keys(keys)
+        if not checked:
+            self._check_open()
+            return []
+        with self._connection("get_many") as conn:
+            rows = conn.execute(self._q.get_many, [checked], binary=True).fetchall()
+        found = {str(key): bytes(value) for key, value in rows}
+        return [found.get(key) for key in checked]
+
     def put(self, key: str, value: bytes) -> None:
         (op,) = validate_operations([Put(key, value)])
         assert isinstance(op, Put)
@@ -411,6 +443,8 @@ class PostgresStorage:
         if _renewal_rows(checked) is not None:
             return self._renew(checked, "conditional_batches")
         plans = [_Plan.build(conds, ops) for conds, ops in checked]
+        if _disjoint(plans):
+            return self._run_disjoint(plans)
         with self._connection("conditional_batches") as conn, conn.transaction():
             return [self._run(conn, plan, savepoint=True) for plan in plans]
 
@@ -476,6 +510,30 @@ class PostgresStorage:
             )
             renewed = {str(row[0]) for row in cur.fetchall()}
         return [row[0] in renewed for row in rows]
+
+    def _run_disjoint(self, plans: list[_Plan]) -> list[bool]:
+        """Judge and apply plans on pairwise disjoint keys with one lock and one write.
+
+        No plan reads a key another one writes, so judging them all against the rows locked at
+        once is exactly judging them one after another; the writes of the plans that hold go out
+        together, in key order (keys without a row are not locked by the SELECT: inserting them
+        in one order keeps concurrent callers from deadlocking on them).
+        """
+        lock_keys = sorted(key for plan in plans for key in plan.lock_keys)
+        puts: list[tuple[str, bytes]] = []
+        delete_keys: list[str] = []
+        with self._connection("conditional_batches") as conn, conn.transaction():
+            rows = conn.execute(self._q.lock, [lock_keys], binary=True).fetchall()
+            found = {str(k): bytes(v) for k, v in rows}
+            results = [plan.holds(found) for plan in plans]
+            for plan, ok in zip(plans, results, strict=True):
+                if ok:
+                    puts += zip(plan.put_keys, plan.put_values, strict=True)
+                    delete_keys += plan.delete_keys
+            puts.sort(key=lambda put: put[0])
+            delete_keys.sort()
+            self._write(conn, [k for k, _ in puts], [v for _, v in puts], delete_keys)
+        return results
 
     def _run(self, conn: _Conn, plan: _Plan, *, savepoint: bool) -> bool:
         """Judge and apply one plan inside the caller's transaction.

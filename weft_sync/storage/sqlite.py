@@ -27,6 +27,7 @@ from .base import (
     validate_table_name,
 )
 from .cas import CasRow, validate_cas_rows
+from .reads import validate_keys
 from .sqlite_writer import (
     RenewalRow,
     RequestQueue,
@@ -50,6 +51,8 @@ _CAPABILITIES: Final = StorageCapabilities(
     conditional_batch=True, multi_process=True, multi_host=False
 )
 _JOIN_GRACE_S: Final = 5.0
+# Keys per ``SELECT … WHERE key IN (…)`` of get_many (SQLite allows 32,766 parameters).
+_GET_MANY_CHUNK: Final = 500
 
 # Connections inherited across os.fork() are never closed in the child (closing a copied handle
 # can checkpoint or unlink the parent's WAL); keeping them referenced here stops finalisation.
@@ -136,6 +139,7 @@ class SqliteStorage:
         self._synchronous = str(mode)
         quoted = f'"{self._table}"'
         self._sql_get = f"SELECT value FROM {quoted} WHERE key = ?"
+        self._sql_get_many = f"SELECT key, value FROM {quoted} WHERE key IN "
         self._sql_scan = f"SELECT key, value FROM {quoted} WHERE key >= ?"
 
         # Guards _closed, _writer, _readers and _local, and orders each write's choice (commit on
@@ -278,6 +282,30 @@ class SqliteStorage:
         with self._translate("get"):
             row = self._reader().execute(self._sql_get, (key,)).fetchone()
         return None if row is None else as_bytes(row[0])
+
+    def get_many(self, keys: Sequence[str]) -> list[bytes | None]:
+        """Read many keys in one read transaction (one snapshot), :data:`_GET_MANY_CHUNK` keys
+        per query. See :class:`~weft_sync.storage.reads.SupportsGetMany`.
+        """
+        checked = validate_keys(keys)
+        self._ensure_process()
+        self._check_open()
+        if not checked:
+            return []
+        unique = list(dict.fromkeys(checked))
+        found: dict[str, bytes | None] = {}
+        with self._translate("get_many"):
+            conn = self._reader()
+            conn.execute("BEGIN")
+            try:
+                for start in range(0, len(unique), _GET_MANY_CHUNK):
+                    part = unique[start : start + _GET_MANY_CHUNK]
+                    sql = self._sql_get_many + "(" + ",".join("?" * len(part)) + ")"
+                    found.update((key, as_bytes(value)) for key, value in conn.execute(sql, part))
+            finally:
+                if conn.in_transaction:
+                    conn.execute("COMMIT")  # ends the read transaction; nothing was written
+        return [found.get(key) for key in checked]
 
     def scan(
         self,

@@ -1,0 +1,227 @@
+"""Claim takeover: one workflow per compare-and-swap, or many per read and per transaction.
+
+A takeover replaces a holder that expired (past its grace) or cannot be decoded, minting epoch +
+1, conditioned on the exact holder and epoch bytes it read. :meth:`Takeovers.takeover_many` gives
+each id the outcome :meth:`Takeovers.takeover` would give it, but reads the holders and epochs of
+a chunk with one ``get_many`` (one snapshot) and commits the chunk's takeovers with one
+``conditional_batches``.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Sequence
+from typing import Final
+
+from .. import keys
+from ..clock import Clock
+from ..codec import decode_holder
+from ..errors import StorageCapabilityError, StorageError
+from ..storage.base import Storage, storage_conditional_batch
+from ..storage.reads import storage_get_many
+from .results import TakeoverResult, TakeoverStatus
+from .tracking import ClaimTable
+from .transitions import Fragment, build_takeover_transition, is_claim_expired
+
+__all__ = ["DEFAULT_TAKEOVER_CHUNK_SIZE", "Installer", "Takeovers"]
+
+# Logs under the registry's logger: one logger names every claim operation of the registry.
+_log = logging.getLogger("weft_sync.claims.registry")
+
+DEFAULT_TAKEOVER_CHUNK_SIZE: Final = 200
+"""Takeovers per read and per transaction of :meth:`Takeovers.takeover_many`."""
+
+Installer = Callable[[str, Fragment, int], int]
+"""``(workflow id, committed fragment, claimed_at) -> epoch``: track a claim just written."""
+
+TakeoverOutcome = TakeoverResult | Exception
+
+
+class Takeovers:
+    """The registry's takeover part; ids reaching it are already validated.
+
+    :param table: the registry's tracking state (only its cooldown is read here).
+    :param storage: the shared store.
+    :param clock: the registry's clock.
+    :param install: tracks a committed takeover and returns its epoch.
+    :param engine_id: written into the new holder records.
+    :param claim_ttl_ms: the new holder's ``expires_at`` is the takeover's clock reading plus this.
+    :param renew_interval_ms: the takeover grace unit.
+    """
+
+    def __init__(
+        self,
+        table: ClaimTable,
+        storage: Storage,
+        clock: Clock,
+        install: Installer,
+        *,
+        engine_id: str,
+        claim_ttl_ms: int,
+        renew_interval_ms: int,
+    ) -> None:
+        self._table = table
+        self._storage = storage
+        self._clock = clock
+        self._install = install
+        self._engine_id = engine_id
+        self._claim_ttl_ms = claim_ttl_ms
+        self._renew_interval_ms = renew_interval_ms
+
+    def takeover(self, wid: str) -> TakeoverResult:
+        """See :meth:`ClaimRegistry.takeover <weft_sync.claims.registry.ClaimRegistry.takeover>`."""
+        now = self._clock()
+        if self._table.cooldown.is_active(wid, now):
+            _log.debug("takeover of workflow %r skipped: cooldown active", wid)
+            return TakeoverResult(TakeoverStatus.BACKOFF_SKIPPED, wid)
+        observed_holder = self._storage.get(keys.workflow_owner_holder(wid))
+        observed_epoch = (
+            None if observed_holder is None else self._storage.get(keys.workflow_owner_epoch(wid))
+        )
+        judged = self._judge(wid, now, observed_holder, observed_epoch)
+        if isinstance(judged, TakeoverResult):
+            return judged
+        fragment, previous = judged
+        if not storage_conditional_batch(self._storage, fragment.conditions, fragment.operations):
+            return self._lost(wid, self._storage.get(keys.workflow_owner_holder(wid)))
+        return self._acquired(wid, fragment, now, previous)
+
+    def takeover_many(self, ids: Sequence[str], chunk_size: int) -> list[TakeoverOutcome]:
+        """See :meth:`ClaimRegistry.takeover_many
+        <weft_sync.claims.registry.ClaimRegistry.takeover_many>`.
+        """
+        outcomes: dict[str, TakeoverOutcome] = {}
+        now = self._clock()
+        pending: list[str] = []
+        for wid in dict.fromkeys(ids):
+            if self._table.cooldown.is_active(wid, now):
+                outcomes[wid] = TakeoverResult(TakeoverStatus.BACKOFF_SKIPPED, wid)
+            else:
+                pending.append(wid)
+        for start in range(0, len(pending), chunk_size):
+            chunk = pending[start : start + chunk_size]
+            try:
+                self._takeover_chunk(chunk, now, outcomes)
+            except Exception as exc:
+                for wid in chunk:
+                    outcomes.setdefault(wid, exc)
+        if pending:
+            _log.debug(
+                "batched takeover of %d workflows: %d acquired",
+                len(pending),
+                sum(
+                    1
+                    for o in outcomes.values()
+                    if isinstance(o, TakeoverResult) and o.status is TakeoverStatus.ACQUIRED
+                ),
+            )
+        return [outcomes[wid] for wid in ids]
+
+    # -- steps -----------------------------------------------------------------------------
+
+    def _takeover_chunk(
+        self, chunk: list[str], now: int, outcomes: dict[str, TakeoverOutcome]
+    ) -> None:
+        """Read, judge and commit the takeovers of ``chunk``, storing each outcome.
+
+        Raises only before anything was committed, or while reading the holders of lost races
+        (the committed takeovers are installed and stored first).
+        """
+        holder_keys = [keys.workflow_owner_holder(wid) for wid in chunk]
+        values = storage_get_many(
+            self._storage, holder_keys + [keys.workflow_owner_epoch(wid) for wid in chunk]
+        )
+        planned: list[tuple[str, Fragment, str | None]] = []
+        for i, wid in enumerate(chunk):
+            holder, epoch = values[i], values[len(chunk) + i]
+            judged = self._judge(wid, now, holder, epoch if holder is not None else None)
+            if isinstance(judged, TakeoverResult):
+                outcomes[wid] = judged
+            else:
+                planned.append((wid, *judged))
+        if not planned:
+            return
+        committed = self._commit([fragment for _, fragment, _ in planned])
+        lost: list[str] = []
+        for (wid, fragment, previous), ok in zip(planned, committed, strict=True):
+            if ok:
+                outcomes[wid] = self._acquired(wid, fragment, now, previous)
+            else:
+                lost.append(wid)
+        if lost:
+            observed = storage_get_many(
+                self._storage, [keys.workflow_owner_holder(wid) for wid in lost]
+            )
+            for wid, holder in zip(lost, observed, strict=True):
+                outcomes[wid] = self._lost(wid, holder)
+
+    def _judge(
+        self, wid: str, now: int, holder_bytes: bytes | None, epoch_bytes: bytes | None
+    ) -> TakeoverResult | tuple[Fragment, str | None]:
+        """Decide a takeover from what was read: a final result, or the fragment to commit and
+        the previous holder's engine id."""
+        if holder_bytes is None or epoch_bytes is None:
+            # A holder without an epoch breaks the invariant: there is nothing safe to fence on.
+            _log.debug(
+                "takeover of workflow %r: no claim (holder %s, epoch absent)",
+                wid,
+                "absent" if holder_bytes is None else "present",
+            )
+            return TakeoverResult(TakeoverStatus.NO_CLAIM, wid)
+        holder = decode_holder(holder_bytes)
+        if holder is not None and not is_claim_expired(
+            expires_at=holder.expires_at, now=now, renew_interval_ms=self._renew_interval_ms
+        ):
+            _log.debug(
+                "takeover of workflow %r: held by %r until %d",
+                wid,
+                holder.engine_id,
+                holder.expires_at,
+            )
+            return TakeoverResult(
+                TakeoverStatus.NOT_EXPIRED,
+                wid,
+                held_by=holder.engine_id,
+                expires_at=holder.expires_at,
+            )
+        fragment = build_takeover_transition(
+            workflow_id=wid,
+            engine_id=self._engine_id,
+            now=now,
+            claim_ttl_ms=self._claim_ttl_ms,
+            observed_holder_bytes=holder_bytes,
+            observed_epoch_bytes=epoch_bytes,
+        )
+        return fragment, None if holder is None else holder.engine_id
+
+    def _commit(self, fragments: list[Fragment]) -> list[bool]:
+        if not self._storage.capabilities.conditional_batch:
+            raise StorageCapabilityError("batched claim takeover", "conditional_batch")
+        results = self._storage.conditional_batches(
+            [(fragment.conditions, fragment.operations) for fragment in fragments]
+        )
+        if len(results) != len(fragments):
+            raise StorageError(
+                f"conditional_batches() returned {len(results)} results for {len(fragments)} "
+                f"batches; the backend breaks the Storage contract"
+            )
+        return [bool(ok) for ok in results]
+
+    def _acquired(
+        self, wid: str, fragment: Fragment, now: int, previous: str | None
+    ) -> TakeoverResult:
+        epoch = self._install(wid, fragment, now)
+        _log.info(
+            "engine %s took over workflow %r at epoch %d from %r",
+            self._engine_id,
+            wid,
+            epoch,
+            previous,
+        )
+        return TakeoverResult(TakeoverStatus.ACQUIRED, wid, epoch=epoch)
+
+    def _lost(self, wid: str, holder_bytes: bytes | None) -> TakeoverResult:
+        holder = decode_holder(holder_bytes)
+        held_by = None if holder is None else holder.engine_id
+        _log.debug("takeover of workflow %r lost the race (held by %r)", wid, held_by)
+        return TakeoverResult(TakeoverStatus.LOST_RACE, wid, held_by=held_by)
