@@ -6,10 +6,10 @@ the same run, each repeat on a freshly seeded store:
 
 - ``run_once``: a fresh engine (``bootstrap_workflow_lease_ownership``, no renewals of its own)
   runs ``renewal_task.run_once()``; its reclaim sub-pass lists the candidates (holder scan,
-  running-index scan, a 500-record authoritative window) and attempts each one on 16 threads.
-  Each attempt is a per-claim compare-and-swap: read holder and epoch, commit the takeover
-  (epoch + 1, new holder), re-read the workflow record. SQLite's writer thread group-commits the
-  CASes that the 16 threads have in flight;
+  running-index scan, a 500-record authoritative window), prepares them in chunks of 200 on the
+  16-thread pool (one ``get_many`` of holders and epochs and one ``conditional_batches`` of
+  takeovers per chunk), then completes each candidate on the pool: re-read its workflow record,
+  check the claim is still held, drive it;
 - ``discovery only``: ``list_reclaim_candidates`` on the seeded store (read-only);
 - ``raw, one txn``: by hand, in ONE transaction: scan the holders, decode each, check expiry,
   read epoch and workflow record, write epoch + 1 and a new holder (SQLite: per-key statements;
