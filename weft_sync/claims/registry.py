@@ -26,6 +26,7 @@ from ..codec import decode_epoch, decode_holder
 from ..keys import validate_workflow_id
 from ..options import MAX_CLAIM_TTL_MS
 from ..storage.base import Storage, storage_conditional_batch
+from ..storage.reads import storage_get_many
 from .releases import RELEASE_ALL_CONCURRENCY, ReleasePreparation, Releases
 from .renewals import DEFAULT_RENEW_CHUNK_SIZE, Renewals, WarnSink, default_warn, renewal_split
 from .results import (
@@ -199,8 +200,9 @@ class ClaimRegistry:
         """
         wid = validate_workflow_id(workflow_id)
         holder_key = keys.workflow_owner_holder(wid)
-        observed_holder = self._storage.get(holder_key)
-        observed_epoch = self._storage.get(keys.workflow_owner_epoch(wid))
+        observed_holder, observed_epoch = storage_get_many(
+            self._storage, [holder_key, keys.workflow_owner_epoch(wid)]
+        )
         now = self._clock()
         fragment = build_acquire_transition(
             workflow_id=wid,

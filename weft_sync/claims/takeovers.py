@@ -74,9 +74,8 @@ class Takeovers:
         if self._table.cooldown.is_active(wid, now):
             _log.debug("takeover of workflow %r skipped: cooldown active", wid)
             return TakeoverResult(TakeoverStatus.BACKOFF_SKIPPED, wid)
-        observed_holder = self._storage.get(keys.workflow_owner_holder(wid))
-        observed_epoch = (
-            None if observed_holder is None else self._storage.get(keys.workflow_owner_epoch(wid))
+        observed_holder, observed_epoch = storage_get_many(
+            self._storage, [keys.workflow_owner_holder(wid), keys.workflow_owner_epoch(wid)]
         )
         judged = self._judge(wid, now, observed_holder, observed_epoch)
         if isinstance(judged, TakeoverResult):
