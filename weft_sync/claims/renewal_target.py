@@ -10,6 +10,7 @@ warning (warnings turned into errors), the renewal is still reported as lost.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Final
 
 from ..errors import WorkflowClaimLostError, WorkflowClaimLostWarning
 from ..metrics import ClaimMetrics
@@ -17,6 +18,8 @@ from .registry import DEFAULT_RENEW_CHUNK_SIZE, ClaimRegistry
 from .results import RenewResult, RenewStatus
 
 __all__ = ["ClaimRenewalLostError", "RegistryRenewalTarget", "create_renewal_target"]
+
+_RENEWED: Final = RenewStatus.RENEWED
 
 
 class ClaimRenewalLostError(WorkflowClaimLostError):
@@ -70,11 +73,17 @@ class RegistryRenewalTarget:
         Positional; a repeated id shares one outcome (and counts one ``deposed`` if lost).
         """
         outcomes = self._registry.renew_many_outcomes(workflow_ids, chunk_size=chunk_size)
-        errors: dict[str, Exception | None] = {}
+        errors: list[Exception | None] = []
+        # The error of each id that was not renewed, made once (a lost one counts once).
+        failed: dict[str, Exception | None] = {}
         for workflow_id, outcome in zip(workflow_ids, outcomes, strict=True):
-            if workflow_id not in errors:
-                errors[workflow_id] = self._error_for(workflow_id, outcome)
-        return [errors[workflow_id] for workflow_id in workflow_ids]
+            if type(outcome) is RenewResult and outcome.status is _RENEWED:
+                errors.append(None)
+                continue
+            if workflow_id not in failed:
+                failed[workflow_id] = self._error_for(workflow_id, outcome)
+            errors.append(failed[workflow_id])
+        return errors
 
     def _error_for(self, workflow_id: str, outcome: RenewResult | Exception) -> Exception | None:
         if isinstance(outcome, WorkflowClaimLostWarning):

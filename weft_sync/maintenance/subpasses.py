@@ -12,7 +12,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable, Sequence
 from concurrent.futures import Executor, ThreadPoolExecutor
-from typing import TypeVar
+from typing import Final, TypeVar
 
 from ..clock import Clock
 from .polls import run_owner_side_signal_poll, run_owner_side_update_poll
@@ -47,6 +47,7 @@ __all__ = [
 ]
 
 _T = TypeVar("_T")
+_RENEWED: Final = RenewalStatus.RENEWED
 BatchRenewer = Callable[[Sequence[str]], "list[Exception | None]"]
 
 
@@ -112,7 +113,8 @@ def _renew_in_chunks(
                     f"ids; it must return one result (None or the exception) per id, in order"
                 )
             slots[index] = [
-                _batch_outcome(wid, err) for wid, err in zip(chunk, errors, strict=True)
+                RenewalOutcome(wid, _RENEWED) if err is None else _batch_outcome(wid, err)
+                for wid, err in zip(chunk, errors, strict=True)
             ]
         except Exception as exc:
             slots[index] = [RenewalOutcome(wid, RenewalStatus.FAILED, exc) for wid in chunk]
