@@ -680,3 +680,18 @@ def test_a_chunk_whose_preparation_fails_gives_only_its_ids_error_outcomes(failu
         assert "199 plans for 200 ids" in str(errors[0].error)
     assert sorted(target.completed) == sorted(set(ids) - set(bad_chunk))
     assert result.reclaimed_count == len(ids) - RECLAIM_CHUNK_SIZE
+
+
+def test_a_completion_returning_an_unknown_result_is_an_error_naming_the_method() -> None:
+    class Garbled(ScriptedBatchTarget):
+        def complete_workflow_claim_takeover(self, plan: object) -> str:
+            assert isinstance(plan, tuple)
+            return "maybe" if plan[1] == "wf-2" else "reclaimed"
+
+    target = Garbled(["wf-1", "wf-2", "wf-3"], bad="none", failure="raise")
+    result = run_reclaim_pass(target)
+    assert [o.status for o in result.outcomes] == ["reclaimed", "error", "reclaimed"]
+    error = result.outcomes[1].error
+    assert isinstance(error, ValueError)
+    assert "complete_workflow_claim_takeover() returned 'maybe'" in str(error)
+    assert result.reclaimed_count == 2

@@ -155,8 +155,10 @@ def run_reclaim_pass(
         return ReclaimPassResult(ReclaimPassStatus.DISCOVERY_FAILED, error=exc)
     slots: list[ReclaimOutcome | None] = [None] * len(ids)
     attempt: Callable[[int], object]
+    method = "attempt_workflow_claim_takeover"
     if isinstance(target, BatchReclaimTarget):
         plans = _prepare_reclaim(target, ids, slots, executor)
+        method = "complete_workflow_claim_takeover"
 
         def attempt(index: int) -> object:
             return target.complete_workflow_claim_takeover(plans[index])
@@ -170,7 +172,7 @@ def run_reclaim_pass(
         if slots[index] is not None:
             return  # its preparation failed
         try:
-            status = _reclaim_status(attempt(index))
+            status = _reclaim_status(attempt(index), method)
         except Exception as exc:
             slots[index] = ReclaimOutcome(ids[index], ReclaimOutcomeStatus.ERROR, exc)
         else:
@@ -215,14 +217,12 @@ def _prepare_reclaim(
     return plans
 
 
-def _reclaim_status(value: object) -> ReclaimOutcomeStatus:
+def _reclaim_status(value: object, method: str) -> ReclaimOutcomeStatus:
     try:
         member = ReclaimAttemptResult(value)
     except ValueError:
         valid = ", ".join(repr(m.value) for m in ReclaimAttemptResult)
-        raise ValueError(
-            f"attempt_workflow_claim_takeover() returned {value!r}; it must return one of {valid}"
-        ) from None
+        raise ValueError(f"{method}() returned {value!r}; it must return one of {valid}") from None
     return ReclaimOutcomeStatus(member.value)
 
 
