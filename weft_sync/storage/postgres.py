@@ -187,7 +187,10 @@ class PostgresStorage:
     a list of renewal-shaped batches (one condition expecting bytes and one put, on the same key,
     keys distinct across the list) runs as a single ``UPDATE … FROM unnest(…)``, and batches on
     pairwise disjoint keys that require no key absent (takeovers, for one) are judged against one
-    row-locking SELECT and written with one upsert and one delete.
+    row-locking SELECT and written with one upsert and one delete. Other lists of batches lock
+    batch by batch in the order given: callers that may race over the same keys should pass their
+    batches in one order (sorted by key, say), or PostgreSQL may break a deadlock between them by
+    failing one transaction (``StorageError``, nothing written).
 
     Connections come from a ``psycopg_pool.ConnectionPool`` (autocommit sessions) that checks each
     connection before lending it, so calls succeed again once a restarted server is back. A
