@@ -624,6 +624,41 @@ def test_calls_succeed_again_after_a_server_restart(private_cluster: PostgresClu
         assert store.scan() == [("k2", b"x")]
 
 
+def test_a_read_on_a_connection_the_server_dropped_runs_again_on_a_checked_one(
+    postgres_base_url: str,
+    table: str,
+    raw: psycopg.Connection[Any],
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    app = "weft_" + uuid.uuid4().hex[:12]
+    url = _with_params(postgres_base_url, application_name=app)
+    reads: list[tuple[str, Callable[[PostgresStorage], object], object]] = [
+        ("get", lambda s: s.get("k"), b"v"),
+        ("get_many", lambda s: s.get_many(["k", "absent"]), [b"v", None]),
+        ("scan", lambda s: s.scan("k"), [("k", b"v")]),
+    ]
+    with PostgresStorage(url, table=table, min_size=1, max_size=1) as store:
+        store.put("k", b"v")
+        for name, read, expected in reads:
+            dropped = raw.execute(
+                "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity "
+                "WHERE application_name = %s",
+                [app],
+            ).fetchone()
+            assert dropped == (1,)
+            caplog.clear()
+            with caplog.at_level("DEBUG", logger="weft_sync.storage.postgres"):
+                assert read(store) == expected
+            assert any(f"{name} failed on a pooled connection" in m for m in caplog.messages)
+        # Writes are lent checked connections: a dropped one is replaced before use.
+        raw.execute(
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = %s",
+            [app],
+        )
+        assert store.conditional_batch([Condition("k", b"v")], [Put("k", b"w")])
+        assert store.get("k") == b"w"
+
+
 # -- errors and lifecycle --------------------------------------------------------------------
 
 

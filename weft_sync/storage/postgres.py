@@ -18,7 +18,7 @@ try:
     from psycopg import sql
     from psycopg.conninfo import conninfo_to_dict
     from psycopg.rows import TupleRow
-    from psycopg_pool import ConnectionPool, PoolClosed
+    from psycopg_pool import ConnectionPool, PoolClosed, PoolTimeout
 except ImportError as exc:  # pragma: no cover - depends on the installed extras
     raise ImportError(
         f"PostgresStorage needs psycopg 3 and psycopg-pool ({exc}); install them with "
@@ -231,6 +231,8 @@ class PostgresStorage:
         self._connect_kwargs = _connect_kwargs(dsn, self._timeout)
         self._q = _Queries(self._table)
         self._lock = threading.Lock()  # guards _pool, _pool_pid and _closed
+        # Per thread: whether the connection being borrowed skips the pool's check (see _read).
+        self._lending = threading.local()
         self._pool: ConnectionPool[_Conn] | None = None
         self._pool_pid = os.getpid()
         self._closed = False
@@ -280,7 +282,7 @@ class PostgresStorage:
             min_size=self._min_size,
             max_size=self._max_size,
             open=False,
-            check=ConnectionPool.check_connection,
+            check=self._check_lent,
             name=f"weft-pg[{self._table}]",
             timeout=self._timeout,
         )
@@ -340,10 +342,48 @@ class PostgresStorage:
         return ClosedError(f"PostgresStorage for table {self._table!r} is closed")
 
     @contextmanager
-    def _connection(self, action: str) -> Iterator[_Conn]:
+    def _connection(self, action: str, *, check: bool = True) -> Iterator[_Conn]:
+        """Borrow a pooled connection for the block (as ``pool.connection()`` does).
+
+        The pool checks a connection with a round trip before lending it, unless ``check`` is
+        false: only reads that run again after a failure (:meth:`_read`) skip it.
+        """
         pool = self._current_pool()
-        with self._translate(action), pool.connection() as conn:
-            yield conn
+        with self._translate(action):
+            self._lending.unchecked = not check
+            try:
+                conn = pool.getconn()
+            finally:
+                self._lending.unchecked = False
+            try:
+                with conn:
+                    yield conn
+            finally:
+                pool.putconn(conn)
+
+    def _check_lent(self, conn: _Conn) -> None:
+        """The pool's check of a connection it is about to lend (skipped for retried reads)."""
+        if not getattr(self._lending, "unchecked", False):
+            ConnectionPool.check_connection(conn)
+
+    def _read(self, action: str, query: Any, params: Sequence[object]) -> list[TupleRow]:
+        """Fetch the rows of one read-only statement on a connection lent without a check.
+
+        Skipping the pool's check saves a round trip per read. A statement that fails on a
+        connection the server dropped (an ``OperationalError``; the pool discards the broken
+        connection when it is returned) runs once more on a checked connection: a read is safe to
+        repeat. Writes always use checked connections.
+        """
+        try:
+            with self._connection(action, check=False) as conn:
+                return conn.execute(query, params, binary=True).fetchall()
+        except StorageError as exc:
+            cause = exc.__cause__
+            if not isinstance(cause, psycopg.OperationalError) or isinstance(cause, PoolTimeout):
+                raise
+            _log.debug("PostgreSQL %s failed on a pooled connection (%s); retrying", action, cause)
+        with self._connection(action) as conn:
+            return conn.execute(query, params, binary=True).fetchall()
 
     # -- protocol ----------------------------------------------------------------------------
 
@@ -353,9 +393,8 @@ class PostgresStorage:
 
     def get(self, key: str) -> bytes | None:
         validate_key(key)
-        with self._connection("get") as conn:
-            row = conn.execute(self._q.get, [key], binary=True).fetchone()
-        return None if row is None else bytes(row[0])
+        rows = self._read("get", self._q.get, [key])
+        return bytes(rows[0][0]) if rows else None
 
     def get_many(self, keys: Sequence[str]) -> list[bytes | None]:
         """Read many keys with one statement (one snapshot).
@@ -366,8 +405,7 @@ class PostgresStorage:
         if not checked:
             self._check_open()
             return []
-        with self._connection("get_many") as conn:
-            rows = conn.execute(self._q.get_many, [checked], binary=True).fetchall()
+        rows = self._read("get_many", self._q.get_many, [checked])
         found = {str(key): bytes(value) for key, value in rows}
         return [found.get(key) for key in checked]
 
@@ -403,8 +441,7 @@ class PostgresStorage:
             query += sql.SQL(" WHERE ") + sql.SQL(" AND ").join(clauses)
         query += sql.SQL(" ORDER BY key DESC LIMIT %s" if reverse else " ORDER BY key LIMIT %s")
         params.append(limit)
-        with self._connection("scan") as conn:
-            rows = conn.execute(query, params, binary=True).fetchall()
+        rows = self._read("scan", query, params)
         return [(str(k), bytes(v)) for k, v in rows]
 
     def batch(self, operations: Sequence[Operation]) -> None:
