@@ -18,7 +18,8 @@ from hypothesis import strategies as st
 from weft_sync.errors import ClosedError
 from weft_sync.storage import Condition, Delete, Operation, Put, Storage
 from weft_sync.storage.base import Batch, validate_batch
-from weft_sync.storage.postgres import PostgresStorage, _disjoint, _Plan, _renewal_rows
+from weft_sync.storage.postgres import PostgresStorage
+from weft_sync.storage.postgres_sql import Plan, disjoint, renewal_keys
 
 OpenStore = Callable[[], Storage]
 _WAIT_S = 30.0
@@ -43,9 +44,9 @@ def _takeover(claim: int, old: tuple[bytes, bytes], new: tuple[bytes, bytes]) ->
 def _takes_the_disjoint_path(batches: Sequence[Batch]) -> bool:
     """Whether PostgresStorage runs ``batches`` through its disjoint-keys path."""
     checked = [validate_batch(conditions, operations) for conditions, operations in batches]
-    if _renewal_rows(checked) is not None:
+    if renewal_keys(checked) is not None:
         return False
-    return _disjoint([_Plan.build(conditions, operations) for conditions, operations in checked])
+    return disjoint([Plan.build(conditions, operations) for conditions, operations in checked])
 
 
 def _claims(storage: Storage, count: int, holder: bytes = b"A", epoch: bytes = b"1") -> None:

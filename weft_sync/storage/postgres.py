@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import math
 import os
@@ -10,7 +9,6 @@ import threading
 import weakref
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
 from typing import Any, Final
 
 try:
@@ -40,6 +38,7 @@ from .base import (
     validate_table_name,
 )
 from .cas import CasRow, cas_batches, validate_cas_rows
+from .postgres_sql import Plan, Queries, advisory_key, disjoint, renewal_keys
 from .reads import validate_keys
 
 __all__ = ["PostgresStorage"]
@@ -70,105 +69,6 @@ if hasattr(os, "register_at_fork"):
 
 class _Refused(Exception):
     """A conditional batch failed after it had written; its transaction or savepoint rolls back."""
-
-
-@dataclass(frozen=True, slots=True)
-class _Plan:
-    """One validated conditional batch, reduced to the rows it locks, claims and writes."""
-
-    conditions: list[Condition]
-    lock_keys: list[str]
-    absent: frozenset[str]
-    put_keys: list[str]
-    put_values: list[bytes]
-    delete_keys: list[str]
-
-    @classmethod
-    def build(cls, conditions: list[Condition], operations: list[Operation]) -> _Plan:
-        final: dict[str, bytes | None] = {}
-        for op in operations:
-            final[op.key] = op.value if isinstance(op, Put) else None
-        puts = sorted((k, v) for k, v in final.items() if v is not None)
-        cond_keys = {c.key for c in conditions}
-        return cls(
-            conditions=conditions,
-            lock_keys=sorted(cond_keys | final.keys()) if conditions else [],
-            absent=frozenset(c.key for c in conditions if c.expected is None),
-            put_keys=[k for k, _ in puts],
-            put_values=[v for _, v in puts],
-            delete_keys=sorted(k for k, v in final.items() if v is None),
-        )
-
-    def holds(self, found: dict[str, bytes]) -> bool:
-        return all(found.get(c.key) == c.expected for c in self.conditions)
-
-
-class _Queries:
-    """The SQL statements for one table, composed once."""
-
-    def __init__(self, table: str) -> None:
-        t = sql.Identifier(table)
-        self.create = sql.SQL(
-            'CREATE TABLE {t} (key TEXT COLLATE "C" PRIMARY KEY, value BYTEA NOT NULL)'
-        ).format(t=t)
-        self.get = sql.SQL("SELECT value FROM {t} WHERE key = %s").format(t=t)
-        self.get_many = sql.SQL("SELECT key, value FROM {t} WHERE key = ANY(%b::text[])").format(
-            t=t
-        )
-        self.put = sql.SQL(
-            "INSERT INTO {t} (key, value) VALUES (%s, %b) "
-            "ON CONFLICT (key) DO UPDATE SET value = EXCLUDED.value"
-        ).format(t=t)
-        self.delete = sql.SQL("DELETE FROM {t} WHERE key = %s").format(t=t)
-        self.upsert_many = sql.SQL(
-            "INSERT INTO {t} (key, value) SELECT k, v FROM unnest(%b::text[], %b::bytea[]) "
-            "AS u(k, v) ON CONFLICT (key) DO UPDATE SET value = EXCLUDED.value"
-        ).format(t=t)
-        self.insert_absent = sql.SQL(
-            "INSERT INTO {t} (key, value) SELECT k, v FROM unnest(%b::text[], %b::bytea[]) "
-            "AS u(k, v) ON CONFLICT (key) DO NOTHING RETURNING key"
-        ).format(t=t)
-        self.delete_many = sql.SQL("DELETE FROM {t} WHERE key = ANY(%b::text[])").format(t=t)
-        self.lock = sql.SQL(
-            "SELECT key, value FROM {t} WHERE key = ANY(%b::text[]) ORDER BY key FOR UPDATE"
-        ).format(t=t)
-        self.renew = sql.SQL(
-            "UPDATE {t} SET value = u.v "
-            "FROM unnest(%b::text[], %b::bytea[], %b::bytea[]) AS u(k, e, v) "
-            "WHERE {t}.key = u.k AND {t}.value = u.e RETURNING {t}.key"
-        ).format(t=t)
-        self.scan = sql.SQL("SELECT key, value FROM {t}").format(t=t)
-
-
-def _advisory_key(table: str) -> int:
-    digest = hashlib.blake2b(f"weft_sync.create:{table}".encode(), digest_size=8).digest()
-    return int.from_bytes(digest, "big", signed=True)
-
-
-def _renewal_rows(batches: Sequence[tuple[list[Condition], list[Operation]]]) -> list[str] | None:
-    """Return the batch keys if every batch is ``[Condition(k, bytes)] -> [Put(k, v)]`` on
-    distinct keys, else ``None``; such batches are independent, so one UPDATE judges them all."""
-    keys: list[str] = []
-    for conditions, operations in batches:
-        if len(conditions) != 1 or len(operations) != 1:
-            return None
-        cond, op = conditions[0], operations[0]
-        if cond.expected is None or not isinstance(op, Put) or op.key != cond.key:
-            return None
-        keys.append(cond.key)
-    return keys if len(set(keys)) == len(keys) else None
-
-
-def _disjoint(plans: list[_Plan]) -> bool:
-    """Whether ``plans`` (more than one) all lock existing rows only, on pairwise disjoint keys."""
-    if len(plans) < 2:
-        return False
-    seen: set[str] = set()
-    for plan in plans:
-        if plan.absent or not plan.lock_keys or not seen.isdisjoint(plan.lock_keys):
-            return False
-        seen.update(plan.lock_keys)
-    return True
 
 
 class PostgresStorage:
@@ -229,7 +129,7 @@ class PostgresStorage:
         self._max_size = max_size
         self._timeout = float(timeout)
         self._connect_kwargs = _connect_kwargs(dsn, self._timeout)
-        self._q = _Queries(self._table)
+        self._q = Queries(self._table)
         self._lock = threading.Lock()  # guards _pool, _pool_pid and _closed
         # Per thread: whether the connection being borrowed skips the pool's check (see _read).
         self._lending = threading.local()
@@ -257,7 +157,7 @@ class PostgresStorage:
             # The advisory lock serialises creation by several processes: CREATE TABLE IF NOT
             # EXISTS alone can still fail with a unique violation when two run at once.
             with conn.transaction():
-                conn.execute("SELECT pg_advisory_xact_lock(%s)", [_advisory_key(self._table)])
+                conn.execute("SELECT pg_advisory_xact_lock(%s)", [advisory_key(self._table)])
                 row = conn.execute(
                     "SELECT co.collname FROM pg_attribute a "
                     "LEFT JOIN pg_collation co ON co.oid = a.attcollation "
@@ -445,7 +345,7 @@ class PostgresStorage:
         return [(str(k), bytes(v)) for k, v in rows]
 
     def batch(self, operations: Sequence[Operation]) -> None:
-        plan = _Plan.build([], validate_operations(operations))
+        plan = Plan.build([], validate_operations(operations))
         if not plan.put_keys and not plan.delete_keys:
             self._check_open()
             return
@@ -460,12 +360,12 @@ class PostgresStorage:
         self, conditions: Sequence[Condition], operations: Sequence[Operation]
     ) -> bool:
         conds, ops = validate_batch(conditions, operations)
-        if _renewal_rows([(conds, ops)]) is not None:
+        if renewal_keys([(conds, ops)]) is not None:
             return self._renew([(conds, ops)], "conditional_batch")[0]
         if not conds and not ops:
             self._check_open()
             return True
-        plan = _Plan.build(conds, ops)
+        plan = Plan.build(conds, ops)
         with self._connection("conditional_batch") as conn:
             try:
                 with conn.transaction():
@@ -480,10 +380,10 @@ class PostgresStorage:
         if not checked:
             self._check_open()
             return []
-        if _renewal_rows(checked) is not None:
+        if renewal_keys(checked) is not None:
             return self._renew(checked, "conditional_batches")
-        plans = [_Plan.build(conds, ops) for conds, ops in checked]
-        if _disjoint(plans):
+        plans = [Plan.build(conds, ops) for conds, ops in checked]
+        if disjoint(plans):
             return self._run_disjoint(plans)
         with self._connection("conditional_batches") as conn, conn.transaction():
             return [self._run(conn, plan, savepoint=True) for plan in plans]
@@ -551,7 +451,7 @@ class PostgresStorage:
             renewed = {str(row[0]) for row in cur.fetchall()}
         return [row[0] in renewed for row in rows]
 
-    def _run_disjoint(self, plans: list[_Plan]) -> list[bool]:
+    def _run_disjoint(self, plans: list[Plan]) -> list[bool]:
         """Judge and apply plans on pairwise disjoint keys with one lock and one write.
 
         No plan reads a key another one writes, so judging them all against the rows locked at
@@ -575,7 +475,7 @@ class PostgresStorage:
             self._write(conn, [k for k, _ in puts], [v for _, v in puts], delete_keys)
         return results
 
-    def _run(self, conn: _Conn, plan: _Plan, *, savepoint: bool) -> bool:
+    def _run(self, conn: _Conn, plan: Plan, *, savepoint: bool) -> bool:
         """Judge and apply one plan inside the caller's transaction.
 
         :raises _Refused: the batch failed after writing and ``savepoint`` is false; the caller
@@ -600,7 +500,7 @@ class PostgresStorage:
             return False
         return True
 
-    def _claim_and_write(self, conn: _Conn, plan: _Plan, found: dict[str, bytes]) -> None:
+    def _claim_and_write(self, conn: _Conn, plan: Plan, found: dict[str, bytes]) -> None:
         """Insert the plan's keys that had no row, in key order, then write the rest.
 
         :raises _Refused: another transaction created a key the plan requires absent.
