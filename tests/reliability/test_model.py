@@ -36,7 +36,7 @@ from hypothesis.stateful import (
 
 from tests.claims.gated import WarningSink
 from weft_sync import keys
-from weft_sync.claims import ClaimRegistry, build_external_rotation_transition
+from weft_sync.claims import ClaimRegistry, TakeoverResult, build_external_rotation_transition
 from weft_sync.clock import ManualClock
 from weft_sync.codec import (
     HolderRecord,
@@ -199,6 +199,22 @@ class ClaimMachine(RuleBasedStateMachine):
     def takeover(self, engine: int, name: str) -> None:
         wid, now = self.ids[name], self.clock()
         result = self.registries[engine].takeover(wid)
+        self.check_takeover(engine, wid, now, result)
+
+    @rule(engine=registries, chosen=st.lists(names, max_size=5), chunk_size=st.integers(1, 3))
+    def takeover_many(self, engine: int, chosen: list[str], chunk_size: int) -> None:
+        wids = [self.ids[name] for name in chosen]
+        now = self.clock()
+        results = self.registries[engine].takeover_many(wids, chunk_size=chunk_size)
+        assert [r.workflow_id for r in results if isinstance(r, TakeoverResult)] == wids
+        first = {wid: results[wids.index(wid)] for wid in dict.fromkeys(wids)}
+        assert all(result is first[wid] for wid, result in zip(wids, results, strict=True))
+        for wid, result in first.items():
+            assert isinstance(result, TakeoverResult)
+            self.check_takeover(engine, wid, now, result)
+
+    def check_takeover(self, engine: int, wid: str, now: int, result: TakeoverResult) -> None:
+        """Assert the takeover the model predicts, and apply it to the model."""
         present = self.model.holder.get(wid)
         if now < self.model.cooldown_until[engine].get(wid, now):
             assert result.status == "backoff-skipped"
