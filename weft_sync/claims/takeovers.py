@@ -104,16 +104,13 @@ class Takeovers:
             except Exception as exc:
                 for wid in chunk:
                     outcomes.setdefault(wid, exc)
-        if pending:
-            _log.debug(
-                "batched takeover of %d workflows: %d acquired",
-                len(pending),
-                sum(
-                    1
-                    for o in outcomes.values()
-                    if isinstance(o, TakeoverResult) and o.status is TakeoverStatus.ACQUIRED
-                ),
+        if pending and _log.isEnabledFor(logging.DEBUG):
+            acquired = sum(
+                1
+                for o in outcomes.values()
+                if isinstance(o, TakeoverResult) and o.status is TakeoverStatus.ACQUIRED
             )
+            _log.debug("batched takeover of %d workflows: %d acquired", len(pending), acquired)
         return [outcomes[wid] for wid in ids]
 
     # -- steps -----------------------------------------------------------------------------
