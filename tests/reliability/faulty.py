@@ -27,6 +27,7 @@ from typing import Any, Final, Literal, TypeVar
 from weft_sync.errors import StorageError
 from weft_sync.storage.base import Batch, Condition, Operation, Storage, StorageCapabilities
 from weft_sync.storage.cas import CasRow, storage_compare_and_set_many
+from weft_sync.storage.reads import storage_get_many
 
 __all__ = ["FAULT_KINDS", "FaultKind", "FaultyStorage", "InjectedFault"]
 
@@ -162,6 +163,9 @@ class FaultyStorage:
 
     def get(self, key: str) -> bytes | None:
         return self._call("get", lambda: self.inner.get(key))
+
+    def get_many(self, keys: Sequence[str]) -> list[bytes | None]:
+        return self._call("get_many", lambda: storage_get_many(self.inner, keys))
 
     def put(self, key: str, value: bytes) -> None:
         self._call("put", lambda: self.inner.put(key, value))
