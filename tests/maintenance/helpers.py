@@ -1,7 +1,8 @@
 """Test doubles for the maintenance layer: a scheduler fired by hand, fake targets, gauges.
 
 The fakes implement the target protocols with plain Python state; they stand in for the host
-and the registry adapters, never for storage.
+and the registry adapters, never for storage. The workflow-record writers at the end put real
+records into a real store, as a host's ledger would.
 """
 
 from __future__ import annotations
@@ -9,7 +10,11 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable, Iterable, Mapping, Sequence
 
+from weft_sync import keys
+from weft_sync.codec import WorkflowRecord, encode_workflow_record
 from weft_sync.maintenance.targets import ParkedSignalWait, PassKind, PassResult
+from weft_sync.metrics import ClaimMetrics
+from weft_sync.storage import Storage
 
 WAIT_S = 10.0
 """Upper bound for any wait in these tests; reaching it means the test failed."""
@@ -300,3 +305,23 @@ class FakeUpdatePollTarget:
         error = self.drain_errors.get(workflow_id)
         if error is not None:
             raise error
+
+
+def write_workflow(
+    storage: Storage, workflow_id: str, status: str = "running", wf_type: str = "import"
+) -> None:
+    """Store a workflow record and its status-index entry."""
+    record = WorkflowRecord(workflow_id, wf_type, status)
+    storage.put(keys.workflow(workflow_id), encode_workflow_record(record))
+    storage.put(keys.workflow_status_index(status, workflow_id), b"")
+
+
+def complete_workflow(storage: Storage, workflow_id: str) -> None:
+    """Move a running workflow's record and index entry to ``completed``."""
+    storage.delete(keys.workflow_status_index("running", workflow_id))
+    write_workflow(storage, workflow_id, "completed")
+
+
+def claim_attempts(metrics: ClaimMetrics) -> dict[str, int]:
+    """The non-zero claim-attempt counters of ``metrics``."""
+    return {k: v for k, v in metrics.snapshot().attempts.items() if v}

@@ -22,12 +22,17 @@ from tests.claims.gated import (
     new_registry,
     touches,
 )
-from tests.maintenance.helpers import ManualScheduler
+from tests.maintenance.helpers import (
+    ManualScheduler,
+    claim_attempts,
+    complete_workflow,
+    write_workflow,
+)
 from tests.workflows.helpers import holder_engine, stored_epoch
 from weft_sync import keys
 from weft_sync.claims.registry import ClaimRegistry
 from weft_sync.clock import ManualClock
-from weft_sync.codec import WorkflowRecord, encode_epoch, encode_workflow_record
+from weft_sync.codec import encode_epoch
 from weft_sync.errors import StorageError
 from weft_sync.maintenance import BatchReclaimTarget, bootstrap_workflow_lease_ownership
 from weft_sync.maintenance.reclaim_target import ReclaimTargetHandle, create_reclaim_target
@@ -86,23 +91,6 @@ class Drive:
             error = self._errors.pop(0) if self._errors else None
         if error is not None:
             raise error
-
-
-def _write_workflow(
-    storage: Storage, workflow_id: str, status: str = "running", wf_type: str = "import"
-) -> None:
-    record = WorkflowRecord(workflow_id, wf_type, status)
-    storage.put(keys.workflow(workflow_id), encode_workflow_record(record))
-    storage.put(keys.workflow_status_index(status, workflow_id), b"")
-
-
-def _complete(storage: Storage, workflow_id: str) -> None:
-    storage.delete(keys.workflow_status_index("running", workflow_id))
-    _write_workflow(storage, workflow_id, "completed")
-
-
-def _attempts(metrics: ClaimMetrics) -> dict[str, int]:
-    return {k: v for k, v in metrics.snapshot().attempts.items() if v}
 
 
 def _prepare_and_complete(target: ReclaimTargetHandle, ids: Sequence[str]) -> list[str]:
@@ -166,7 +154,7 @@ def target(make_target: MakeTarget) -> ReclaimTargetHandle:
 def _stranded(storage: Storage, rival: ClaimRegistry, clock: ManualClock, *ids: str) -> None:
     """Running workflows whose rival claims expired past their grace."""
     for wid in ids:
-        _write_workflow(storage, wid)
+        write_workflow(storage, wid)
         assert rival.acquire(wid).status == "acquired"
     clock.advance(PAST_GRACE_MS)
 
@@ -245,9 +233,9 @@ class _World:
 
     def build(self) -> None:
         for wid in ("orphan", "expired", "live", "garbage", "deposed", "raced"):
-            _write_workflow(self.store, wid)
-        _write_workflow(self.store, "done", "completed")
-        _write_workflow(self.store, "export", wf_type="export")
+            write_workflow(self.store, wid)
+        write_workflow(self.store, "done", "completed")
+        write_workflow(self.store, "export", wf_type="export")
         for wid in ("expired", "done", "export", "raced"):
             assert self.rival.acquire(wid).status == "acquired"
         assert self.reg.acquire("deposed").status == "acquired"
@@ -270,7 +258,7 @@ class _World:
             {w: self.reg.current_epoch_bytes(w) for w in CANDIDATES},
             self.target.pending_redrive_ids(),
             self.drive.calls,
-            _attempts(self.metrics),
+            claim_attempts(self.metrics),
         )
 
 
@@ -314,7 +302,7 @@ def test_prepare_and_complete_match_single_attempts_on_an_identical_store(
     ]
     assert results == one_by_one
     assert batched.state() == single.state()
-    assert _attempts(batched.metrics) == {
+    assert claim_attempts(batched.metrics) == {
         "acquired": 1,
         "takeover": 4 if eligible is None else 3,
         "lost_race": 1,
@@ -390,7 +378,7 @@ def test_an_ineligible_workflow_is_decided_while_preparing_and_never_claimed(
         seen.append((wf_type, revision))
         return wf_type == "import"
 
-    _write_workflow(storage, "other", wf_type="export")
+    write_workflow(storage, "other", wf_type="export")
     rival.acquire("other")
     clock.advance(PAST_GRACE_MS)
     target = make_target(is_eligible=can_run)
@@ -412,13 +400,13 @@ def test_a_workflow_that_stopped_running_during_the_takeover_is_released(
     drive: Drive,
 ) -> None:
     _stranded(storage, rival, clock, "wf-1", "wf-2")
-    gated.before_next_cas(lambda: _complete(storage, "wf-1"), match=touches("wf-1"))
+    gated.before_next_cas(lambda: complete_workflow(storage, "wf-1"), match=touches("wf-1"))
     assert _prepare_and_complete(target, ["wf-1", "wf-2"]) == ["not-eligible", "reclaimed"]
     assert reg.list_held_workflow_ids() == ["wf-2"]
     assert storage.get(keys.workflow_owner_holder("wf-1")) is None
     assert stored_epoch(storage, "wf-1") == 2  # the takeover committed before the release
     assert drive.calls == ["wf-2"]
-    assert _attempts(metrics) == {"takeover": 2}
+    assert claim_attempts(metrics) == {"takeover": 2}
 
 
 @pytest.mark.parametrize("change", ["completed", "replaced-by-start-new"])
@@ -434,12 +422,12 @@ def test_a_workflow_that_stopped_running_between_prepare_and_complete_is_not_dri
     _stranded(storage, rival, clock, "wf-1")
     (plan,) = target.prepare_workflow_claim_takeovers(["wf-1"])
     assert reg.current_epoch("wf-1") == 2
-    _complete(storage, "wf-1")
+    complete_workflow(storage, "wf-1")
     if change == "replaced-by-start-new":
         # This engine's host finishes the old generation and starts a new one under the id; the
         # host drives the new generation itself.
         assert reg.release("wf-1").status == "released"
-        _write_workflow(storage, "wf-1")
+        write_workflow(storage, "wf-1")
         assert reg.acquire("wf-1").epoch == 3
     assert target.complete_workflow_claim_takeover(plan) == "not-eligible"
     assert drive.calls == []
@@ -486,7 +474,7 @@ def test_disposal_between_prepare_and_complete_releases_without_driving(
     drive: Drive,
 ) -> None:
     _stranded(storage, rival, clock, "wf-1", "wf-2")
-    _write_workflow(storage, "orphan")
+    write_workflow(storage, "orphan")
     plans = target.prepare_workflow_claim_takeovers(["wf-1", "wf-2", "orphan"])
     assert sorted(reg.list_held_workflow_ids()) == ["wf-1", "wf-2"]
     target.mark_disposing()
@@ -553,7 +541,7 @@ def test_a_candidate_this_engine_already_holds_is_not_driven_again(
     storage: Storage,
     drive: Drive,
 ) -> None:
-    _write_workflow(storage, "wf-1")
+    write_workflow(storage, "wf-1")
     assert target.list_reclaim_candidate_workflow_ids() == ["wf-1"]
     reg.acquire("wf-1")  # this engine's host claimed it after the listing
     transactions = gated.transactions
@@ -578,7 +566,7 @@ def test_an_eligibility_predicate_raising_for_one_candidate_fails_only_that_cand
             raise error
         return True
 
-    _write_workflow(storage, "weird", wf_type="weird")
+    write_workflow(storage, "weird", wf_type="weird")
     _stranded(storage, rival, clock, "wf-1")
     target = make_target(is_eligible=can_run)
     result = run_reclaim_pass(target)
@@ -611,7 +599,7 @@ def test_a_failed_batched_takeover_falls_back_to_single_attempts(
     assert (gated.calls["conditional_batches"], gated.calls["conditional_batch"]) == (1, 2)
     assert drive.calls == ["wf-1", "wf-2"]
     assert sorted(reg.list_held_workflow_ids()) == ["wf-1", "wf-2"]
-    assert _attempts(metrics) == {"takeover": 2}
+    assert claim_attempts(metrics) == {"takeover": 2}
 
 
 # -- the reclaim pass over a batched target -------------------------------------------------

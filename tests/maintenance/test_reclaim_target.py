@@ -24,16 +24,14 @@ from tests.claims.gated import (
     pause_in_cas,
     touches,
 )
-from tests.maintenance.helpers import wait_set
+from tests.maintenance.helpers import claim_attempts, complete_workflow, wait_set, write_workflow
 from tests.workflows.helpers import holder_engine, stored_epoch
 from weft_sync import keys
 from weft_sync.claims.registry import ClaimRegistry
 from weft_sync.clock import ManualClock
 from weft_sync.codec import (
-    WorkflowRecord,
     decode_holder,
     encode_epoch,
-    encode_workflow_record,
 )
 from weft_sync.errors import StorageError
 from weft_sync.maintenance.reclaim_target import ReclaimTargetHandle, create_reclaim_target
@@ -86,19 +84,6 @@ class ReadHookStorage(GatedStorage):
         if hook is not None:
             hook()
         return value
-
-
-def _write_workflow(
-    storage: Storage, workflow_id: str, status: str = "running", wf_type: str = "import"
-) -> None:
-    record = WorkflowRecord(workflow_id, wf_type, status)
-    storage.put(keys.workflow(workflow_id), encode_workflow_record(record))
-    storage.put(keys.workflow_status_index(status, workflow_id), b"")
-
-
-def _complete(storage: Storage, workflow_id: str) -> None:
-    storage.delete(keys.workflow_status_index("running", workflow_id))
-    _write_workflow(storage, workflow_id, "completed")
 
 
 @pytest.fixture
@@ -157,10 +142,6 @@ def target(make_target: MakeTarget) -> ReclaimTargetHandle:
     return make_target()
 
 
-def _attempts(metrics: ClaimMetrics) -> dict[str, int]:
-    return {k: v for k, v in metrics.snapshot().attempts.items() if v}
-
-
 def _failed_first_drive(
     make_target: MakeTarget, reg: ClaimRegistry, message: str = "resume failed"
 ) -> tuple[ReclaimTargetHandle, Drive]:
@@ -211,7 +192,7 @@ def test_id_both_discovered_and_pending_redrive_is_listed_once(
     storage: Storage,
     clock: ManualClock,
 ) -> None:
-    _write_workflow(storage, "wf-1")
+    write_workflow(storage, "wf-1")
     target, _ = _failed_first_drive(make_target, reg, "drive failed")
     clock.advance(PAST_GRACE_MS)
     assert rival.takeover("wf-1").status == "acquired"
@@ -231,7 +212,7 @@ def test_ownerless_running_workflow_is_acquired_at_epoch_1_and_driven_once(
     metrics: ClaimMetrics,
     drive: Drive,
 ) -> None:
-    _write_workflow(storage, "orphan")
+    write_workflow(storage, "orphan")
     assert target.list_reclaim_candidate_workflow_ids() == ["orphan"]
     assert target.attempt_workflow_claim_takeover("orphan") == "reclaimed"
     assert drive.calls == ["orphan"]
@@ -239,7 +220,7 @@ def test_ownerless_running_workflow_is_acquired_at_epoch_1_and_driven_once(
     assert reg.current_epoch("orphan") == 1
     assert stored_epoch(storage, "orphan") == 1
     assert holder_engine(storage, "orphan") == "engine-a"
-    assert _attempts(metrics) == {"acquired": 1}
+    assert claim_attempts(metrics) == {"acquired": 1}
     assert target.list_reclaim_candidate_workflow_ids() == []
 
 
@@ -252,11 +233,11 @@ def test_competitor_acquiring_just_before_our_acquire_commits_wins(
     metrics: ClaimMetrics,
     drive: Drive,
 ) -> None:
-    _write_workflow(storage, "orphan")
+    write_workflow(storage, "orphan")
     gated.before_next_cas(lambda: rival.acquire("orphan"), match=touches("orphan"))
     # The retry's takeover sees the competitor's live holder and stops.
     assert target.attempt_workflow_claim_takeover("orphan") == "not-eligible"
-    assert _attempts(metrics) == {"lost_race": 1}
+    assert claim_attempts(metrics) == {"lost_race": 1}
     assert reg.list_held_workflow_ids() == []
     assert drive.calls == []
     assert holder_engine(storage, "orphan") == "engine-b"
@@ -273,7 +254,7 @@ def test_never_claimed_workflow_without_a_record_is_not_eligible(
 def test_unclaimed_completed_workflow_is_not_eligible_and_gets_no_holder(
     target: ReclaimTargetHandle, gated: ReadHookStorage, storage: Storage
 ) -> None:
-    _write_workflow(storage, "done", "completed")
+    write_workflow(storage, "done", "completed")
     assert target.attempt_workflow_claim_takeover("done") == "not-eligible"
     assert gated.transactions == 0
     assert storage.get(keys.workflow_owner_holder("done")) is None
@@ -315,7 +296,7 @@ def test_expired_foreign_holder_is_taken_over_tracked_and_driven(
     metrics: ClaimMetrics,
     drive: Drive,
 ) -> None:
-    _write_workflow(storage, "wf-1")
+    write_workflow(storage, "wf-1")
     rival.acquire("wf-1")
     clock.advance(PAST_GRACE_MS)
     assert target.attempt_workflow_claim_takeover("wf-1") == "reclaimed"
@@ -323,7 +304,7 @@ def test_expired_foreign_holder_is_taken_over_tracked_and_driven(
     assert holder_engine(storage, "wf-1") == "engine-a"
     assert drive.calls == ["wf-1"]
     assert drive.epochs == [2]
-    assert _attempts(metrics) == {"takeover": 1}
+    assert claim_attempts(metrics) == {"takeover": 1}
 
 
 def test_live_foreign_holder_is_not_eligible_without_any_cas(
@@ -335,13 +316,13 @@ def test_live_foreign_holder_is_not_eligible_without_any_cas(
     clock: ManualClock,
     metrics: ClaimMetrics,
 ) -> None:
-    _write_workflow(storage, "wf-1")
+    write_workflow(storage, "wf-1")
     rival.acquire("wf-1")
     clock.advance(TTL_MS + 2 * RENEW_MS)  # exactly at the deadline: still live
     assert target.attempt_workflow_claim_takeover("wf-1") == "not-eligible"
     assert gated.transactions == 0
     assert reg.list_held_workflow_ids() == []
-    assert _attempts(metrics) == {}
+    assert claim_attempts(metrics) == {}
 
 
 @pytest.mark.parametrize(
@@ -359,7 +340,7 @@ def test_takeover_gives_up_after_five_lost_races(
     failures: int,
     expected: str,
 ) -> None:
-    _write_workflow(storage, "wf-1")
+    write_workflow(storage, "wf-1")
     rival.acquire("wf-1")
     clock.advance(PAST_GRACE_MS)
     for _ in range(failures):
@@ -386,7 +367,7 @@ def test_attempt_during_this_engines_cooldown_is_backoff_skipped(
     metrics: ClaimMetrics,
     sink: WarningSink,
 ) -> None:
-    _write_workflow(storage, "wf-1")
+    write_workflow(storage, "wf-1")
     reg.acquire("wf-1")
     clock.advance(PAST_GRACE_MS)
     assert rival.takeover("wf-1").status == "acquired"
@@ -396,7 +377,7 @@ def test_attempt_during_this_engines_cooldown_is_backoff_skipped(
     transactions = gated.transactions
     assert target.attempt_workflow_claim_takeover("wf-1") == "backoff-skipped"
     assert gated.transactions == transactions
-    assert _attempts(metrics) == {"backoff_skipped": 1}
+    assert claim_attempts(metrics) == {"backoff_skipped": 1}
     clock.advance(RENEW_MS)  # cooldown over
     assert target.attempt_workflow_claim_takeover("wf-1") == "reclaimed"
 
@@ -413,7 +394,7 @@ def test_ineligible_workflow_type_is_never_claimed(
         seen.append((wf_type, revision))
         return wf_type == "import"
 
-    _write_workflow(storage, "other", wf_type="export")
+    write_workflow(storage, "other", wf_type="export")
     target = make_target(is_eligible=can_run)
     assert target.attempt_workflow_claim_takeover("other") == "not-eligible"
     assert seen == [("export", None)]
@@ -429,10 +410,10 @@ def test_eligibility_is_checked_again_after_the_cas(
     drive: Drive,
 ) -> None:
     answers = iter([True, False])
-    _write_workflow(storage, "wf-1")
+    write_workflow(storage, "wf-1")
     target = make_target(is_eligible=lambda _type, _revision: next(answers))
     assert target.attempt_workflow_claim_takeover("wf-1") == "not-eligible"
-    assert _attempts(metrics) == {"acquired": 1}
+    assert claim_attempts(metrics) == {"acquired": 1}
     assert reg.list_held_workflow_ids() == []
     assert storage.get(keys.workflow_owner_holder("wf-1")) is None
     assert drive.calls == []
@@ -444,7 +425,7 @@ def test_eligibility_is_checked_again_after_the_cas(
 def test_failed_drive_keeps_the_claim_and_is_redriven_without_a_cas(
     make_target: MakeTarget, reg: ClaimRegistry, gated: ReadHookStorage, storage: Storage
 ) -> None:
-    _write_workflow(storage, "wf-1")
+    write_workflow(storage, "wf-1")
     target, drive = _failed_first_drive(make_target, reg)
     assert reg.current_epoch("wf-1") == 1
     assert holder_engine(storage, "wf-1") == "engine-a"
@@ -460,9 +441,9 @@ def test_failed_drive_keeps_the_claim_and_is_redriven_without_a_cas(
 def test_pending_redrive_of_a_completed_workflow_releases_the_claim(
     make_target: MakeTarget, reg: ClaimRegistry, storage: Storage
 ) -> None:
-    _write_workflow(storage, "wf-1")
+    write_workflow(storage, "wf-1")
     target, drive = _failed_first_drive(make_target, reg)
-    _complete(storage, "wf-1")
+    complete_workflow(storage, "wf-1")
     assert target.attempt_workflow_claim_takeover("wf-1") == "not-eligible"
     assert drive.calls == ["wf-1"]
     assert reg.list_held_workflow_ids() == []
@@ -479,7 +460,7 @@ def test_pending_redrive_of_a_lost_claim_takes_the_takeover_path(
     clock: ManualClock,
     metrics: ClaimMetrics,
 ) -> None:
-    _write_workflow(storage, "wf-1")
+    write_workflow(storage, "wf-1")
     target, drive = _failed_first_drive(make_target, reg)
     clock.advance(PAST_GRACE_MS)
     assert rival.takeover("wf-1").status == "acquired"
@@ -502,7 +483,7 @@ def test_claim_this_engine_holds_without_a_failed_drive_is_not_driven_again(
 ) -> None:
     # Listed as ownerless, then acquired by this engine's own host before the attempt ran:
     # whoever acquired it drives it.
-    _write_workflow(storage, "wf-1")
+    write_workflow(storage, "wf-1")
     assert target.list_reclaim_candidate_workflow_ids() == ["wf-1"]
     reg.acquire("wf-1")
     transactions = gated.transactions
@@ -515,7 +496,7 @@ def test_claim_this_engine_holds_without_a_failed_drive_is_not_driven_again(
 def test_concurrent_attempts_on_one_candidate_drive_it_once(
     target: ReclaimTargetHandle, reg: ClaimRegistry, storage: Storage, drive: Drive
 ) -> None:
-    _write_workflow(storage, "wf-1")
+    write_workflow(storage, "wf-1")
     barrier = threading.Barrier(2)
 
     def attempt() -> str:
@@ -532,7 +513,7 @@ def test_concurrent_attempts_on_one_candidate_drive_it_once(
 def test_redrive_in_progress_is_not_started_again_by_another_attempt(
     make_target: MakeTarget, storage: Storage
 ) -> None:
-    _write_workflow(storage, "wf-1")
+    write_workflow(storage, "wf-1")
     calls: list[str] = []
     entered, proceed = threading.Event(), threading.Event()
 
@@ -564,7 +545,7 @@ def test_terminal_read_racing_a_start_new_leaves_the_replacement_claim_alone(
     clock: ManualClock,
     path: str,
 ) -> None:
-    _write_workflow(storage, "wf-1")
+    write_workflow(storage, "wf-1")
     if path == "redrive":
         target, drive = _failed_first_drive(make_target, reg)
         old_epoch = 1
@@ -574,7 +555,7 @@ def test_terminal_read_racing_a_start_new_leaves_the_replacement_claim_alone(
         rival.acquire("wf-1")
         clock.advance(PAST_GRACE_MS)
         old_epoch = 2
-    _complete(storage, "wf-1")
+    complete_workflow(storage, "wf-1")
     replacement: list[int | None] = []
 
     def start_new() -> None:
@@ -582,7 +563,7 @@ def test_terminal_read_racing_a_start_new_leaves_the_replacement_claim_alone(
         if path == "takeover":
             assert reg.current_epoch("wf-1") == old_epoch
         reg.release("wf-1")
-        _write_workflow(storage, "wf-1")
+        write_workflow(storage, "wf-1")
         replacement.append(reg.acquire("wf-1").epoch)
 
     # Run start_new right after the read that judges the old generation: the redrive's running
@@ -612,7 +593,7 @@ def test_disposal_during_the_claim_cas_releases_instead_of_driving(
     drive: Drive,
     path: str,
 ) -> None:
-    _write_workflow(storage, "wf-1")
+    write_workflow(storage, "wf-1")
     if path == "takeover":
         rival.acquire("wf-1")
         clock.advance(PAST_GRACE_MS)
@@ -638,8 +619,8 @@ def test_disposing_target_lists_nothing_and_claims_nothing(
     clock: ManualClock,
     drive: Drive,
 ) -> None:
-    _write_workflow(storage, "orphan")
-    _write_workflow(storage, "stranded")
+    write_workflow(storage, "orphan")
+    write_workflow(storage, "stranded")
     rival.acquire("stranded")
     clock.advance(PAST_GRACE_MS)
     target.mark_disposing()
@@ -656,7 +637,7 @@ def test_disposing_target_lists_nothing_and_claims_nothing(
 def test_disposal_during_a_pending_redrive_does_not_drive(
     make_target: MakeTarget, reg: ClaimRegistry, storage: Storage
 ) -> None:
-    _write_workflow(storage, "wf-1")
+    write_workflow(storage, "wf-1")
     target, drive = _failed_first_drive(make_target, reg)
     target.mark_disposing()
     assert target.attempt_workflow_claim_takeover("wf-1") == "not-eligible"
@@ -677,7 +658,7 @@ def test_failed_workflow_read_keeps_a_held_claim_for_a_redrive(
     storage: Storage,
     path: str,
 ) -> None:
-    _write_workflow(storage, "wf-1")
+    write_workflow(storage, "wf-1")
     if path == "redrive":
         target, drive = _failed_first_drive(make_target, reg)
     else:
@@ -704,8 +685,8 @@ def test_skipping_live_holders_leaves_them_out_until_they_expire(
     storage: Storage,
     clock: ManualClock,
 ) -> None:
-    _write_workflow(storage, "wf-live")
-    _write_workflow(storage, "wf-garbage")
+    write_workflow(storage, "wf-live")
+    write_workflow(storage, "wf-garbage")
     rival.acquire("wf-live")
     storage.put(keys.workflow_owner_holder("wf-garbage"), b"\xc1 not a holder")
     storage.put(keys.workflow_owner_epoch("wf-garbage"), encode_epoch(3))
