@@ -14,6 +14,7 @@ __all__ = [
     "OwnershipModeMismatchError",
     "StorageCapabilityError",
     "StorageError",
+    "StoreIdentityError",
     "WeftError",
     "WorkflowClaimLostError",
     "WorkflowClaimLostWarning",
@@ -28,6 +29,26 @@ class WeftError(Exception):
 
 class StorageError(WeftError):
     """A storage backend failed; the driver's exception is kept as ``__cause__``."""
+
+
+class StoreIdentityError(StorageError):
+    """The store this engine opened is no longer the one at its location.
+
+    Raised when a SQLite file was deleted, replaced or lost its write-ahead log under a running
+    engine (or a store's identity record changed). The engine stops writing to it: every claim it
+    held is lost locally, because another process may now see a different store at that path.
+
+    :param location: the path (or redacted URL) of the store.
+    :param detail: what changed, e.g. ``"the file was replaced (inode 12 -> 57)"``.
+    """
+
+    def __init__(self, location: str, detail: str) -> None:
+        self.location = location
+        self.detail = detail
+        super().__init__(
+            f"the store at {location} is no longer the one this engine opened: {detail}; "
+            f"every claim held on it is treated as lost"
+        )
 
 
 class ClosedError(WeftError):
