@@ -45,7 +45,7 @@ import os
 import threading
 import weakref
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any, Final, TypeVar
+from typing import Final, TypeVar
 from urllib.parse import urlsplit, urlunsplit
 
 try:
@@ -58,8 +58,9 @@ except ImportError as exc:  # pragma: no cover - exercised in a subprocess witho
     ) from exc
 
 from .errors import ClosedError
+from .ledger.records import validate_name
 from .options import BACKGROUND_MODES, OwnershipOptions
-from .ownership import Ownership
+from .ownership import Ownership, ReclaimedWorkflow, WorkflowHandler
 
 __all__ = ["EXTENSION_KEY", "WeftSync", "close_all", "gunicorn_worker_exit"]
 
@@ -68,8 +69,6 @@ _log = logging.getLogger(__name__)
 EXTENSION_KEY: Final = "weft_sync"
 """The key of this extension's per-app state in ``app.extensions``."""
 
-WorkflowHandler = Callable[[Any], object]
-"""Drives a reclaimed workflow; called with the ``ReclaimedWorkflow`` of the new owner."""
 _Handler = TypeVar("_Handler", bound=WorkflowHandler)
 
 
@@ -138,13 +137,10 @@ class WeftSync:
         Register handlers before the first use of :attr:`ownership`; one registered later is
         also added to every ``Ownership`` this extension already opened in this process.
 
-        :raises ValueError: ``workflow_type`` is empty, or already has another handler.
-        :raises TypeError: ``workflow_type`` is not a string, or the handler is not callable.
+        :raises ValueError: ``workflow_type`` is not a valid name, or has another handler.
+        :raises TypeError: ``workflow_type`` is not a ``str``, or the handler is not callable.
         """
-        if not isinstance(workflow_type, str) or not workflow_type:
-            raise (TypeError if not isinstance(workflow_type, str) else ValueError)(
-                f"a workflow type must be a non-empty string, got {workflow_type!r}"
-            )
+        validate_name("workflow type", workflow_type)
 
         def register(fn: _Handler) -> _Handler:
             if not callable(fn):
@@ -285,12 +281,11 @@ class _AppState:
         if self._make_dirs is not None:
             os.makedirs(self._make_dirs, exist_ok=True)
         handlers = {t: _in_app_context(app, fn) for t, fn in self._extension.handlers().items()}
-        extra: dict[str, Any] = {"handlers": handlers} if handlers else {}
         return Ownership.open(
             self.url,
             options=self.options,
+            handlers=handlers,
             background=self.background,  # type: ignore[arg-type]
-            **extra,
         )
 
     def add_handler(self, workflow_type: str, fn: WorkflowHandler) -> None:
@@ -301,7 +296,7 @@ class _AppState:
         app = self._app_ref()
         if ownership is None or app is None:
             return
-        ownership.handler(workflow_type)(_in_app_context(app, fn))  # type: ignore[attr-defined]
+        ownership.handler(workflow_type)(_in_app_context(app, fn))
 
     def close(self) -> None:
         with self._lock:
@@ -349,7 +344,7 @@ def _in_app_context(app: Flask, fn: WorkflowHandler) -> WorkflowHandler:
     """Wrap ``fn`` so it runs inside an app context of ``app`` (handlers run on pool threads)."""
 
     @functools.wraps(fn)
-    def run(ctx: Any) -> object:
+    def run(ctx: ReclaimedWorkflow) -> object:
         with app.app_context():
             return fn(ctx)
 

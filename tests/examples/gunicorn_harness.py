@@ -25,7 +25,7 @@ import time
 import urllib.error
 import urllib.request
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import Any
 
@@ -77,7 +77,9 @@ class GunicornServer:
         """The pids of the master's live worker processes, ascending."""
         return sorted(pid for pid in _children(self.master_pid) if _alive(pid))
 
-    def wait_for_workers(self, count: int, *, exclude: Sequence[int] = (), timeout: float = 30.0):
+    def wait_for_workers(
+        self, count: int, *, exclude: Sequence[int] = (), timeout: float = 30.0
+    ) -> list[int]:
         """Wait until ``count`` workers not in ``exclude`` run; return their pids."""
         deadline = time.monotonic() + timeout
         while True:
@@ -98,9 +100,7 @@ class GunicornServer:
         elif sig == signal.SIGCONT:
             self.stopped.discard(pid)
 
-    def stop_outside(
-        self, pid: int, is_busy: Callable[[int], bool], *, attempts: int = 100
-    ) -> int:
+    def stop_outside(self, pid: int, is_busy: Callable[[int], bool], *, attempts: int = 100) -> int:
         """SIGSTOP ``pid`` at a moment ``is_busy(pid)`` says it is not inside a critical section.
 
         A process stopped while it holds a lock others need stalls them as well; a test of a
@@ -122,14 +122,10 @@ class GunicornServer:
         self.stopped.clear()
         if self.process.poll() is None:
             _kill_quietly(self.master_pid, signal.SIGTERM)
-            try:
+            with suppress(subprocess.TimeoutExpired):
                 self.process.wait(STOP_S)
-            except subprocess.TimeoutExpired:
-                pass
-        try:
+        with suppress(ProcessLookupError, PermissionError):
             os.killpg(self.master_pid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            pass
         if self.process.poll() is None:
             self.process.wait(STOP_S)
 
@@ -166,7 +162,11 @@ def run_gunicorn(
     full_env = {**script_env(), **(env or {})}
     with log_path.open("wb") as log:
         process = subprocess.Popen(
-            command, cwd=cwd, env=full_env, stdout=log, stderr=subprocess.STDOUT,
+            command,
+            cwd=cwd,
+            env=full_env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
             start_new_session=True,
         )
     server = GunicornServer(process, log_path)
@@ -249,10 +249,8 @@ def _wait_stopped(pid: int, timeout: float = 5.0) -> None:
 
 
 def _kill_quietly(pid: int, sig: signal.Signals) -> None:
-    try:
+    with suppress(ProcessLookupError):
         os.kill(pid, sig)
-    except ProcessLookupError:
-        pass
 
 
 def write_locks_held(pid: int) -> list[str]:
@@ -261,7 +259,7 @@ def write_locks_held(pid: int) -> list[str]:
     for line in Path("/proc/locks").read_text().splitlines():
         fields = line.split()
         # "1: FLOCK  ADVISORY  WRITE 1234 08:01:5678 0 EOF"; blocked waiters are "->" lines.
-        if len(fields) >= 5 and fields[1] != "->" and fields[3] == "WRITE":
-            if fields[4] == str(pid):
-                held.append(line)
+        live = len(fields) >= 5 and fields[1] != "->"
+        if live and fields[3] == "WRITE" and fields[4] == str(pid):
+            held.append(line)
     return held

@@ -11,11 +11,11 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from flask import Flask
+from flask import Flask, current_app
 
-from tests.examples.helpers import REPO_ROOT
+from tests.examples.helpers import REPO_ROOT, abandon
 from tests.workflows.helpers import holder_engine
-from weft_sync import Ownership, OwnershipOptions
+from weft_sync import Ownership, OwnershipOptions, ReclaimedWorkflow
 from weft_sync.errors import ClosedError
 from weft_sync.flask import EXTENSION_KEY, WeftSync, close_all, gunicorn_worker_exit
 from weft_sync.storage import Storage
@@ -89,9 +89,7 @@ def test_ownership_opens_on_first_use_and_is_shared_by_requests(
     assert holder_engine(storage, "a") == holder_engine(storage, "b") == first
 
 
-def test_concurrent_first_use_opens_exactly_one_ownership(
-    weft: WeftSync, storage_url: str
-) -> None:
+def test_concurrent_first_use_opens_exactly_one_ownership(weft: WeftSync, storage_url: str) -> None:
     app = make_app(storage_url, WEFT_SYNC_OPTIONS=FAST)
     weft.init_app(app)
     barrier = threading.Barrier(8)
@@ -221,7 +219,7 @@ def test_handlers_are_validated_when_registered(weft: WeftSync) -> None:
         weft.handler("report")(lambda ctx: None)
     with pytest.raises(ValueError, match="non-empty string"):
         weft.handler("")
-    with pytest.raises(TypeError, match="non-empty string"):
+    with pytest.raises(TypeError, match="workflow type must be a str"):
         weft.handler(3)  # type: ignore[arg-type]
     with pytest.raises(TypeError, match="must be callable"):
         weft.handler("other")("resume")  # type: ignore[type-var]
@@ -275,9 +273,7 @@ def test_flask_weft_lists_every_weft_sync_subcommand(weft: WeftSync, tmp_path: P
         assert f"  {name} " in result.output
 
 
-def test_flask_weft_claims_and_show_read_the_apps_store(
-    weft: WeftSync, storage_url: str
-) -> None:
+def test_flask_weft_claims_and_show_read_the_apps_store(weft: WeftSync, storage_url: str) -> None:
     app = make_app(storage_url, WEFT_SYNC_OPTIONS=FAST)
     weft.init_app(app)
     ownership = weft.get_ownership(app)
@@ -325,3 +321,51 @@ def test_importing_without_flask_names_the_extra_to_install() -> None:
         timeout=60,
     )
     assert plain.returncode == 0, plain.stderr
+
+
+def test_a_handler_resumes_a_reclaimed_workflow_inside_an_app_context(
+    weft: WeftSync, storage_url: str, storage: Storage
+) -> None:
+    seen: list[tuple[str, str, int, bytes | None]] = []
+
+    @weft.handler("report")
+    def resume_report(ctx: ReclaimedWorkflow) -> None:
+        checkpoint = ctx.workflows.load_checkpoint(ctx.workflow_id)
+        seen.append((current_app.name, ctx.workflow_id, ctx.epoch, checkpoint))
+        ctx.workflows.complete(ctx.workflow_id, result={"resumed_by": ctx.ownership.engine_id})
+
+    abandon(storage_url, "report-1", "report", checkpoint=b"step 2")
+    abandon(storage_url, "other-1", "other")
+    app = make_app(storage_url, name="resumer", WEFT_SYNC_BACKGROUND="manual")
+    weft.init_app(app)
+    ownership = weft.get_ownership(app)
+
+    ownership.run_maintenance()
+
+    assert seen == [("resumer", "report-1", 2, b"step 2")]
+    ledger = Workflows(storage)
+    assert ledger.get("report-1").status == "completed"  # type: ignore[union-attr]
+    assert ledger.get_outcome("report-1").result == {  # type: ignore[union-attr]
+        "resumed_by": ownership.engine_id
+    }
+    # No handler for "other": this engine leaves it alone rather than strand it.
+    assert holder_engine(storage, "other-1") == "dead-engine"
+
+
+def test_a_handler_registered_after_open_is_used_by_the_open_ownership(
+    weft: WeftSync, storage_url: str, storage: Storage
+) -> None:
+    app = make_app(storage_url, WEFT_SYNC_BACKGROUND="manual")
+    weft.init_app(app)
+    ownership = weft.get_ownership(app)
+    abandon(storage_url, "late-1", "late")
+    ownership.run_maintenance()
+    assert holder_engine(storage, "late-1") == "dead-engine"
+
+    @weft.handler("late")
+    def resume_late(ctx: ReclaimedWorkflow) -> None:
+        ctx.workflows.complete(ctx.workflow_id)
+
+    ownership.run_maintenance()
+
+    assert Workflows(storage).get("late-1").status == "completed"  # type: ignore[union-attr]
