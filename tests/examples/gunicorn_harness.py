@@ -75,7 +75,7 @@ class GunicornServer:
 
     def worker_pids(self) -> list[int]:
         """The pids of the master's live worker processes, ascending."""
-        return sorted(pid for pid in _children(self.master_pid) if _alive(pid))
+        return sorted(pid for pid in _children(self.master_pid) if alive(pid))
 
     def wait_for_workers(
         self, count: int, *, exclude: Sequence[int] = (), timeout: float = 30.0
@@ -236,7 +236,8 @@ def _state(pid: int) -> str:
         return "X"
 
 
-def _alive(pid: int) -> bool:
+def alive(pid: int) -> bool:
+    """Whether ``pid`` runs (a zombie or a gone process does not)."""
     return _state(pid) not in ("Z", "X")
 
 

@@ -24,7 +24,12 @@ from typing import Any
 
 import pytest
 
-from tests.examples.gunicorn_harness import GunicornServer, run_gunicorn, write_locks_held
+from tests.examples.gunicorn_harness import (
+    GunicornServer,
+    alive,
+    run_gunicorn,
+    write_locks_held,
+)
 from weft_sync.codec import decode_holder
 from weft_sync.keys import workflow_owner_holder
 from weft_sync.storage import Storage
@@ -81,6 +86,7 @@ def test_jobs_survive_a_killed_and_a_paused_gunicorn_worker(
     ) as server:
         run = _kill_pause_and_finish(server, storage, events_dir, busy)
         log = server.log()
+        processes = [server.master_pid, *server.worker_pids()]
 
     print(
         f"\n[gunicorn {backend} preload={preload}] jobs {run.jobs}, killed 1 (pid "
@@ -89,6 +95,7 @@ def test_jobs_survive_a_killed_and_a_paused_gunicorn_worker(
         f"{run.takeover_s:.2f}s after the kill/pause, resumed by pid {run.resumed_by}"
     )
     assert "Traceback" not in log, log
+    assert [pid for pid in processes if alive(pid)] == [], "gunicorn left processes behind"
 
 
 def _kill_pause_and_finish(
