@@ -23,7 +23,9 @@ Config keys (defaults set with ``setdefault`` by :meth:`WeftSync.init_app`):
   (``{"claim_ttl": "30s", "claim_renew_interval": "5s"}``); default ``{}``.
 - ``WEFT_SYNC_BACKGROUND``: ``"thread"`` (default) or ``"manual"``.
 
-Processes: nothing opens at import or in ``init_app``. ``weft.ownership`` opens the ``Ownership``
+Processes: nothing opens at import or in ``init_app`` (do not touch ``weft.ownership`` while
+the app is being created either: under ``gunicorn --preload`` that runs in the master, which
+would then reclaim and drive workflows itself). ``weft.ownership`` opens the ``Ownership``
 in the process that first uses it, so a pre-forking server (gunicorn, with or without
 ``--preload``) gives every worker its own engine; a forked child that inherited an open one
 opens a fresh one on first use. Each process closes what it opened at interpreter exit; under
@@ -62,7 +64,7 @@ from .ledger.records import validate_name
 from .options import BACKGROUND_MODES, OwnershipOptions
 from .ownership import Ownership, ReclaimedWorkflow, WorkflowHandler
 
-__all__ = ["EXTENSION_KEY", "WeftSync", "close_all", "gunicorn_worker_exit"]
+__all__ = ["EXTENSION_KEY", "WeftSync", "close_all", "gunicorn_worker_exit", "redact_url"]
 
 _log = logging.getLogger(__name__)
 
@@ -150,12 +152,15 @@ class WeftSync:
                 )
             with self._lock:
                 existing = self._handlers.get(workflow_type)
-                if existing is not None and existing is not fn:
-                    raise ValueError(
-                        f"workflow type {workflow_type!r} already has the handler {existing!r}"
-                    )
-                self._handlers[workflow_type] = fn
+                if existing is None:
+                    self._handlers[workflow_type] = fn
                 states = list(self._states)
+            if existing is fn:
+                return fn
+            if existing is not None:
+                raise ValueError(
+                    f"workflow type {workflow_type!r} already has the handler {existing!r:.80}"
+                )
             for state in states:
                 state.add_handler(workflow_type, fn)
             return fn
@@ -468,7 +473,7 @@ def _delegating_command(name: str, help_text: str) -> click.Command:
 # Every app state of this process; weak, so an app that is gone can be collected.
 _STATES: weakref.WeakSet[_AppState] = weakref.WeakSet()
 # The states with an Ownership open in this process: held strongly, so one is closed at exit
-# even when its app is gone.
+# even when its app is gone. Single set operations (add, discard, copy) are atomic.
 _OPEN: set[_AppState] = set()
 
 

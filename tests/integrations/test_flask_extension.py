@@ -17,7 +17,13 @@ from tests.examples.helpers import REPO_ROOT, abandon
 from tests.workflows.helpers import holder_engine
 from weft_sync import Ownership, OwnershipOptions, ReclaimedWorkflow
 from weft_sync.errors import ClosedError
-from weft_sync.flask import EXTENSION_KEY, WeftSync, close_all, gunicorn_worker_exit
+from weft_sync.flask import (
+    EXTENSION_KEY,
+    WeftSync,
+    close_all,
+    gunicorn_worker_exit,
+    redact_url,
+)
 from weft_sync.storage import Storage
 from weft_sync.workflows import Workflows
 
@@ -366,6 +372,48 @@ def test_a_handler_registered_after_open_is_used_by_the_open_ownership(
     def resume_late(ctx: ReclaimedWorkflow) -> None:
         ctx.workflows.complete(ctx.workflow_id)
 
+    weft.handler("late")(resume_late)  # the same handler again changes nothing
     ownership.run_maintenance()
 
     assert Workflows(storage).get("late-1").status == "completed"  # type: ignore[union-attr]
+
+
+@pytest.mark.parametrize(
+    "args",
+    [["claims"], ["workflows", "--json"], ["show", "job-1"], ["metrics"], ["doctor"]],
+    ids=lambda args: args[0],
+)
+def test_flask_weft_runs_each_read_command_on_the_apps_store(
+    weft: WeftSync, storage_url: str, args: list[str]
+) -> None:
+    app = make_app(storage_url, WEFT_SYNC_OPTIONS=FAST)
+    weft.init_app(app)
+    weft.get_ownership(app).workflows.start("job-1", "report")
+
+    result = app.test_cli_runner().invoke(args=["weft", *args])
+
+    assert result.exit_code == 0, result.output
+    assert result.output.strip()
+
+
+def test_the_constructor_form_initialises_the_app(tmp_path: Path) -> None:
+    app = make_app(f"sqlite:///{tmp_path / 'ctor.db'}", WEFT_SYNC_BACKGROUND="manual")
+    weft = WeftSync(app)
+    try:
+        with app.app_context():
+            assert weft.ownership is weft.get_ownership(app)
+            assert weft.ownership.workflows.list() == []
+    finally:
+        weft.close(app)
+
+
+def test_urls_are_logged_and_reported_without_their_password() -> None:
+    assert redact_url("postgresql://app:s3cret@db:5432/app?table=t") == (
+        "postgresql://app:***@db:5432/app?table=t"
+    )
+    assert redact_url("postgresql://app@db/app") == "postgresql://app@db/app"
+    assert redact_url("sqlite:////tmp/x.db") == "sqlite:////tmp/x.db"
+    with pytest.raises(ValueError) as raised:
+        WeftSync(make_app("mysql://root:s3cret@db/app"))
+    assert "s3cret" not in str(raised.value)
+    assert "mysql://root:***@db/app" in str(raised.value)
