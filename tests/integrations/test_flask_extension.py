@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 import threading
@@ -417,3 +418,19 @@ def test_urls_are_logged_and_reported_without_their_password() -> None:
         WeftSync(make_app("mysql://root:s3cret@db/app"))
     assert "s3cret" not in str(raised.value)
     assert "mysql://root:***@db/app" in str(raised.value)
+
+
+def test_the_readme_flask_example_builds_an_app_that_opens_nothing() -> None:
+    readme = (REPO_ROOT / "README.md").read_text()
+    (block,) = [b for b in re.findall(r"```python\n(.*?)```", readme, re.S) if "WeftSync" in b]
+    namespace: dict[str, object] = {"__name__": "__main__"}
+    threads_before = set(threading.enumerate())
+
+    exec(compile(block, "README.md", "exec"), namespace)
+    app = namespace["create_app"]()  # type: ignore[operator]
+
+    state = app.extensions[EXTENSION_KEY]
+    assert state.url == "postgresql://app@db/app"
+    assert state.options == OwnershipOptions(claim_ttl="30s", claim_renew_interval="5s")
+    assert list(namespace["weft"].handlers()) == ["report"]  # type: ignore[attr-defined]
+    assert set(threading.enumerate()) == threads_before
