@@ -162,7 +162,7 @@ class WeftSync:
                     f"workflow type {workflow_type!r} already has the handler {existing!r:.80}"
                 )
             for state in states:
-                state.add_handler(workflow_type, fn)
+                state.sync_handlers()
             return fn
 
         return register
@@ -266,6 +266,8 @@ class _AppState:
             if keep:
                 self._ownership = ownership
                 _OPEN.add(self)
+                # Handlers registered while it was opening.
+                self._sync_handlers(ownership)
         event.set()
         if not keep:
             ownership.close()
@@ -293,15 +295,22 @@ class _AppState:
             background=self.background,  # type: ignore[arg-type]
         )
 
-    def add_handler(self, workflow_type: str, fn: WorkflowHandler) -> None:
-        """Add a handler registered after this process opened its ``Ownership``."""
+    def sync_handlers(self) -> None:
+        """Give the open ``Ownership`` (if any) the handlers registered since it opened."""
         with self._lock:
             self._adopt_process()
-            ownership = self._ownership
+            if self._ownership is not None:
+                self._sync_handlers(self._ownership)
+
+    def _sync_handlers(self, ownership: Ownership) -> None:
+        # Called with _lock held, so the opener and a late registration never both add one
+        # type; registering touches no storage.
         app = self._app_ref()
-        if ownership is None or app is None:
+        if app is None or ownership.closed:
             return
-        ownership.handler(workflow_type)(_in_app_context(app, fn))
+        for workflow_type, fn in self._extension.handlers().items():
+            if ownership.handlers.get(workflow_type) is None:
+                ownership.handler(workflow_type)(_in_app_context(app, fn))
 
     def close(self) -> None:
         with self._lock:
