@@ -16,6 +16,7 @@ import json
 import signal
 import time
 import urllib.parse
+import uuid
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -32,7 +33,7 @@ from tests.examples.gunicorn_harness import (
 )
 from weft_sync.codec import decode_holder
 from weft_sync.keys import workflow_owner_holder
-from weft_sync.storage import Storage
+from weft_sync.storage import Storage, open_storage
 from weft_sync.workflows import Workflows
 
 APP_SPEC = "examples.flask_app.app:create_app()"
@@ -280,3 +281,66 @@ def _busy_probe(backend: str, storage_url: str) -> Callable[[int], bool]:
 @pytest.fixture(params=[False, True], ids=["no-preload", "preload"])
 def preload(request: pytest.FixtureRequest) -> bool:
     return bool(request.param)
+
+
+STALL_S = 3.0
+"""How long the worker stays paused inside a write: longer than the TTL."""
+
+
+def test_a_worker_paused_inside_a_sqlite_write_stalls_writers_but_strands_no_job(
+    sqlite_storage_url: str, tmp_path: Path
+) -> None:
+    """SQLite has one writer: while a paused worker holds the write lock nobody else writes.
+
+    Nothing is decided while it is stopped (no takeover can commit either); once it continues,
+    claims that expired meanwhile change hands, and every job still completes exactly once.
+    """
+    events_dir = tmp_path / "events"
+    events_dir.mkdir()
+    env = {
+        "FLASK_WEFT_SYNC_URL": sqlite_storage_url,
+        "FLASK_WEFT_SYNC_OPTIONS": json.dumps(OPTIONS),
+        "FLASK_JOBS_STEP_MS": str(STEP_MS),
+        "FLASK_JOBS_EVENTS_DIR": str(events_dir),
+    }
+    with (
+        open_storage(sqlite_storage_url) as storage,
+        run_gunicorn(
+            APP_SPEC,
+            log_path=tmp_path / "gunicorn.log",
+            workers=WORKERS,
+            env=env,
+            extra_args=["-c", CONFIG],
+        ) as server,
+    ):
+        accepted = _start_jobs(server)
+        (stopped, _), *_ = Counter(accepted.values()).most_common(1)
+        stops = server.stop_when(stopped, lambda pid: bool(write_locks_held(pid)))
+        paused_at = time.time()
+        time.sleep(STALL_S)
+        continued_at = time.time()
+        server.signal(stopped, signal.SIGCONT)
+        ledger = Workflows(storage)
+        stranded = _wait_until_finished(ledger, accepted)
+        log = _read_events(events_dir)
+        _assert_completed_exactly_once(ledger, accepted, log, killed=-1)
+        server_log = server.log()
+
+    assert stranded == []
+    during = [
+        e
+        for e in log
+        if e["event"] == "step" and e["pid"] != stopped and paused_at < e["t"] < continued_at
+    ]
+    refused = Counter(e["pid"] for e in log if e["event"] == "refused")
+    print(
+        f"\n[gunicorn sqlite, paused inside a write] jobs {len(accepted)}, {stops} stop(s) to "
+        f"catch it holding the lock, steps written by others during the {STALL_S:.1f}s pause "
+        f"{len(during)}, stranded {len(stranded)}, refused writes by pid {dict(refused)}"
+    )
+    assert "Traceback" not in server_log, server_log
+
+
+@pytest.fixture
+def sqlite_storage_url(tmp_path: Path) -> str:
+    return f"sqlite:///{tmp_path / 'store.db'}?table=t_{uuid.uuid4().hex[:16]}"
