@@ -7,10 +7,12 @@ import logging
 import os
 import sqlite3
 import threading
+import time
 import weakref
 from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Final
 
+from .._fork import process_bound, register_at_fork
 from ..errors import ClosedError, StorageError
 from .base import (
     Batch,
@@ -28,6 +30,7 @@ from .base import (
 )
 from .cas import CasRow, validate_cas_rows
 from .reads import validate_keys
+from .sqlite_readers import ReaderConnections
 from .sqlite_writer import (
     RenewalRow,
     RequestQueue,
@@ -54,25 +57,51 @@ _JOIN_GRACE_S: Final = 5.0
 # Keys per ``SELECT … WHERE key IN (…)`` of get_many (SQLite allows 32,766 parameters).
 _GET_MANY_CHUNK: Final = 500
 
-# Connections inherited across os.fork() are never closed in the child (closing a copied handle
-# can checkpoint or unlink the parent's WAL); keeping them referenced here stops finalisation.
-_INHERITED: list[object] = []
-# Guards the one-time reset of a storage object in a forked child; recreated in every child.
-_fork_lock = threading.Lock()
+# How much longer than its busy timeout a fork waits for a storage's reads and writes to pause.
+_FORK_GRACE_S: Final = 5.0
+# Held while a storage creates its table (outside any writer), so a fork waits for that too.
+_opening = threading.Lock()
 _LIVE: weakref.WeakSet[SqliteStorage] = weakref.WeakSet()
+# What the fork in progress paused: the storages, and whether it holds _opening.
+_paused: list[SqliteStorage] = []
+_paused_opening: list[bool] = []
+
+
+def _before_fork() -> None:
+    # SQLite keeps per-process lock bookkeeping for each file, and a child inherits a copy: a
+    # connection copied mid-transaction would make every write of the child's own connections
+    # fail as "database is locked". Pausing every read and write until the fork is done lets
+    # the child close its copies safely, so its own connections start from clean bookkeeping.
+    start = time.monotonic()
+    _paused_opening.append(_opening.acquire(timeout=_FORK_GRACE_S))
+    for storage in list(_LIVE):
+        if storage._pause_for_fork(start):
+            _paused.append(storage)
+
+
+def _after_fork_in_parent() -> None:
+    for storage in _paused:
+        storage._resume_after_fork()
+    _paused.clear()
+    if _paused_opening.pop():
+        _opening.release()
 
 
 def _after_fork_in_child() -> None:
-    # Reset eagerly so inherited handles are pinned even if the child never uses the storage;
-    # the pid check on every call covers forks that skip these hooks.
-    global _fork_lock
-    _fork_lock = threading.Lock()
+    global _opening
+    _opening = threading.Lock()
+    paused = list(_paused)
+    _paused.clear()
+    _paused_opening.clear()
     for storage in list(_LIVE):
-        storage._ensure_process()
+        storage._abandon_in_child(paused=any(storage is p for p in paused))
 
 
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_after_fork_in_child)
+register_at_fork(
+    before=_before_fork,
+    after_in_parent=_after_fork_in_parent,
+    after_in_child=_after_fork_in_child,
+)
 
 
 def _identity(value: object) -> object:
@@ -98,8 +127,14 @@ class SqliteStorage:
 
     Processes: writers in different processes are serialised by ``flock`` on ``<path>.lock``,
     held only while a write transaction runs, and ``BEGIN IMMEDIATE`` takes SQLite's write lock
-    before any condition is read. After ``os.fork()`` the child leaves the inherited connections
-    and writer thread alone and opens its own. Several hosts must not share the file.
+    before any condition is read. Several hosts must not share the file.
+
+    Fork: a fork waits (up to the busy timeout and a few seconds more) until no read or write of
+    this instance runs, so that the child can close the connections it inherited without touching
+    anything the parent uses; the child then opens its own storage on the same file, which works
+    whatever the parent was doing. In the child this instance raises
+    :class:`~weft_sync.errors.ClosedError`. Connections the application opens itself on the same
+    file (a :meth:`dict_view` included) should not be open across a fork.
 
     :param path: the database file; created if missing. ``":memory:"`` is refused.
     :param table: the table name (letters, digits, underscores).
@@ -142,45 +177,57 @@ class SqliteStorage:
         self._sql_get_many = f"SELECT key, value FROM {quoted} WHERE key IN "
         self._sql_scan = f"SELECT key, value FROM {quoted} WHERE key >= ?"
 
-        # Guards _closed, _writer, _readers and _local, and orders each write's choice (commit on
-        # the calling thread, or queue) against other writes and against close(): no request is
-        # queued or started after close() has drained the queue. Recreated with the per-process
-        # state in a forked child.
+        # Guards _closed and _writer, and orders each write's choice (commit on the calling
+        # thread, or queue) against other writes, against close() (no request is queued or
+        # started after close() has drained the queue) and against a fork (see _pause_for_fork).
         self._lock = threading.Lock()
         self._closed = False
-        self._init_process_state()
+        self._fork_pid = os.getpid()
+        self._queue = RequestQueue()
+        self._writer: SqliteWriter | None = None
+        self._file_lock = WriterFileLock(self._path + ".lock", self._busy_timeout_ms)
+        self._readers = ReaderConnections(self._connect, self._closed_error)
         try:
-            self._create_schema()
+            with _opening:
+                self._create_schema()
         except BaseException:
             self._file_lock.close()
             raise
         _LIVE.add(self)
 
-    # -- per-process state -------------------------------------------------------------------
+    # -- fork --------------------------------------------------------------------------------
 
-    def _init_process_state(self) -> None:
-        self._pid = os.getpid()
-        self._local = threading.local()
-        self._queue = RequestQueue()
-        self._writer: SqliteWriter | None = None
-        self._file_lock = WriterFileLock(self._path + ".lock", self._busy_timeout_ms)
-        self._readers: list[tuple[threading.Thread, sqlite3.Connection]] = []
+    def _pause_for_fork(self, start: float) -> bool:
+        """Hold every lock that a read or write runs under; ``False`` (nothing held) on timeout."""
+        deadline = start + self._busy_timeout_ms / 1000.0 + _FORK_GRACE_S
+        if not self._lock.acquire(timeout=max(0.0, deadline - time.monotonic())):
+            return False
+        writer = self._writer
+        if writer is not None and not writer.pause(deadline - time.monotonic()):
+            self._lock.release()
+            return False
+        if not self._readers.pause(deadline):
+            if writer is not None:
+                writer.resume()
+            self._lock.release()
+            return False
+        return True
 
-    def _ensure_process(self) -> None:
-        """Abandon state inherited from a parent process; the child opens its own lazily."""
-        if self._pid == os.getpid():
-            return
-        with _fork_lock:
-            if self._pid == os.getpid():
-                return
-            _INHERITED.extend(conn for _, conn in self._readers)
-            if self._writer is not None and self._writer.connection is not None:
-                _INHERITED.append(self._writer.connection)
-            # Closing a duplicated descriptor never releases the parent's flock.
-            self._file_lock.close()
-            # The parent's lock may have been held by a thread that does not exist here.
-            self._lock = threading.Lock()
-            self._init_process_state()
+    def _resume_after_fork(self) -> None:
+        self._readers.resume()
+        if self._writer is not None:
+            self._writer.resume()
+        self._lock.release()
+
+    def _abandon_in_child(self, *, paused: bool) -> None:
+        """Let go of everything inherited: close the copies when paused, else pin them."""
+        self._lock = threading.Lock()
+        if self._writer is not None:
+            self._writer.abandon_in_child(paused)
+        self._file_lock.close()
+        self._readers.abandon_in_child()
+        self._closed = True
+        _LIVE.discard(self)
 
     # -- connections -------------------------------------------------------------------------
 
@@ -216,32 +263,14 @@ class SqliteStorage:
             finally:
                 conn.close()
 
-    def _reader(self) -> sqlite3.Connection:
-        conn: sqlite3.Connection | None = getattr(self._local, "conn", None)
-        if conn is not None:
-            return conn
-        conn = self._connect()
-        me = threading.current_thread()
-        with self._lock:
-            if self._closed:
-                stale = [conn]
-            else:
-                # Connections of threads that have ended are closed here rather than leaked.
-                stale = [c for t, c in self._readers if not t.is_alive()]
-                self._readers = [(t, c) for t, c in self._readers if t.is_alive()]
-                self._readers.append((me, conn))
-                self._local.conn = conn
-        for old in stale:
-            with contextlib.suppress(sqlite3.Error):
-                old.close()
-        self._check_open()
-        return conn
-
     # -- errors ------------------------------------------------------------------------------
+
+    def _closed_error(self) -> ClosedError:
+        return ClosedError(f"SqliteStorage({self._path!r}) is closed")
 
     def _check_open(self) -> None:
         if self._closed:
-            raise ClosedError(f"SqliteStorage({self._path!r}) is closed")
+            raise self._closed_error()
 
     @contextlib.contextmanager
     def _translate(self, what: str) -> Iterator[None]:
@@ -275,27 +304,26 @@ class SqliteStorage:
         """The table holding the keys."""
         return self._table
 
+    @process_bound
     def get(self, key: str) -> bytes | None:
         validate_key(key)
-        self._ensure_process()
         self._check_open()
-        with self._translate("get"):
-            row = self._reader().execute(self._sql_get, (key,)).fetchone()
+        with self._translate("get"), self._readers.for_thread() as conn:
+            row = conn.execute(self._sql_get, (key,)).fetchone()
         return None if row is None else as_bytes(row[0])
 
+    @process_bound
     def get_many(self, keys: Sequence[str]) -> list[bytes | None]:
         """Read many keys in one read transaction (one snapshot), :data:`_GET_MANY_CHUNK` keys
         per query. See :class:`~weft_sync.storage.reads.SupportsGetMany`.
         """
         checked = validate_keys(keys)
-        self._ensure_process()
         self._check_open()
         if not checked:
             return []
         unique = list(dict.fromkeys(checked))
         found: dict[str, bytes | None] = {}
-        with self._translate("get_many"):
-            conn = self._reader()
+        with self._translate("get_many"), self._readers.for_thread() as conn:
             conn.execute("BEGIN")
             try:
                 for start in range(0, len(unique), _GET_MANY_CHUNK):
@@ -307,6 +335,7 @@ class SqliteStorage:
                     conn.execute("COMMIT")  # ends the read transaction; nothing was written
         return [found.get(key) for key in checked]
 
+    @process_bound
     def scan(
         self,
         prefix: str = "",
@@ -320,10 +349,9 @@ class SqliteStorage:
     ) -> list[tuple[str, bytes]]:
         comparisons = validate_scan_args(prefix, gt, gte, lt, lte, limit)
         sql, args = self._scan_query(prefix, comparisons, limit, reverse)
-        self._ensure_process()
         self._check_open()
-        with self._translate("scan"):
-            rows = self._reader().execute(sql, args).fetchall()
+        with self._translate("scan"), self._readers.for_thread() as conn:
+            rows = conn.execute(sql, args).fetchall()
         # A NULL value (only a foreign writer can store one) reads as absent, as in get().
         return [(str(k), v) for k, raw in rows if (v := as_bytes(raw)) is not None]
 
@@ -343,20 +371,23 @@ class SqliteStorage:
 
     # -- writes ------------------------------------------------------------------------------
 
+    @process_bound
     def put(self, key: str, value: bytes) -> None:
         self._submit([([], validate_operations([Put(key, value)]))])
 
+    @process_bound
     def delete(self, key: str) -> None:
         self._submit([([], validate_operations([Delete(key)]))])
 
+    @process_bound
     def batch(self, operations: Sequence[Operation]) -> None:
         checked = validate_operations(operations)
         if checked:
             self._submit([([], checked)])
         else:
-            self._ensure_process()
             self._check_open()
 
+    @process_bound
     def conditional_batch(
         self, conditions: Sequence[Condition], operations: Sequence[Operation]
     ) -> bool:
@@ -365,6 +396,7 @@ class SqliteStorage:
             return self._submit([], [row])[0]
         return self._submit([validate_batch(conditions, operations)])[0]
 
+    @process_bound
     def conditional_batches(self, batches: Sequence[Batch]) -> list[bool]:
         checked: list[tuple[list[Condition], list[Operation]]] = []
         rows: list[RenewalRow] = []
@@ -376,7 +408,6 @@ class SqliteStorage:
             else:
                 checked.append(validate_batch(conditions, operations))
         if not rows and not checked:
-            self._ensure_process()
             self._check_open()
             return []
         if not checked:
@@ -384,6 +415,7 @@ class SqliteStorage:
         # Not every batch is a renewal: the renewals seen first go through the general path too.
         return self._submit([renewal_batch(row) for row in rows] + checked)
 
+    @process_bound
     def compare_and_set_many(self, rows: Sequence[CasRow]) -> list[bool]:
         """Set each ``(key, expected, new)`` row's key to ``new`` if it holds ``expected``.
 
@@ -393,7 +425,6 @@ class SqliteStorage:
         """
         checked = validate_cas_rows(rows)
         if not checked:
-            self._ensure_process()
             self._check_open()
             return []
         return self._submit([], checked)
@@ -403,7 +434,6 @@ class SqliteStorage:
         batches: list[tuple[list[Condition], list[Operation]]],
         renewals: list[RenewalRow] | None = None,
     ) -> list[bool]:
-        self._ensure_process()
         request = WriteRequest(batches, renewals)
         with self._lock:
             self._check_open()
@@ -429,6 +459,7 @@ class SqliteStorage:
 
     # -- views and lifecycle -----------------------------------------------------------------
 
+    @process_bound
     def dict_view(self) -> SqliteDict:
         """Open a read-only ``SqliteDict`` over this file and table; the caller closes it.
 
@@ -436,7 +467,6 @@ class SqliteStorage:
         """
         from sqlitedict import SqliteDict
 
-        self._ensure_process()
         self._check_open()
         return SqliteDict(
             self._path,
@@ -449,17 +479,22 @@ class SqliteStorage:
         )
 
     def close(self) -> None:
-        """Stop the writer thread and close every connection; idempotent."""
-        self._ensure_process()
+        """Stop the writer thread and close every connection; idempotent.
+
+        In a child that inherited this instance across ``os.fork()`` it only lets go of the
+        inherited copies (see the class docstring): the parent still uses the originals.
+        """
+        if self._fork_pid != os.getpid():
+            if not self._closed:
+                self._abandon_in_child(paused=False)
+            return
         with self._lock:
             if self._closed:
                 return
             self._closed = True
-            # _writer stays set: one that does not stop in time keeps a connection that a forked
-            # child must leave open (see _ensure_process).
-            writer, readers = self._writer, self._readers
-            self._readers = []
-            self._local = threading.local()
+            # _writer stays set: one that does not stop in time keeps a connection that a fork
+            # must still wait for (see _pause_for_fork).
+            writer = self._writer
             # Requests the writer has not taken yet fail; those being committed finish.
             pending = self._queue.drain()
             if writer is not None:
@@ -481,9 +516,9 @@ class SqliteStorage:
             self._file_lock.close()
         for request in self._queue.drain():
             request.finish(None, ClosedError(f"SqliteStorage({self._path!r}) is closed"))
-        for _, conn in readers:
-            with contextlib.suppress(sqlite3.Error):
-                conn.close()
+        self._readers.close_all()
+        if stopped:
+            _LIVE.discard(self)
 
     def __enter__(self) -> SqliteStorage:
         return self
@@ -492,5 +527,8 @@ class SqliteStorage:
         self.close()
 
     def __repr__(self) -> str:
-        state = "closed" if self._closed else "open"
+        if self._fork_pid != os.getpid():
+            state = f"inherited from process {self._fork_pid}"
+        else:
+            state = "closed" if self._closed else "open"
         return f"SqliteStorage({self._path!r}, table={self._table!r}, {state})"
