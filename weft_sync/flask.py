@@ -459,7 +459,8 @@ def _delegating_command(name: str, help_text: str) -> click.Command:
     # Options and --help go to weft-sync's own parser untouched.
     @click.command(
         name,
-        help=f"{help_text} (weft-sync {name} --help for its options)",
+        help=f"{help_text} (flask weft {name} --help lists its options)",
+        short_help=help_text,
         context_settings={"ignore_unknown_options": True, "allow_extra_args": True},
         add_help_option=False,
     )
