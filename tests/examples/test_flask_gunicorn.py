@@ -104,6 +104,7 @@ def _kill_pause_and_finish(
 ) -> Run:
     accepted = _start_jobs(server)
     by_pid = Counter(accepted.values())
+    assert len(by_pid) >= 2, f"one worker accepted every job: {by_pid}"
     (killed, _), (stopped, _) = by_pid.most_common(2)
 
     stop_attempts = server.stop_outside(stopped, busy)
@@ -140,14 +141,13 @@ def _kill_pause_and_finish(
     )
 
 
-def _start_jobs(server: GunicornServer) -> dict[str, int]:
-    """POST :data:`JOBS` jobs; return job id -> the pid of the worker that accepted it."""
+def _start_jobs(server: GunicornServer, *, count: int = JOBS, steps: int = STEPS) -> dict[str, int]:
+    """POST ``count`` jobs; return job id -> the pid of the worker that accepted it."""
     accepted: dict[str, int] = {}
-    for _ in range(JOBS):
-        status, body = server.request("POST", "/jobs", {"steps": STEPS})
+    for _ in range(count):
+        status, body = server.request("POST", "/jobs", {"steps": steps})
         assert status == 201, body
         accepted[body["id"]] = body["pid"]
-    assert len(set(accepted.values())) >= 2, f"one worker accepted every job: {accepted}"
     return accepted
 
 
@@ -344,3 +344,33 @@ def test_a_worker_paused_inside_a_sqlite_write_stalls_writers_but_strands_no_job
 @pytest.fixture
 def sqlite_storage_url(tmp_path: Path) -> str:
     return f"sqlite:///{tmp_path / 'store.db'}?table=t_{uuid.uuid4().hex[:16]}"
+
+
+def test_gunicorn_workers_release_their_claims_when_stopped_gracefully(
+    sqlite_storage_url: str, tmp_path: Path
+) -> None:
+    env = {"FLASK_WEFT_SYNC_URL": sqlite_storage_url, "FLASK_JOBS_STEP_MS": "1000"}
+    with open_storage(sqlite_storage_url) as storage:
+        with run_gunicorn(
+            APP_SPEC,
+            log_path=tmp_path / "gunicorn.log",
+            workers=2,
+            env=env,
+            extra_args=["-c", CONFIG],
+        ) as server:
+            accepted = _start_jobs(server, count=8, steps=100)
+            held = {job: _holder_engine(storage, job) for job in accepted}
+        log = server.log()
+        assert server.process.returncode == 0, log
+        after = {job: _holder_engine(storage, job) for job in accepted}
+        statuses = {Workflows(storage).get(job).status for job in accepted}  # type: ignore[union-attr]
+
+    assert None not in held.values()
+    # Still running, held by nobody: the next worker to open takes them over and resumes them.
+    assert (statuses, set(after.values())) == ({"running"}, {None})
+    assert "Traceback" not in log, log
+
+
+def _holder_engine(storage: Storage, job: str) -> str | None:
+    holder = decode_holder(storage.get(workflow_owner_holder(job)))
+    return None if holder is None else holder.engine_id
