@@ -34,8 +34,9 @@ from types import TracebackType
 from typing import Literal, TypeVar
 
 from . import keys
+from .claiming import ClaimAttempt, attempt_claim, claim_with_wait, validate_wait
 from .claims.registry import ClaimRegistry, WarnSink
-from .claims.results import AcquireStatus, ReleaseStatus
+from .claims.results import ReleaseStatus
 from .clock import Clock, system_clock
 from .codec import decode_epoch
 from .errors import (
@@ -375,19 +376,28 @@ class Ownership:
     # ----------------------------------------------------------------------------------------
 
     @contextmanager
-    def claim(self, workflow_id: str) -> Iterator[ClaimHandle]:
+    def claim(self, workflow_id: str, *, wait: float | None = None) -> Iterator[ClaimHandle]:
         """Hold ``workflow_id`` for the length of a ``with`` block.
+
+        The claim is acquired, or taken over (epoch + 1) when its holder expired more than the
+        takeover grace ago, so the claim of a crashed process blocks its id for at most the TTL
+        plus the grace. With ``wait``, attempts repeat with jittered delays for up to ``wait``
+        seconds (leader election for a cron job: ``claim("nightly", wait=60)``).
 
         On exit the claim is released (only at the handle's epoch, so a newer generation of the
         same id survives). If the claim was lost inside the block and the block did not raise,
         exit raises :class:`~weft_sync.errors.WorkflowClaimLostError`; an exception raised by
         the block always propagates unchanged.
 
+        :param wait: seconds to keep trying; ``None`` (default) or ``0`` tries once.
         :raises WorkflowClaimUnavailableError: another engine holds a live claim, or a
-            ``claim()`` block of this object already holds it (``held_by`` names the holder).
+            ``claim()`` block of this object already holds it (``held_by`` names the holder),
+            and ``wait`` ran out.
+        :raises ValueError: ``wait`` is not a finite number of seconds ``>= 0``.
         :raises ClosedError: after ``close()`` or in a forked child.
         """
-        handle = self._acquire(workflow_id)
+        wait_s = validate_wait(wait)
+        handle = self._acquire(workflow_id, wait_s)
         try:
             yield handle
         except BaseException:
@@ -413,18 +423,13 @@ class Ownership:
             self._lost_callbacks.append(callback)
         return callback
 
-    def _acquire(self, workflow_id: str) -> ClaimHandle:
+    def _acquire(self, workflow_id: str, wait_s: float | None) -> ClaimHandle:
         wid = validate_workflow_id(workflow_id)
-        self._require_open("claim()")
-        with self._lock:
-            busy = wid in self._handles
-        if busy:
-            raise WorkflowClaimUnavailableError(wid, self._registry.engine_id)
-        result = self._registry.acquire(wid)
-        if result.status is not AcquireStatus.ACQUIRED or result.epoch is None:
-            self._metrics.record_claim_attempt("lost_race")
+        result = claim_with_wait(
+            lambda: self._attempt_claim(wid), wait_s, lambda: self._require_open("claim()")
+        )
+        if result.epoch is None:
             raise WorkflowClaimUnavailableError(wid, result.held_by)
-        self._metrics.record_claim_attempt("acquired")
         handle = ClaimHandle(wid, result.epoch, self._verify_held)
         with self._lock:
             state = self._state
@@ -439,6 +444,13 @@ class Ownership:
                     _log.warning("could not release the claim on workflow %r", wid, exc_info=True)
             raise self._closed_error("claim()", state)
         return handle
+
+    def _attempt_claim(self, wid: str) -> ClaimAttempt:
+        with self._lock:
+            busy = wid in self._handles
+        if busy:
+            return ClaimAttempt(None, self._registry.engine_id)
+        return attempt_claim(self._registry, self._metrics, wid)
 
     def _finish(self, handle: ClaimHandle, *, body_failed: bool) -> None:
         wid = handle.workflow_id
