@@ -22,11 +22,14 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Final
 
+from . import keys
 from .claims.registry import ClaimRegistry
 from .claims.results import AcquireStatus, TakeoverStatus
+from .codec import decode_epoch
+from .handles import ClaimHandle
 from .metrics import ClaimMetrics
 
-__all__ = ["ClaimAttempt", "attempt_claim", "claim_with_wait", "validate_wait"]
+__all__ = ["ClaimAttempt", "attempt_claim", "claim_is_gone", "claim_with_wait", "validate_wait"]
 
 _log = logging.getLogger(__name__)
 
@@ -115,3 +118,23 @@ def claim_with_wait(
         _log.debug("claim unavailable (held by %r); retrying in %.3f s", outcome.held_by, pause)
         sleep(pause)
         delay = min(delay * 2, _MAX_DELAY_S)
+
+
+def claim_is_gone(registry: ClaimRegistry, handle: ClaimHandle) -> bool:
+    """Whether a claim-lost report for ``handle``'s id concerns ``handle``'s own claim."""
+    wid = handle.workflow_id
+    if registry.current_epoch(wid) != handle.epoch:
+        # A lost renewal drops the registry entry before it reports.
+        return True
+    # A fenced write reports while the registry still tracks the epoch, and so does a late
+    # renewal of an older generation: the stored epoch tells which one this is.
+    try:
+        stored = decode_epoch(registry.storage.get(keys.workflow_owner_epoch(wid)))
+    except Exception:
+        _log.warning(
+            "could not read the epoch of workflow %r; treating its claim as lost",
+            wid,
+            exc_info=True,
+        )
+        return True
+    return stored != handle.epoch
