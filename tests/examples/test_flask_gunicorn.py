@@ -113,15 +113,13 @@ def _kill_pause_and_finish(
     killed_at = time.time()
     stopped_engine = _engine_of(events_dir, stopped)
     _wait_until_taken_over(storage, accepted, stopped, stopped_engine)
-    # Taken before the signal: every event the worker logs after continuing is later than this.
-    continued_at = time.time()
     server.signal(stopped, signal.SIGCONT)
 
     ledger = Workflows(storage)
     stranded = _wait_until_finished(ledger, accepted)
     log = _read_events(events_dir)
     _assert_completed_exactly_once(ledger, accepted, log, killed)
-    refused = _assert_stale_writes_refused(log, stopped, continued_at)
+    refused = _assert_stale_writes_refused(log, stopped)
     assert stranded == []
     resumes = [e for e in log if e["event"] == "resumed"]
     takeover = max(
@@ -226,27 +224,30 @@ def _assert_completed_exactly_once(
             assert completers[job] == outcome.result["pid"], (job, completers[job], outcome)
 
 
-def _assert_stale_writes_refused(
-    log: list[dict[str, Any]], stopped: int, continued_at: float
-) -> int:
-    """The paused worker's writes after the takeover were all refused; return how many."""
+def _assert_stale_writes_refused(log: list[dict[str, Any]], stopped: int) -> int:
+    """The paused worker had writes refused, and no stale write was accepted; return how many."""
     refused = [e for e in log if e["event"] == "refused" and e["pid"] == stopped]
     assert refused, "the paused worker had no write refused"
-    # After it continued, the paused worker owned none of its jobs (all were taken over while
-    # it was stopped): a write of its accepted after that needs a takeover of its own first.
-    retaken_at = {
-        e["job"]: e["t"]
-        for e in log
-        if e["event"] == "resumed" and e["pid"] == stopped and e["t"] >= continued_at
-    }
-    for event in log:
-        late = event["pid"] == stopped and event["t"] >= continued_at
-        if late and event["event"] in ("step", "completed"):
-            assert event["t"] >= retaken_at.get(event["job"], float("inf")), (
-                "a stale write was accepted",
-                event,
-            )
+    _assert_no_stale_write_accepted(log)
     return len(refused)
+
+
+def _assert_no_stale_write_accepted(log: list[dict[str, Any]]) -> None:
+    """No write at an older epoch issued after a takeover was accepted.
+
+    A takeover of a job at epoch ``e`` is logged (``resumed``) right after it committed; every
+    write at an older epoch issued after that must have been refused by the store.
+    """
+    takeovers: dict[str, list[tuple[float, int]]] = {}
+    for event in log:
+        if event["event"] == "resumed":
+            takeovers.setdefault(event["job"], []).append((event["t"], event["epoch"]))
+    for event in log:
+        if event["event"] not in ("step", "completed"):
+            continue
+        for taken_at, epoch in takeovers.get(event["job"], []):
+            if epoch > event["epoch"]:
+                assert event["issued"] < taken_at, ("a stale write was accepted", event, epoch)
 
 
 def _busy_probe(backend: str, storage_url: str) -> Callable[[int], bool]:
@@ -324,6 +325,7 @@ def test_a_worker_paused_inside_a_sqlite_write_stalls_writers_but_strands_no_job
         stranded = _wait_until_finished(ledger, accepted)
         log = _read_events(events_dir)
         _assert_completed_exactly_once(ledger, accepted, log, killed=-1)
+        _assert_no_stale_write_accepted(log)
         server_log = server.log()
 
     assert stranded == []
