@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import signal
+import sys
 import time
 import urllib.parse
 import uuid
@@ -48,7 +49,10 @@ TAKEOVER_WAIT_S = 20.0
 FINISH_WAIT_S = 40.0
 """Bound for every job to complete after the paused worker continues; reaching it fails."""
 
-pytestmark = pytest.mark.slow
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc (Linux)"),
+]
 
 
 @dataclass
