@@ -66,6 +66,7 @@ class Run:
     stopped_pid: int
     stop_attempts: int
     takeover_s: float
+    paused_s: float
     resumed_by: dict[int, int]
 
 
@@ -95,7 +96,8 @@ def test_jobs_survive_a_killed_and_a_paused_gunicorn_worker(
 
     print(
         f"\n[gunicorn {backend} preload={preload}] jobs {run.jobs}, killed 1 (pid "
-        f"{run.killed_pid}), paused 1 (pid {run.stopped_pid}, {run.stop_attempts} stop(s)), "
+        f"{run.killed_pid}), paused 1 for {run.paused_s:.1f}s (pid {run.stopped_pid}, "
+        f"{run.stop_attempts} stop(s)), "
         f"stranded {run.stranded}, refused stale writes {run.refused_stale}, takeover "
         f"{run.takeover_s:.2f}s after the kill/pause, resumed by pid {run.resumed_by}"
     )
@@ -117,6 +119,7 @@ def _kill_pause_and_finish(
     killed_at = time.time()
     stopped_engine = _engine_of(events_dir, stopped)
     _wait_until_taken_over(storage, accepted, stopped, stopped_engine)
+    paused_s = time.time() - paused_at
     server.signal(stopped, signal.SIGCONT)
 
     ledger = Workflows(storage)
@@ -139,6 +142,7 @@ def _kill_pause_and_finish(
         stopped_pid=stopped,
         stop_attempts=stop_attempts,
         takeover_s=takeover,
+        paused_s=paused_s,
         resumed_by=dict(Counter(e["pid"] for e in resumes)),
     )
 
