@@ -13,12 +13,15 @@ the holder scan cannot see an engine that holds no claims, so the first survivor
 believes it is alone and takes everything. Short settings: TTL 900 ms, renew interval 300 ms.
 
     python bench/fair_takeover.py [--quick] [--repeats N] [--backend sqlite|postgres|both]
-        [--workflows N]
+        [--workflows N] [--log-dir DIR]
+
+``--log-dir`` writes each survivor's reclaim decisions (DEBUG) to ``DIR/<survivor>.log``.
 """
 
 from __future__ import annotations
 
 import argparse
+import logging
 import multiprocessing
 import os
 import queue
@@ -62,8 +65,17 @@ def _owner_main(url: str, count: int, ready: Any) -> None:
         time.sleep(60)
 
 
-def _survivor_main(url: str, name: str, own: int, ready: Any, stop: Any, driven: Any) -> None:
+def _survivor_main(
+    url: str, name: str, own: int, ready: Any, stop: Any, driven: Any, log_dir: str | None
+) -> None:
     """Drive reclaimed ``job`` workflows (reporting each on ``driven``) until ``stop`` is set."""
+    if log_dir is not None:
+        logging.basicConfig(
+            filename=str(Path(log_dir) / f"{name}.log"),
+            format="%(created).3f %(threadName)s %(name)s %(levelname)s %(message)s",
+            level=logging.WARNING,
+        )
+        logging.getLogger("weft_sync.maintenance.reclaim_target").setLevel(logging.DEBUG)
 
     def resume(ctx: ReclaimedWorkflow) -> None:
         ctx.workflows.save_checkpoint(ctx.workflow_id, f"resumed by {name}".encode())
@@ -76,7 +88,7 @@ def _survivor_main(url: str, name: str, own: int, ready: Any, stop: Any, driven:
         stop.wait(START_S + GIVE_UP_S)
 
 
-def one_run(spec: StoreSpec, count: int, own: int) -> dict[str, Any]:
+def one_run(spec: StoreSpec, count: int, own: int, log_dir: str | None) -> dict[str, Any]:
     """Kill an owner of ``count`` workflows among three survivors; return who drove what."""
     ctx = multiprocessing.get_context("spawn")
     owner_ready, stop = ctx.Event(), ctx.Event()
@@ -91,7 +103,9 @@ def one_run(spec: StoreSpec, count: int, own: int) -> dict[str, Any]:
         for name in SURVIVORS:
             ready = ctx.Event()
             proc = ctx.Process(
-                target=_survivor_main, args=(spec.url, name, own, ready, stop, driven), name=name
+                target=_survivor_main,
+                args=(spec.url, name, own, ready, stop, driven, log_dir),
+                name=name,
             )
             proc.start()
             survivors.append(proc)
@@ -143,11 +157,13 @@ def _collect(driven: Any, count: int) -> list[tuple[str, str, float]]:
             return events
 
 
-def bench_backend(site: Site, backend: str, count: int, runs: int) -> None:
+def bench_backend(
+    site: Site, backend: str, count: int, runs: int, log_dir: str | None = None
+) -> None:
     rows = []
     for label, own in (("own work", OWN_WORK), ("--idle", 0)):
         for run in range(1, runs + 1):
-            result = one_run(site.new_store(backend, name="fair"), count, own)
+            result = one_run(site.new_store(backend, name="fair"), count, own, log_dir)
             shares = [result["shares"].get(name, 0) for name in SURVIVORS]
             within = all(0.2 <= n / count <= 0.5 for n in shares)
             rows.append(
@@ -170,6 +186,7 @@ def bench_backend(site: Site, backend: str, count: int, runs: int) -> None:
 
 def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--workflows", type=int, default=None, help="workflows the owner holds")
+    parser.add_argument("--log-dir", default=None, help="write survivors' reclaim decisions here")
 
 
 def main() -> None:
@@ -180,7 +197,7 @@ def main() -> None:
     backends = selected_backends(args)
     with bench_site(backends) as site:
         for backend in backends:
-            bench_backend(site, backend, count, runs)
+            bench_backend(site, backend, count, runs, args.log_dir)
 
 
 if __name__ == "__main__":
