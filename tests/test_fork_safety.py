@@ -9,8 +9,11 @@ from __future__ import annotations
 
 import multiprocessing
 import os
+import subprocess
+import sys
 import time
 import traceback
+import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -306,3 +309,87 @@ def test_multiprocessing_fork_child_can_open_its_own_ownership_on_the_same_store
     assert (result.renewed_count, result.failed_count) == (1, 0)
     with parent.claim("wf-child") as handle:
         assert handle.epoch == 2
+
+
+# A parent that forks a child which exits the normal way (atexit handlers, interpreter
+# finalisation, garbage collection of everything it inherited), then checks that nothing of its
+# own was disturbed: its claims still renew, its writes still land and, on PostgreSQL, its very
+# sessions (backend pids) survived the child.
+_NORMAL_EXIT_SCRIPT = """
+import os, sys, time
+from weft_sync.errors import ClosedError
+from weft_sync.options import OwnershipOptions
+from weft_sync.ownership import Ownership
+
+url, app, raw_dsn = sys.argv[1], sys.argv[2], sys.argv[3]
+options = OwnershipOptions(claim_ttl=3_000, claim_renew_interval=1_000)
+
+
+def sessions():
+    if not app:
+        return set()
+    import psycopg
+
+    with psycopg.connect(raw_dsn, autocommit=True) as raw:
+        rows = raw.execute(
+            "SELECT pid FROM pg_stat_activity WHERE application_name = %s", [app]
+        ).fetchall()
+    return {row[0] for row in rows}
+
+
+parent = Ownership.open(url, options=options, background="manual", engine_id="parent")
+block = parent.claim("wf-parent")
+handle = block.__enter__()
+parent.workflows.start("wf-run", "job")
+before = sessions()
+pid = os.fork()
+if pid == 0:
+    try:
+        parent.workflows.save_checkpoint("wf-run", b"child")
+    except ClosedError:
+        pass
+    else:
+        sys.exit(3)
+    with Ownership.open(url, options=options, background="manual", engine_id="child") as own:
+        own.workflows.start("wf-child", "job")
+        own.workflows.complete("wf-child", 1)
+    sys.exit(0)
+_, status = os.waitpid(pid, 0)
+assert os.waitstatus_to_exitcode(status) == 0, status
+assert sessions() == before, (sessions(), before)
+for _ in range(3):
+    result = parent.run_maintenance()
+    assert (result.renewed_count, result.failed_count) == (2, 0), result
+assert sessions() == before, (sessions(), before)
+parent.workflows.save_checkpoint("wf-run", b"parent")
+assert parent.workflows.complete("wf-run", 2).status == "completed"
+assert parent.workflows.get("wf-child").status == "completed"
+handle.assert_held()
+block.__exit__(None, None, None)
+parent.close()
+print("parent undisturbed")
+"""
+
+
+def test_a_child_that_exits_normally_leaves_the_parents_claims_and_sessions_alone(
+    storage_url: str, backend: str, tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
+    app = raw_dsn = ""
+    url = storage_url
+    if backend == "postgres":
+        app = "weft-fork-exit-" + uuid.uuid4().hex[:8]
+        url = f"{storage_url}&application_name={app}"
+        raw_dsn = str(request.getfixturevalue("postgres_base_url"))
+    script = tmp_path / "parent.py"
+    script.write_text(_NORMAL_EXIT_SCRIPT)
+    env = dict(os.environ, PYTHONWARNINGS="ignore::DeprecationWarning")
+    done = subprocess.run(
+        [sys.executable, str(script), url, app, raw_dsn],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=env,
+        check=False,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert done.stdout.strip() == "parent undisturbed"
