@@ -1,8 +1,8 @@
 """The Flask example under a real gunicorn: a killed and a paused worker strand no job.
 
 Four workers (with and without ``--preload``, on SQLite and PostgreSQL) accept jobs over HTTP.
-Then one worker is SIGKILLed and another SIGSTOPped until the others have taken its jobs over,
-then continued. Every job must complete exactly once, none may be left behind, and the paused
+Then one worker is SIGKILLed and another SIGSTOPped (between two store transactions) until the
+others have taken its jobs over, then continued. Every job must complete exactly once, none may be left behind, and the paused
 worker's late writes must be refused by the store. The numbers are printed (``-s`` shows them).
 
 Evidence comes from two independent places: the store (each job's record, result and
