@@ -300,7 +300,7 @@ def test_flask_weft_claims_and_show_read_the_apps_store(weft: WeftSync, storage_
     assert '"workflow_id": "job-7"' in claims.output
     assert ownership.engine_id in claims.output
     assert shown.exit_code == 0
-    assert "status    running" in shown.output
+    assert re.search(r"^status\s+running$", shown.output, re.M), shown.output
     assert missing.exit_code == 3
     assert usage.exit_code == 2
 
