@@ -9,6 +9,7 @@ through their exit code and a traceback file, and leave with ``os._exit``.
 
 from __future__ import annotations
 
+import logging
 import os
 import signal
 import sqlite3
@@ -28,6 +29,7 @@ from weft_sync.errors import ClosedError
 from weft_sync.options import OwnershipOptions
 from weft_sync.ownership import Ownership
 from weft_sync.storage import Condition, Put, SqliteStorage
+from weft_sync.storage import sqlite as sqlite_module
 from weft_sync.storage.sqlite_writer import SqliteWriter, WriteRequest
 
 TABLE = "kv"
@@ -211,6 +213,46 @@ def test_a_fork_during_an_open_write_transaction_leaves_the_child_a_working_stor
     assert store.get("child") == b"2"
     assert [k for k, _ in store.scan("parent-")] == [f"parent-{i}" for i in range(len(writers))]
     assert _integrity(db_path) == "ok"
+
+
+def test_a_write_that_outlasts_the_fork_wait_is_left_to_the_parent_and_reported_in_the_child(
+    db_path: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(sqlite_module, "_FORK_GRACE_S", 0.05)
+    records: list[logging.LogRecord] = []
+    handler = logging.Handler()
+    handler.emit = records.append  # type: ignore[method-assign]
+    logger = logging.getLogger("weft_sync.storage.sqlite")
+    logger.addHandler(handler)
+    store = SqliteStorage(db_path, table=TABLE, busy_timeout_ms=50)
+    try:
+        store.put("before", b"v")
+        paused = _PausedWrite(_writer(store), monkeypatch)
+        results: list[object] = []
+        writer = threading.Thread(
+            target=lambda: results.append(store.put("parent", b"p")), name="stuck-writer"
+        )
+        writer.start()
+        assert paused.entered.wait(timeout=10)
+        report = tmp_path / "child.txt"
+
+        def child() -> None:
+            with pytest.raises(ClosedError, match=r"inherited across os\.fork\(\)"):
+                store.get("before")
+            assert any("was still running" in r.getMessage() for r in records), records
+
+        try:
+            _wait_child(_fork_child(child, report), report)
+        finally:
+            paused.release.set()
+            writer.join(timeout=30)
+        assert results == [None]
+        assert store.get("parent") == b"p"
+        store.put("after", b"v")
+        assert [k for k, _ in store.scan()] == ["after", "before", "parent"]
+    finally:
+        store.close()
+        logger.removeHandler(handler)
 
 
 class _PausingConnection:

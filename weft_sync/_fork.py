@@ -3,9 +3,10 @@
 An object created in one process and inherited by a child through ``os.fork()`` still points at
 the parent's claims, threads, connections and locks. None of that may be used by the child: it
 would write under the parent's engine id with nothing renewing it, or talk on the parent's
-database sessions. Each such object records the process that created it and guards itself: its
-public methods raise :class:`~weft_sync.errors.ClosedError` in any other process (a process id
-compare, cheap enough for every call). The child opens fresh objects instead.
+database sessions. Each such object records the process that created it (``_fork_pid``) and
+guards itself with :func:`process_bound_class`: its public methods raise
+:class:`~weft_sync.errors.ClosedError` in any other process (a process id compare, cheap enough
+for every call). The child opens fresh objects instead.
 
 Inherited resources that cannot be released without disturbing the parent (a psycopg session's
 socket, a SQLite handle a parent thread was using) are kept referenced with :func:`pin` so that
@@ -15,16 +16,25 @@ their finalisers never run in the child.
 from __future__ import annotations
 
 import functools
+import inspect
 import os
 from collections.abc import Callable
 from typing import Concatenate, ParamSpec, Protocol, TypeVar
 
 from .errors import ClosedError
 
-__all__ = ["ProcessBound", "inherited_error", "pin", "process_bound", "register_at_fork"]
+__all__ = [
+    "ProcessBound",
+    "inherited_error",
+    "pin",
+    "process_bound",
+    "process_bound_class",
+    "register_at_fork",
+]
 
 _P = ParamSpec("_P")
 _R = TypeVar("_R")
+_T = TypeVar("_T")
 
 # Inherited resources a child must neither use nor finalise; appended to only in children.
 _PINNED: list[object] = []
@@ -64,6 +74,19 @@ def process_bound(
         return method(self, *args, **kwargs)
 
     return guarded
+
+
+def process_bound_class(cls: type[_T]) -> type[_T]:
+    """Apply :func:`process_bound` to every public method of ``cls``.
+
+    ``close`` stays callable (it must be safe in a child: it lets go of inherited state), and so
+    do private and special methods and properties (identity such as an engine id or a path stays
+    readable, for messages).
+    """
+    for name, value in list(vars(cls).items()):
+        if not name.startswith("_") and name != "close" and inspect.isfunction(value):
+            setattr(cls, name, process_bound(value))
+    return cls
 
 
 def pin(*resources: object) -> None:

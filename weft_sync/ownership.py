@@ -17,7 +17,7 @@ Threading model:
   every live ``Ownership`` in a forked child. The child forgets the parent's claims without
   touching the store (the parent still owns them), has no timer or worker pool, and can no longer
   use the inherited object: it opens its own ``Ownership``. Every public method also compares the
-  process id, for forks that bypass the handlers.
+  process id, for forks that bypass the handlers (the ledger, registry and storages too).
 """
 
 from __future__ import annotations

@@ -41,7 +41,7 @@ from collections.abc import Callable, Iterable
 from typing import Any, Final
 
 from . import keys
-from ._fork import process_bound
+from ._fork import process_bound, process_bound_class
 from .claims.registry import ClaimRegistry, WarnSink
 from .clock import Clock, system_clock
 from .codec import (
@@ -109,8 +109,12 @@ START_MAX_ATTEMPTS: Final = 3
 _RESUMABLE: Final = frozenset({"running", "suspended"})
 
 
+@process_bound_class
 class Workflows:
     """The workflow ledger of one engine (reached as ``Ownership.workflows``).
+
+    In a child that inherited it across ``os.fork()`` every method but :meth:`close` raises
+    :class:`~weft_sync.errors.ClosedError` (it would write under the parent's engine id).
 
     :param storage: the shared store; it must be the registry's own store, since acquire and
         release fragments are committed in the ledger's writes.
@@ -138,8 +142,7 @@ class Workflows:
         self._storage = storage
         self._clock = clock
         self._metrics = metrics
-        # Every public method raises ClosedError in a child that inherited this ledger.
-        self._fork_pid = os.getpid()
+        self._fork_pid = os.getpid()  # see process_bound_class
         # _lock guards _registry and _closed.
         self._lock = threading.Lock()
         self._registry: ClaimRegistry | None = None
@@ -187,7 +190,6 @@ class Workflows:
         with self._lock:
             self._closed = True
 
-    @process_bound
     def bind_registry(self, registry: ClaimRegistry) -> None:
         """Bind the engine's registry; binding the same one again is a no-op.
 
@@ -222,7 +224,6 @@ class Workflows:
 
     # -- start and reads -------------------------------------------------------------------
 
-    @process_bound
     def start(self, workflow_id: str, type: str, *, input: Any = None) -> WorkflowRecord:
         """Create a running workflow and claim it, in one atomic write.
 
@@ -279,7 +280,6 @@ class Workflows:
         status = "unreadable" if record is None else record.status
         return WorkflowExistsError(wid, status, self._holder_engine(wid))
 
-    @process_bound
     def get(self, workflow_id: str) -> WorkflowRecord | None:
         """The workflow's record, or ``None``.
 
@@ -288,7 +288,6 @@ class Workflows:
         found = read_record(self._storage, keys.validate_workflow_id(workflow_id))
         return None if found is None else found[1]
 
-    @process_bound
     def get_outcome(self, workflow_id: str) -> WorkflowOutcome | None:
         """What a completed or failed workflow ended with, or ``None`` (not finished by itself)."""
         wid = keys.validate_workflow_id(workflow_id)
@@ -305,14 +304,12 @@ class Workflows:
             finished_at if isinstance(finished_at, int) else 0,
         )
 
-    @process_bound
     def load_checkpoint(self, workflow_id: str) -> bytes | None:
         """The workflow's checkpoint bytes, or ``None`` (a plain read: anyone may read)."""
         return self._storage.get(checkpoint_key(keys.validate_workflow_id(workflow_id)))
 
     # -- owner writes ----------------------------------------------------------------------
 
-    @process_bound
     def fenced_write(
         self,
         workflow_id: str,
@@ -334,7 +331,6 @@ class Workflows:
         if not self._fence.commit(wid, conds, ops):
             raise FencedWriteConflict(wid)
 
-    @process_bound
     def save_checkpoint(self, workflow_id: str, value: bytes) -> None:
         """Store the workflow's checkpoint with a fenced write.
 
@@ -346,7 +342,6 @@ class Workflows:
         if not self._fence.commit(wid, [], [Put(checkpoint_key(wid), bytes(value))]):
             raise FencedWriteConflict(wid)
 
-    @process_bound
     def complete(self, workflow_id: str, result: Any = None) -> WorkflowRecord:
         """Mark the running workflow ``completed`` with ``result``; release its claim in that write.
 
@@ -356,7 +351,6 @@ class Workflows:
         """
         return self._finish(workflow_id, "completed", "complete", {"result": result})
 
-    @process_bound
     def fail(self, workflow_id: str, error: Any) -> WorkflowRecord:
         """Mark the running workflow ``failed`` with ``error``; release its claim in that write.
 
@@ -378,7 +372,6 @@ class Workflows:
 
     # -- external transitions (any process) ------------------------------------------------
 
-    @process_bound
     def cancel(self, workflow_id: str) -> WorkflowRecord:
         """Cancel the workflow and depose its owner (epoch rotation in the same write).
 
@@ -389,13 +382,11 @@ class Workflows:
         wid = keys.validate_workflow_id(workflow_id)
         return self._external.transition(wid, "cancel", "cancelled", ACTIVE_STATUSES)
 
-    @process_bound
     def timeout(self, workflow_id: str) -> WorkflowRecord:
         """Mark the workflow ``timed-out`` and depose its owner; raises as :meth:`cancel`."""
         wid = keys.validate_workflow_id(workflow_id)
         return self._external.transition(wid, "timeout", "timed-out", ACTIVE_STATUSES)
 
-    @process_bound
     def suspend(self, workflow_id: str) -> WorkflowRecord:
         """Suspend a pending or running workflow and depose its owner until :meth:`resume`.
 
@@ -404,7 +395,6 @@ class Workflows:
         wid = keys.validate_workflow_id(workflow_id)
         return self._external.transition(wid, "suspend", "suspended", SUSPENDABLE_STATUSES)
 
-    @process_bound
     def purge(self, workflow_id: str) -> None:
         """Delete the workflow's record, index entry and related records; depose its owner.
 
@@ -418,7 +408,6 @@ class Workflows:
 
     # -- resume ----------------------------------------------------------------------------
 
-    @process_bound
     def resume(self, workflow_id: str) -> WorkflowRecord:
         """Claim a running or suspended workflow on this engine; a suspended one runs again.
 
@@ -480,7 +469,6 @@ class Workflows:
 
     # -- signals and updates ---------------------------------------------------------------
 
-    @process_bound
     def send_signal(self, workflow_id: str, name: str, payload: Any = None) -> None:
         """Buffer a signal for the workflow (from any process); its owner consumes it.
 
@@ -490,7 +478,6 @@ class Workflows:
         """
         self._signals.send(keys.validate_workflow_id(workflow_id), name, payload)
 
-    @process_bound
     def wait_for_signal(self, workflow_id: str, name: str, timeout: float) -> Any:
         """Consume one signal ``name`` (owner only), waiting up to ``timeout`` seconds.
 
@@ -504,7 +491,6 @@ class Workflows:
         """
         return self._signals.wait(keys.validate_workflow_id(workflow_id), name, timeout)
 
-    @process_bound
     def submit_update(self, workflow_id: str, name: str, payload: Any = None) -> str:
         """Queue an update for the workflow (from any process); return its ``update_id``.
 
@@ -515,7 +501,6 @@ class Workflows:
         """
         return self._updates.submit(keys.validate_workflow_id(workflow_id), name, payload)
 
-    @process_bound
     def on_update(self, workflow_id: str, handler: UpdateHandler | None) -> None:
         """Register the owner's handler for the workflow's updates (``None`` removes it).
 
@@ -553,7 +538,6 @@ class Workflows:
         return f"Workflows(engine_id={engine!r})"
 
     # ``list`` comes last: inside the class body its name shadows the builtin.
-    @process_bound
     def list(
         self, *, status: str | None = None, limit: int | None = None
     ) -> builtins.list[WorkflowRecord]:

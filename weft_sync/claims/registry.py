@@ -22,7 +22,7 @@ from collections.abc import Container, Iterable
 from typing import cast
 
 from .. import keys
-from .._fork import process_bound
+from .._fork import process_bound_class
 from ..clock import Clock
 from ..codec import decode_epoch, decode_holder
 from ..keys import validate_workflow_id
@@ -85,11 +85,13 @@ def _workflow_ids(workflow_ids: Iterable[str], tracked: Container[str] = ()) -> 
     return [w if type(w) is str and w in tracked else validate_workflow_id(w) for w in workflow_ids]
 
 
+@process_bound_class
 class ClaimRegistry:
     """Acquires, renews, releases and takes over per-workflow claims for one engine.
 
     No method raises on a lost compare-and-swap: contention is reported in the result. Storage
-    errors propagate (``release_all`` excepted).
+    errors propagate (``release_all`` excepted). In a child process that inherited the registry
+    across ``os.fork()`` every method raises :class:`~weft_sync.errors.ClosedError`.
 
     :param storage: the shared store; it must declare the ``conditional_batch`` capability.
     :param engine_id: this engine's id, written into every holder record it creates.
@@ -127,8 +129,7 @@ class ClaimRegistry:
         self._renew_interval_ms = _positive_int("claim_renew_interval_ms", claim_renew_interval_ms)
         self._storage = storage
         self._engine_id = engine_id
-        # Every public method raises ClosedError in a child that inherited this registry.
-        self._fork_pid = os.getpid()
+        self._fork_pid = os.getpid()  # see process_bound_class
         self._clock = clock
         # The table's lock is the registry's one lock (see the module docstring).
         self._table = ClaimTable(self._renew_interval_ms)
@@ -178,20 +179,17 @@ class ClaimRegistry:
         """The renew interval: takeover grace unit and cooldown window."""
         return self._renew_interval_ms
 
-    @process_bound
     def current_epoch(self, workflow_id: str) -> int | None:
         """The epoch this engine holds for ``workflow_id``, or ``None`` if it holds none."""
         entry = self._table.get(validate_workflow_id(workflow_id))
         return None if entry is None else entry.epoch
 
-    @process_bound
     def current_epoch_bytes(self, workflow_id: str) -> bytes | None:
         """The exact epoch bytes this engine wrote for ``workflow_id`` (the fence), or ``None``."""
         entry = self._table.get(validate_workflow_id(workflow_id))
         # bytes are immutable, so handing out the cached object cannot alter the cache.
         return None if entry is None else entry.epoch_bytes
 
-    @process_bound
     def list_held_workflow_ids(self) -> list[str]:
         """A snapshot of the workflow ids this engine tracks as held."""
         with self._table.lock:
@@ -199,7 +197,6 @@ class ClaimRegistry:
 
     # -- acquire and folded acquire --------------------------------------------------------
 
-    @process_bound
     def acquire(self, workflow_id: str) -> AcquireResult:
         """Claim a workflow nobody holds; never steals a present holder, however old.
 
@@ -227,7 +224,6 @@ class ClaimRegistry:
         _log.info("engine %s acquired workflow %r at epoch %d", self._engine_id, wid, epoch)
         return AcquireResult(AcquireStatus.ACQUIRED, wid, epoch=epoch)
 
-    @process_bound
     def prepare_acquire_fragment(self, workflow_id: str) -> AcquirePreparation:
         """Build an acquire fragment for the caller to fold into its own atomic write.
 
@@ -250,7 +246,6 @@ class ClaimRegistry:
         _log.debug("prepared an acquire fragment for workflow %r at epoch %d", wid, epoch)
         return AcquirePreparation(fragment=fragment, epoch=epoch, claimed_at=now)
 
-    @process_bound
     def record_folded_acquire(self, workflow_id: str, preparation: AcquirePreparation) -> None:
         """Track a claim whose acquire fragment the caller committed in its own write.
 
@@ -273,7 +268,6 @@ class ClaimRegistry:
 
     # -- renewal ---------------------------------------------------------------------------
 
-    @process_bound
     def renew(self, workflow_id: str) -> RenewResult:
         """Extend this engine's claim on ``workflow_id``.
 
@@ -290,7 +284,6 @@ class ClaimRegistry:
         """
         return self._renewals.renew(validate_workflow_id(workflow_id))
 
-    @process_bound
     def renew_many(
         self, workflow_ids: Iterable[str], *, chunk_size: int = DEFAULT_RENEW_CHUNK_SIZE
     ) -> list[RenewResult]:
@@ -310,7 +303,6 @@ class ClaimRegistry:
                 raise outcome
         return cast("list[RenewResult]", outcomes)
 
-    @process_bound
     def renew_many_outcomes(
         self, workflow_ids: Iterable[str], *, chunk_size: int = DEFAULT_RENEW_CHUNK_SIZE
     ) -> list[RenewResult | Exception]:
@@ -334,7 +326,6 @@ class ClaimRegistry:
 
     # -- release ---------------------------------------------------------------------------
 
-    @process_bound
     def release(self, workflow_id: str, expected_epoch: int | None = None) -> ReleaseResult:
         """Give up this engine's claim: delete the holder if epoch and holder are still ours.
 
@@ -353,7 +344,6 @@ class ClaimRegistry:
         wid = validate_workflow_id(workflow_id)
         return self._releases.release(wid, _optional_epoch(expected_epoch))
 
-    @process_bound
     def prepare_release_fragment(
         self, workflow_id: str, expected_epoch: int | None = None
     ) -> ReleasePreparation | None:
@@ -372,7 +362,6 @@ class ClaimRegistry:
         wid = validate_workflow_id(workflow_id)
         return self._releases.prepare(wid, _optional_epoch(expected_epoch))
 
-    @process_bound
     def finish_folded_release(
         self, workflow_id: str, preparation: ReleasePreparation, committed: bool
     ) -> None:
@@ -395,7 +384,6 @@ class ClaimRegistry:
             raise TypeError(f"committed must be a bool, got {committed!r}")
         self._releases.finish(wid, preparation, committed)
 
-    @process_bound
     def release_all(self) -> None:
         """Release every held claim concurrently; swallow (and log) every failure. Never raises."""
         try:
@@ -403,7 +391,6 @@ class ClaimRegistry:
         except Exception:
             _log.exception("releasing all claims failed")
 
-    @process_bound
     def forget_local_claim(self, workflow_id: str, expected_epoch: int | None = None) -> None:
         """Drop the local entry for ``workflow_id`` without touching the store.
 
@@ -427,7 +414,6 @@ class ClaimRegistry:
 
     # -- takeover --------------------------------------------------------------------------
 
-    @process_bound
     def takeover(self, workflow_id: str) -> TakeoverResult:
         """Take over a claim whose holder expired (or is unreadable), minting epoch + 1.
 
@@ -440,7 +426,6 @@ class ClaimRegistry:
         """
         return self._takeovers.takeover(validate_workflow_id(workflow_id))
 
-    @process_bound
     def takeover_many(
         self, workflow_ids: Iterable[str], *, chunk_size: int = DEFAULT_TAKEOVER_CHUNK_SIZE
     ) -> list[TakeoverResult | Exception]:

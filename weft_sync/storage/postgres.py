@@ -23,7 +23,7 @@ except ImportError as exc:  # pragma: no cover - depends on the installed extras
         f"'pip install weft_sync[postgres]'"
     ) from exc
 
-from .._fork import inherited_error, pin, process_bound, register_at_fork
+from .._fork import inherited_error, pin, process_bound_class, register_at_fork
 from ..errors import ClosedError, StorageError
 from .base import (
     Batch,
@@ -68,6 +68,7 @@ class _Refused(Exception):
     """A conditional batch failed after it had written; its transaction or savepoint rolls back."""
 
 
+@process_bound_class
 class PostgresStorage:
     """Store keys in one PostgreSQL table, safely across threads, processes and hosts.
 
@@ -283,13 +284,11 @@ class PostgresStorage:
     def capabilities(self) -> StorageCapabilities:
         return _CAPABILITIES
 
-    @process_bound
     def get(self, key: str) -> bytes | None:
         validate_key(key)
         rows = self._read("get", self._q.get, [key])
         return bytes(rows[0][0]) if rows else None
 
-    @process_bound
     def get_many(self, keys: Sequence[str]) -> list[bytes | None]:
         """Read many keys with one statement (one snapshot).
 
@@ -303,20 +302,17 @@ class PostgresStorage:
         found = {str(key): bytes(value) for key, value in rows}
         return [found.get(key) for key in checked]
 
-    @process_bound
     def put(self, key: str, value: bytes) -> None:
         (op,) = validate_operations([Put(key, value)])
         assert isinstance(op, Put)
         with self._connection("put") as conn:
             conn.execute(self._q.put, [op.key, op.value])
 
-    @process_bound
     def delete(self, key: str) -> None:
         validate_key(key)
         with self._connection("delete") as conn:
             conn.execute(self._q.delete, [key])
 
-    @process_bound
     def scan(
         self,
         prefix: str = "",
@@ -341,7 +337,6 @@ class PostgresStorage:
         rows = self._read("scan", query, params)
         return [(str(k), bytes(v)) for k, v in rows]
 
-    @process_bound
     def batch(self, operations: Sequence[Operation]) -> None:
         plan = Plan.build([], validate_operations(operations))
         if not plan.put_keys and not plan.delete_keys:
@@ -354,7 +349,6 @@ class PostgresStorage:
             else:
                 self._write(conn, plan.put_keys, plan.put_values, plan.delete_keys)
 
-    @process_bound
     def conditional_batch(
         self, conditions: Sequence[Condition], operations: Sequence[Operation]
     ) -> bool:
@@ -372,7 +366,6 @@ class PostgresStorage:
             except _Refused:
                 return False
 
-    @process_bound
     def conditional_batches(self, batches: Sequence[Batch]) -> list[bool]:
         checked: list[tuple[list[Condition], list[Operation]]] = []
         for item in batches:
@@ -388,7 +381,6 @@ class PostgresStorage:
         with self._connection("conditional_batches") as conn, conn.transaction():
             return [self._run(conn, plan, savepoint=True) for plan in plans]
 
-    @process_bound
     def compare_and_set_many(self, rows: Sequence[CasRow]) -> list[bool]:
         """Set each ``(key, expected, new)`` row's key to ``new`` if it holds ``expected``.
 

@@ -12,7 +12,7 @@ import weakref
 from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Final
 
-from .._fork import process_bound, register_at_fork
+from .._fork import process_bound_class, register_at_fork
 from ..errors import ClosedError, StorageError
 from .base import (
     Batch,
@@ -108,6 +108,7 @@ def _identity(value: object) -> object:
     return value
 
 
+@process_bound_class
 class SqliteStorage:
     """Store keys in one SQLite file, safely across threads and processes on one host.
 
@@ -221,6 +222,15 @@ class SqliteStorage:
 
     def _abandon_in_child(self, *, paused: bool) -> None:
         """Let go of everything inherited: close the copies when paused, else pin them."""
+        if not paused and not self._closed:
+            _log.warning(
+                "process %d was forked while a read or write of %r was still running (or by a "
+                "fork that skips os.register_at_fork handlers): it keeps the SQLite connections "
+                "it inherited open, and its own connections to this file may fail with "
+                "'database is locked'",
+                os.getpid(),
+                self,
+            )
         self._lock = threading.Lock()
         if self._writer is not None:
             self._writer.abandon_in_child(paused)
@@ -304,7 +314,6 @@ class SqliteStorage:
         """The table holding the keys."""
         return self._table
 
-    @process_bound
     def get(self, key: str) -> bytes | None:
         validate_key(key)
         self._check_open()
@@ -312,7 +321,6 @@ class SqliteStorage:
             row = conn.execute(self._sql_get, (key,)).fetchone()
         return None if row is None else as_bytes(row[0])
 
-    @process_bound
     def get_many(self, keys: Sequence[str]) -> list[bytes | None]:
         """Read many keys in one read transaction (one snapshot), :data:`_GET_MANY_CHUNK` keys
         per query. See :class:`~weft_sync.storage.reads.SupportsGetMany`.
@@ -335,7 +343,6 @@ class SqliteStorage:
                     conn.execute("COMMIT")  # ends the read transaction; nothing was written
         return [found.get(key) for key in checked]
 
-    @process_bound
     def scan(
         self,
         prefix: str = "",
@@ -371,15 +378,12 @@ class SqliteStorage:
 
     # -- writes ------------------------------------------------------------------------------
 
-    @process_bound
     def put(self, key: str, value: bytes) -> None:
         self._submit([([], validate_operations([Put(key, value)]))])
 
-    @process_bound
     def delete(self, key: str) -> None:
         self._submit([([], validate_operations([Delete(key)]))])
 
-    @process_bound
     def batch(self, operations: Sequence[Operation]) -> None:
         checked = validate_operations(operations)
         if checked:
@@ -387,7 +391,6 @@ class SqliteStorage:
         else:
             self._check_open()
 
-    @process_bound
     def conditional_batch(
         self, conditions: Sequence[Condition], operations: Sequence[Operation]
     ) -> bool:
@@ -396,7 +399,6 @@ class SqliteStorage:
             return self._submit([], [row])[0]
         return self._submit([validate_batch(conditions, operations)])[0]
 
-    @process_bound
     def conditional_batches(self, batches: Sequence[Batch]) -> list[bool]:
         checked: list[tuple[list[Condition], list[Operation]]] = []
         rows: list[RenewalRow] = []
@@ -415,7 +417,6 @@ class SqliteStorage:
         # Not every batch is a renewal: the renewals seen first go through the general path too.
         return self._submit([renewal_batch(row) for row in rows] + checked)
 
-    @process_bound
     def compare_and_set_many(self, rows: Sequence[CasRow]) -> list[bool]:
         """Set each ``(key, expected, new)`` row's key to ``new`` if it holds ``expected``.
 
@@ -459,7 +460,6 @@ class SqliteStorage:
 
     # -- views and lifecycle -----------------------------------------------------------------
 
-    @process_bound
     def dict_view(self) -> SqliteDict:
         """Open a read-only ``SqliteDict`` over this file and table; the caller closes it.
 
