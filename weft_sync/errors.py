@@ -12,6 +12,7 @@ __all__ = [
     "EngineDeposedError",
     "FencedWriteConflict",
     "OwnershipModeMismatchError",
+    "ReadOnlyStorageError",
     "StorageCapabilityError",
     "StorageError",
     "StoreIdentityError",
@@ -29,6 +30,10 @@ class WeftError(Exception):
 
 class StorageError(WeftError):
     """A storage backend failed; the driver's exception is kept as ``__cause__``."""
+
+
+class ReadOnlyStorageError(StorageError):
+    """A write was attempted on a store opened read-only (``open_storage(url, read_only=True)``)."""
 
 
 class StoreIdentityError(StorageError):
