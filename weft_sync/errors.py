@@ -11,6 +11,7 @@ __all__ = [
     "CorruptOwnershipMarkerError",
     "EngineDeposedError",
     "FencedWriteConflict",
+    "MissingStoreError",
     "OwnershipModeMismatchError",
     "ReadOnlyStorageError",
     "StorageCapabilityError",
@@ -35,6 +36,10 @@ class StorageError(WeftError):
 
 class ReadOnlyStorageError(StorageError):
     """A write was attempted on a store opened read-only (``open_storage(url, read_only=True)``)."""
+
+
+class MissingStoreError(StorageError):
+    """A store opened read-only does not exist (no SQLite file or no table); none was created."""
 
 
 class StoreIdentityError(StorageError):

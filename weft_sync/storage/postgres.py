@@ -23,7 +23,7 @@ except ImportError as exc:  # pragma: no cover - depends on the installed extras
         f"'pip install weft_sync[postgres]'"
     ) from exc
 
-from ..errors import ClosedError, ReadOnlyStorageError, StorageError
+from ..errors import ClosedError, MissingStoreError, ReadOnlyStorageError, StorageError
 from ..redaction import redact_text
 from .base import (
     Batch,
@@ -190,7 +190,7 @@ class PostgresStorage:
             ident = sql.Identifier(self._table).as_string(conn)
             row = conn.execute("SELECT to_regclass(%s) IS NOT NULL", [ident]).fetchone()
         if row is None or not row[0]:
-            raise StorageError(
+            raise MissingStoreError(
                 f"PostgreSQL database has no table {self._table!r} (opened read-only, so it is "
                 f"not created)"
             )

@@ -12,7 +12,7 @@ from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Final
 from urllib.parse import quote
 
-from ..errors import ClosedError, ReadOnlyStorageError, StorageError
+from ..errors import ClosedError, MissingStoreError, ReadOnlyStorageError, StorageError
 from .base import (
     Batch,
     Condition,
@@ -233,7 +233,7 @@ class SqliteStorage:
 
     def _check_schema(self) -> None:
         if not os.path.isfile(self._path):
-            raise StorageError(
+            raise MissingStoreError(
                 f"no SQLite store at {self._path!r}: the file does not exist (opened read-only, "
                 f"so it is not created)"
             )
@@ -247,7 +247,7 @@ class SqliteStorage:
             finally:
                 conn.close()
         if found is None:
-            raise StorageError(
+            raise MissingStoreError(
                 f"SQLite file {self._path!r} has no table {self._table!r} (opened read-only, so "
                 f"it is not created)"
             )
