@@ -45,6 +45,7 @@ def test_redact_text_masks_urls_and_libpq_keywords_inside_a_message() -> None:
         "postgresql://app:s3cret@127.0.0.1:1/main?table=bad-name",
         "postgresql://app:s3cret@127.0.0.1:1/main?min_size=many",
         "postgresql://127.0.0.1:1/main?password=s3cret&timeout=soon",
+        "postgresql://app:s3cret@127.0.0.1:1/main?not_a_libpq_parameter=1",
         "sqlite:///x.db?password=s3cret",
     ],
 )

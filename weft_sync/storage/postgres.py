@@ -580,7 +580,9 @@ def _connect_kwargs(dsn: str, timeout: float) -> dict[str, Any]:
     try:
         params = conninfo_to_dict(dsn)
     except psycopg.ProgrammingError as exc:
-        raise ValueError(f"invalid PostgreSQL connection string: {exc}") from None
+        raise ValueError(
+            f"invalid PostgreSQL connection string {redact_text(dsn)!r}: {redact_text(str(exc))}"
+        ) from None
     kwargs: dict[str, Any] = {"autocommit": True}
     if "connect_timeout" not in params:
         kwargs["connect_timeout"] = max(2, math.ceil(timeout))
