@@ -5,6 +5,7 @@ Exit codes: 0 success; 1 the command ran but found a problem (store missing or u
 not go as described); 2 a usage error (bad arguments or URL); 3 the workflow or claim named does
 not exist; 130 interrupted by Ctrl-C (``maintain --interval`` treats Ctrl-C as a request to stop
 and exits 0). A closed output pipe (``weft-sync claims --json | head -1``) ends quietly with 0.
+No command prints a traceback; ``WEFT_SYNC_DEBUG=1`` shows one for an unexpected error.
 """
 
 from __future__ import annotations
@@ -206,3 +207,12 @@ def main(argv: Sequence[str] | None = None, out: TextIO | None = None) -> int:
     except KeyboardInterrupt:
         _say("interrupted")
         return EXIT_INTERRUPTED
+    except Exception as exc:
+        # A defect, not an operator's mistake: one line unless asked for the traceback.
+        if os.environ.get("WEFT_SYNC_DEBUG"):
+            raise
+        _say(
+            f"unexpected error: {type(exc).__name__}: {exc} (set WEFT_SYNC_DEBUG=1 to see the "
+            f"traceback)"
+        )
+        return EXIT_FAILURE

@@ -219,3 +219,15 @@ def test_maintain_interval_exits_0_and_releases_its_claims_on_a_signal(
     assert storage.get(keys.workflow("wf-1") + ":ckpt") == handler.CHECKPOINT
     assert holder_engine(storage, "wf-1") is None
     assert stored_epoch(storage, "wf-1") == 2
+
+
+def test_a_handler_module_failing_at_import_exits_2_naming_the_error(
+    sqlite_url: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    spec = "tests.cli.broken_handlers:resume"
+
+    assert run_cli("--url", sqlite_url, "maintain", "--once", "--handler", spec)[0] == 2
+
+    assert_one_line_no_traceback(
+        capsys.readouterr().err, "cannot load", "RuntimeError", "setting that is missing"
+    )

@@ -261,3 +261,27 @@ def test_doctor_reports_undecodable_holder_records(storage_url: str, storage: St
 
     assert code == 1
     assert "[FAIL] holder records: 1 do not decode" in out
+
+
+# -- a defect still prints one line ----------------------------------------------------------
+
+
+def test_an_unexpected_error_prints_one_line_unless_debugging(
+    sqlite_url: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from weft_sync import cli_commands
+
+    def broken(*args: object) -> int:
+        raise RuntimeError("a defect")
+
+    monkeypatch.setattr(cli_commands, "claims", broken)
+    monkeypatch.delenv("WEFT_SYNC_DEBUG", raising=False)
+
+    assert run_cli("--url", sqlite_url, "claims") == (1, "")
+    assert_one_line_no_traceback(
+        capsys.readouterr().err, "unexpected error: RuntimeError: a defect", "WEFT_SYNC_DEBUG=1"
+    )
+
+    monkeypatch.setenv("WEFT_SYNC_DEBUG", "1")
+    with pytest.raises(RuntimeError, match="a defect"):
+        run_cli("--url", sqlite_url, "claims")

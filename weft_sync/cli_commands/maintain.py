@@ -41,8 +41,8 @@ def load_handler(spec: str) -> WorkflowHandler:
         raise UsageError(f"--handler must be MODULE:FUNCTION, got {spec!r}")
     try:
         handler = getattr(importlib.import_module(module_name), attr)
-    except (ImportError, AttributeError) as exc:
-        raise UsageError(f"cannot load --handler {spec!r}: {exc}") from None
+    except Exception as exc:  # the module's own import-time failure is the operator's to fix
+        raise UsageError(f"cannot load --handler {spec!r}: {type(exc).__name__}: {exc}") from None
     if not callable(handler):
         raise UsageError(f"--handler {spec!r} is not callable")
     return handler  # type: ignore[no-any-return]
