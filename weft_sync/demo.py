@@ -17,6 +17,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from multiprocessing import resource_tracker
 from pathlib import Path
 from typing import Any
 
@@ -122,8 +123,17 @@ def run_demo(
         stop_file = Path(tmp) / "stop"
         workers: list[_Worker] = []
         try:
+            # Started here, not inside _sigint_deferred below: starting it unblocks SIGINT,
+            # which would let a Ctrl-C land while SIGINT is still ignored.
+            resource_tracker.ensure_running()
             for index in range(settings.workers):
-                workers.append(_start_worker(index, url, ids, settings, Path(tmp), stop_file))
+                worker = _new_worker(index, url, ids, settings, Path(tmp), stop_file)
+                workers.append(worker)  # before it starts, so the finally below stops it
+                # Ctrl-C in a terminal reaches the whole process group; a worker starts with
+                # SIGINT ignored (a spawned interpreter keeps that), so only this process acts
+                # on it, stopping the workers through the stop file.
+                with _sigint_deferred():
+                    worker.process.start()
             if not all(worker.wait_ready(30) for worker in workers):
                 out("   a worker did not start in time")
                 return 1
@@ -149,7 +159,7 @@ def _prepare_keep_dir(keep_dir: str) -> str:
     return str(path.resolve())
 
 
-def _start_worker(
+def _new_worker(
     index: int, url: str, ids: list[str], settings: DemoSettings, tmp: Path, stop_file: Path
 ) -> _Worker:
     name = f"worker-{index + 1}"
@@ -166,12 +176,26 @@ def _start_worker(
         ),
         name=name,
     )
-    # Started with SIGINT ignored, which a spawned interpreter keeps: Ctrl-C in a terminal
-    # reaches the whole process group, and only the parent should act on it (it stops the
-    # workers through the stop file).
-    with _sigint_ignored():
-        worker.process.start()
     return worker
+
+
+@contextlib.contextmanager
+def _sigint_deferred() -> Iterator[None]:
+    """Ignore SIGINT for what starts inside the block; one arriving meanwhile waits, then lands.
+
+    SIGINT is blocked as well as ignored: Linux keeps a blocked signal pending even while its
+    action is "ignore", so a Ctrl-C during the block is delivered once the handler is back.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
 
 
 @contextlib.contextmanager
@@ -206,8 +230,8 @@ class _Worker:
         return self.engine_file.read_text()
 
     def join(self) -> None:
-        if self.process is None:
-            return
+        if self.process is None or self.process.pid is None:
+            return  # never started
         self.process.join(15)
         if self.process.is_alive():
             self.process.kill()
