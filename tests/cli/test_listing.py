@@ -236,3 +236,21 @@ def test_show_of_an_invalid_id_exits_2(
 ) -> None:
     assert run_cli("--url", storage_url, "show", "") == (2, "")
     assert_one_line_no_traceback(capsys.readouterr().err, "non-empty")
+
+
+def test_show_of_an_undecodable_record_says_so_and_still_shows_the_claim(
+    storage_url: str, storage: Storage
+) -> None:
+    abandon(storage_url, "wf-1")
+    storage.put(keys.workflow("wf-1"), b"\xc1 not a record")
+
+    code, out = run_cli("--url", storage_url, "show", "wf-1")
+
+    assert code == 0
+    fields = _fields(out)
+    assert fields["record"] == "(undecodable workflow record)"
+    assert fields["holder"] == "dead-engine at epoch 1"
+    assert (
+        json.loads(run_cli("--url", storage_url, "show", "wf-1", "--json")[1])["record_valid"]
+        is False
+    )

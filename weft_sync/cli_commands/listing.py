@@ -8,7 +8,7 @@ from typing import Any, TextIO
 
 from .. import keys
 from ..clock import system_clock
-from ..codec import HolderRecord, decode_epoch, decode_holder
+from ..codec import HolderRecord, decode_epoch, decode_holder, try_decode_workflow_record
 from ..storage import Storage
 from ..workflows import Workflows
 from .output import NotFound, StoreRef, emit_json, emit_table, human_time, record_dict
@@ -93,16 +93,18 @@ def show(store: StoreRef, workflow_id: str, as_json: bool, out: TextIO) -> int:
     wid = keys.validate_workflow_id(workflow_id)
     with store.open(read_only=True) as storage:
         ledger = Workflows(storage)
-        record = ledger.get(wid)
+        record_raw = storage.get(keys.workflow(wid))
+        record = try_decode_workflow_record(record_raw)
         outcome = ledger.get_outcome(wid)
         checkpoint = ledger.load_checkpoint(wid)
         epoch = decode_epoch(storage.get(keys.workflow_owner_epoch(wid)))
         holder_raw = storage.get(keys.workflow_owner_holder(wid))
-    if record is None and epoch is None and holder_raw is None:
+    if record_raw is None and epoch is None and holder_raw is None:
         raise NotFound(f"no workflow or claim {wid!r} in the store")
     holder = None if holder_raw is None else decode_holder(holder_raw)
     data: dict[str, Any] = {
         "record": record_dict(record) if record else None,
+        "record_valid": record_raw is None or record is not None,
         "outcome": None,
         "checkpoint_bytes": None if checkpoint is None else len(checkpoint),
         "epoch": epoch,
@@ -126,7 +128,9 @@ def _print_show(wid: str, data: dict[str, Any], out: TextIO) -> None:
     now = system_clock()
     lines: list[tuple[str, str]] = [("workflow", wid)]
     record = data["record"]
-    if record is None:
+    if not data["record_valid"]:
+        lines.append(("record", "(undecodable workflow record)"))
+    elif record is None:
         lines.append(("record", "(none: a bare claim)"))
     else:
         lines += [

@@ -9,18 +9,16 @@ import threading
 from collections import Counter
 from collections.abc import Callable
 from contextlib import AbstractContextManager
-from typing import TYPE_CHECKING, Final, TextIO
+from typing import Final, TextIO
 
 from ..handlers import WorkflowHandler
 from ..maintenance import PassResult
 from ..maintenance.targets import ReclaimOutcomeStatus
 from ..options import OwnershipOptions
+from ..ownership import Ownership
 from ..redaction import redact_text
 from ..storage import Storage
 from .output import StoreRef, UsageError, emit_json
-
-if TYPE_CHECKING:
-    from ..ownership import Ownership
 
 __all__ = ["StopSignals", "load_handler", "maintain"]
 
@@ -83,8 +81,6 @@ def _open_engine(
     Without a handler it has no handler, ``is_eligible`` or ``on_reclaimed``, so it reclaims no
     workflow record: it only renews, and takes over nothing it could not drive.
     """
-    from ..ownership import Ownership
-
     if handler is None or types:
         handlers = {t: handler for t in types} if handler is not None else None
         return Ownership.open(storage, options=options, handlers=handlers, background="manual")
