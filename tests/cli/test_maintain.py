@@ -22,6 +22,8 @@ from tests.cli.helpers import (
 )
 from tests.workflows.helpers import holder_engine, stored_epoch
 from weft_sync import Ownership, keys
+from weft_sync.cli_commands import StoreRef
+from weft_sync.errors import StorageError
 from weft_sync.storage import Storage
 
 
@@ -231,3 +233,44 @@ def test_a_handler_module_failing_at_import_exits_2_naming_the_error(
     assert_one_line_no_traceback(
         capsys.readouterr().err, "cannot load", "RuntimeError", "setting that is missing"
     )
+
+
+class _ScanFails:
+    """A real store whose scans fail: the reclaim pass cannot list its candidates."""
+
+    def __init__(self, inner: Storage) -> None:
+        self._inner = inner
+
+    def scan(self, *args: object, **kwargs: object) -> list[tuple[str, bytes]]:
+        raise StorageError("scan failed on postgresql://app:s3cret@db/main")
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self._inner, name)
+
+    def __enter__(self) -> _ScanFails:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self._inner.close()
+
+
+def test_maintain_once_exits_1_when_reclaim_discovery_fails(
+    storage_url: str, storage: Storage, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    abandon(storage_url, "wf-1")
+    real_open = StoreRef.open
+    monkeypatch.setattr(
+        StoreRef,
+        "open",
+        lambda self, *, read_only: _ScanFails(real_open(self, read_only=read_only)),
+    )
+
+    code, out = run_cli(
+        "--url", storage_url, "maintain", "--once", "--handler", "tests.cli.handler:resume"
+    )
+
+    assert code == 1
+    assert "reclaim discovery failed: scan failed on postgresql://app:***@db/main\n" in out
+    assert out.endswith("maintenance pass FAILED\n")
+    assert "s3cret" not in out
+    assert holder_engine(storage, "wf-1") == "dead-engine"

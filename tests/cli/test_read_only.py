@@ -1,4 +1,5 @@
-"""Read-only commands never create a store, a table or a file, and never write."""
+"""Read-only commands never create a store, a table or a file, and never write; the commands
+that write need an existing store too (only ``doctor --fix`` creates one)."""
 
 from __future__ import annotations
 
@@ -23,6 +24,8 @@ READ_COMMANDS = [
     ["metrics", "--store"],
 ]
 IDS = [" ".join(argv) for argv in READ_COMMANDS]
+WRITE_COMMANDS = [["maintain", "--once"], ["cancel", "wf-1"], ["release", "wf-1"]]
+WRITE_IDS = [argv[0] for argv in WRITE_COMMANDS]
 
 
 def _table_exists(url: str) -> bool:
@@ -100,3 +103,27 @@ def test_doctor_fix_creates_the_missing_table_and_runs_the_write_probe(
     assert _table_exists(url)
     with open_storage(url, read_only=True) as created:
         assert created.scan("") == []  # the probe cleaned up after itself
+
+
+@pytest.mark.parametrize("argv", WRITE_COMMANDS, ids=WRITE_IDS)
+def test_a_writing_command_on_a_missing_store_exits_1_and_creates_nothing(
+    tmp_path: Path, argv: list[str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    url = f"sqlite:///{tmp_path / 'typo.db'}"
+
+    assert run_cli("--url", url, *argv) == (1, "")
+
+    assert_one_line_no_traceback(capsys.readouterr().err, "typo.db", "does not exist", "--url")
+    assert os.listdir(tmp_path) == []
+
+
+@pytest.mark.parametrize("argv", WRITE_COMMANDS, ids=WRITE_IDS)
+def test_a_writing_command_adds_no_table_to_another_database(
+    storage_url: str, storage: Storage, argv: list[str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    url = storage_url.replace("table=", "table=app_")
+
+    assert run_cli("--url", url, *argv) == (1, "")
+
+    assert_one_line_no_traceback(capsys.readouterr().err, "no table 'app_t_", "not created")
+    assert not _table_exists(url)

@@ -192,6 +192,7 @@ def test_doctor_on_a_reachable_postgres_masks_the_password(postgres_base_url: st
 @pytest.mark.slow
 def test_the_maintain_interval_banner_masks_the_password(postgres_base_url: str) -> None:
     url = with_password(postgres_base_url)
+    open_storage(url).close()
     with subprocess.Popen(
         cli_command("maintain", "--interval", "--url", url),
         stdout=subprocess.PIPE,

@@ -37,7 +37,7 @@ def doctor(store: StoreRef, fix: bool, out: TextIO) -> int:
     mode = "read-write, may create the table" if fix else "read-only"
     out.write(f"checking {store.shown} ({mode})\n")
     try:
-        storage = store.open(read_only=not fix)
+        storage = store.open(read_only=not fix, create=fix)
     except CommandError as exc:
         report("FAIL", f"open the store: {one_line(str(exc))}")
         hint = "; 'weft-sync doctor --fix' creates it" if isinstance(exc, StoreMissing) else ""

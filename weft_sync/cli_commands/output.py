@@ -60,13 +60,20 @@ class StoreRef:
         """The URL with its password masked."""
         return redact_url(self.url)
 
-    def open(self, *, read_only: bool) -> Storage:
-        """Open the store; a read-only open creates nothing.
+    def open(self, *, read_only: bool, create: bool = False) -> Storage:
+        """Open the store; only ``create`` may make a missing file or table.
+
+        A command that writes (``maintain``, ``cancel``, ``release``) still needs the store to
+        exist: a mistyped URL must not leave a new empty store, or a weft table in some other
+        application's database, behind.
 
         :raises UsageError: the URL is malformed (the message names its source).
-        :raises CommandError: the store cannot be opened, or (read-only) does not exist.
+        :raises StoreMissing: the store does not exist and ``create`` is false.
+        :raises CommandError: the store cannot be opened.
         """
         try:
+            if not read_only and not create:
+                open_storage(self.url, read_only=True).close()
             return open_storage(self.url, read_only=read_only)
         except ValueError as exc:
             raise UsageError(f"bad store URL from {self.source}: {exc}") from None
