@@ -97,18 +97,24 @@ def _add_maintain(maintain: argparse.ArgumentParser) -> None:
     )
     maintain.add_argument(
         "--handler",
+        metavar="MODULE:FUNC",
         help="MODULE:FUNCTION called with a ReclaimedWorkflow for each workflow taken over; "
         "without it nothing is taken over",
     )
     maintain.add_argument(
         "--type",
         dest="types",
+        metavar="TYPE",
         action="append",
         default=[],
         help="a workflow type the handler drives (repeatable; default every type)",
     )
-    maintain.add_argument("--claim-ttl", default="30s", help="claim TTL (default 30s)")
-    maintain.add_argument("--renew-interval", default="5s", help="renew interval (default 5s)")
+    maintain.add_argument(
+        "--claim-ttl", default="30s", metavar="DURATION", help="claim TTL (default 30s)"
+    )
+    maintain.add_argument(
+        "--renew-interval", default="5s", metavar="DURATION", help="renew interval (default 5s)"
+    )
     _add_json(maintain)
 
 

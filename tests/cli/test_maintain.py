@@ -274,3 +274,10 @@ def test_maintain_once_exits_1_when_reclaim_discovery_fails(
     assert out.endswith("maintenance pass FAILED\n")
     assert "s3cret" not in out
     assert holder_engine(storage, "wf-1") == "dead-engine"
+
+
+def test_maintain_type_without_a_handler_exits_2(
+    sqlite_url: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert run_cli("--url", sqlite_url, "maintain", "--once", "--type", "report") == (2, "")
+    assert_one_line_no_traceback(capsys.readouterr().err, "--type", "--handler")

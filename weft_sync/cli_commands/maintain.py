@@ -98,6 +98,8 @@ def maintain(store: StoreRef, args: argparse.Namespace, out: TextIO, stops: Stop
     ``--once`` exits 1 when the pass failed (discovery, or a renewal) or any candidate errored.
     """
     options = OwnershipOptions(claim_ttl=args.claim_ttl, claim_renew_interval=args.renew_interval)
+    if args.types and not args.handler:
+        raise UsageError("--type names the workflow types --handler drives; give --handler too")
     handler = load_handler(args.handler) if args.handler else None
     with store.open(read_only=False) as storage:
         if args.once:
