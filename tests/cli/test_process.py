@@ -19,7 +19,9 @@ from tests.cli.helpers import (
     cli_env,
     run_cli_process,
 )
-from weft_sync import Ownership
+from weft_sync import Ownership, keys, system_clock
+from weft_sync.codec import HolderRecord, WorkflowRecord, encode_holder, encode_workflow_record
+from weft_sync.storage import Put, open_storage
 
 
 def test_entry_point_lists_claims_and_workflows(sqlite_url: str) -> None:
@@ -79,13 +81,28 @@ def test_entry_point_reports_a_user_mistake_in_one_line(
     assert_one_line_no_traceback(done.stderr, fragment)
 
 
+def _fill(url: str) -> None:
+    """Far more output than a pipe buffers (64 KiB) from each listing: 4,000 running workflows
+    with long ids, 1,500 of them with a holder."""
+    now = system_clock()
+    operations: list[Put] = []
+    for n in range(4000):
+        wid = f"a-workflow-with-a-rather-long-identifier-{n:05d}"
+        record = WorkflowRecord(wid, "report", "running", created_at=now, updated_at=now)
+        operations.append(Put(keys.workflow(wid), encode_workflow_record(record)))
+        operations.append(Put(keys.workflow_status_index("running", wid), b""))
+        if n < 1500:
+            holder = HolderRecord("engine-1", 1, now + 60_000, now)
+            operations.append(Put(keys.workflow_owner_holder(wid), encode_holder(holder)))
+    with open_storage(url) as storage:
+        storage.batch(operations)
+
+
 @pytest.mark.parametrize(
     "argv", [["claims", "--json"], ["workflows"], ["status", "--json"]], ids=lambda a: a[0]
 )
 def test_a_closed_output_pipe_ends_quietly(sqlite_url: str, argv: list[str]) -> None:
-    with Ownership.open(sqlite_url, background="manual") as engine:
-        for n in range(1500):  # more output than a pipe buffers
-            engine.workflows.start(f"wf-{n:04d}", "report")
+    _fill(sqlite_url)
     # ``| head -1``: the reader takes one line and closes its end.
     with subprocess.Popen(
         cli_command("--url", sqlite_url, *argv),
@@ -102,6 +119,15 @@ def test_a_closed_output_pipe_ends_quietly(sqlite_url: str, argv: list[str]) -> 
     assert first.strip()
     assert stderr.decode() == ""
     assert proc.returncode == 0
+
+
+def test_the_pipe_test_store_overflows_a_pipe(sqlite_url: str) -> None:
+    # What makes the test above meaningful: every listing is larger than a pipe buffer.
+    _fill(sqlite_url)
+    for argv in (["claims", "--json"], ["workflows"], ["status", "--json"]):
+        done = run_cli_process("--url", sqlite_url, *argv)
+        assert done.returncode == 0
+        assert len(done.stdout) > 2 * 65536, argv
 
 
 def _interrupt_demo(after: str, extra: list[str]) -> tuple[int, str, str]:
