@@ -30,8 +30,8 @@ def test_release_clears_a_crashed_bare_claim_so_claim_works_again(
 ) -> None:
     leave_bare_claim(storage_url, "nightly-report", offset_ms=HOUR_MS, engine_id="crashed-cron")
     with Ownership.open(storage_url, background="manual") as cron:
-        with pytest.raises(WorkflowClaimUnavailableError):  # live for another hour
-            cron.claim("nightly-report").__enter__()
+        with pytest.raises(WorkflowClaimUnavailableError), cron.claim("nightly-report"):
+            pytest.fail("the crashed holder's claim is live for another hour")
 
         code, out = run_cli("--url", storage_url, "release", "nightly-report")
 
