@@ -116,7 +116,7 @@ def _label(value: str) -> str:
 
 
 def metrics(store: StoreRef, out: TextIO) -> int:
-    """Print the store-wide view as Prometheus text gauges (engine ids as labels, never ids)."""
+    """Print the store-wide view as Prometheus gauges: engine ids are labels, workflow ids never."""
     with store.open(read_only=True) as storage:
         view = read_store_view(storage)
     lines = [
