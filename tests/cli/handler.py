@@ -4,7 +4,7 @@ The CLI calls a handler with a :class:`~weft_sync.ReclaimedWorkflow`, as every h
 :func:`resume` writes a checkpoint through ``ctx.workflows`` (a fenced write as the new owner)
 and records the id in :data:`RESUMED` (read by in-process tests), then prints ``resumed <id>``
 (read from a subprocess's stdout). :func:`finish` also completes the workflow; :func:`explode`
-raises.
+raises; :func:`stall` takes a few seconds.
 """
 
 from __future__ import annotations
@@ -13,7 +13,16 @@ import threading
 
 from weft_sync.handlers import ReclaimedWorkflow
 
-__all__ = ["CHECKPOINT", "NOT_CALLABLE", "RESUMED", "explode", "finish", "resume", "take_resumed"]
+__all__ = [
+    "CHECKPOINT",
+    "NOT_CALLABLE",
+    "RESUMED",
+    "explode",
+    "finish",
+    "resume",
+    "stall",
+    "take_resumed",
+]
 
 # _lock guards RESUMED: the CLI calls handlers from maintenance worker threads.
 _lock = threading.Lock()
@@ -48,3 +57,9 @@ def take_resumed() -> list[tuple[str, str, int]]:
         taken = list(RESUMED)
         RESUMED.clear()
     return taken
+
+
+def stall(ctx: ReclaimedWorkflow) -> None:
+    """Say so, then take a few seconds (long enough for a test to interrupt the pass)."""
+    print(f"stalling {ctx.workflow_id}", flush=True)
+    threading.Event().wait(3.0)

@@ -186,3 +186,26 @@ def test_demo_keep_dir_keeps_a_store_the_cli_can_read(tmp_path: Path) -> None:
     again = run_cli_process("demo", "--keep", str(keep))
     assert again.returncode == 2
     assert_one_line_no_traceback(again.stderr, "already holds a demo.db")
+
+
+def test_ctrl_c_during_a_maintenance_pass_ends_quietly(sqlite_url: str) -> None:
+    abandon(sqlite_url, "wf-1")
+    with subprocess.Popen(
+        cli_command(
+            "--url", sqlite_url, "maintain", "--once", "--handler", "tests.cli.handler:stall"
+        ),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env=cli_env(),
+    ) as proc:
+        try:
+            OutputReader(proc).wait_for(r"stalling wf-1\n")
+            proc.send_signal(signal.SIGINT)
+            out, stderr = proc.communicate(timeout=WAIT_S)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+
+    assert proc.returncode == 130
+    assert stderr.decode() == "weft-sync: interrupted\n"
+    assert "Traceback" not in out.decode()
