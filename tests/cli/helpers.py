@@ -104,11 +104,12 @@ def leave_bare_claim(url: str, workflow_id: str, *, offset_ms: int, engine_id: s
 
 
 class OutputReader:
-    """Reads a child's stdout with a deadline, so a silent child fails the test, not hangs it."""
+    """Reads a child's stdout (or stderr) with a deadline: a silent child fails, not hangs."""
 
-    def __init__(self, proc: subprocess.Popen[bytes]) -> None:
-        assert proc.stdout is not None
-        self._fd = proc.stdout.fileno()
+    def __init__(self, proc: subprocess.Popen[bytes], *, stderr: bool = False) -> None:
+        stream = proc.stderr if stderr else proc.stdout
+        assert stream is not None
+        self._fd = stream.fileno()
         self.text = ""
 
     def wait_for(self, pattern: str) -> re.Match[str]:

@@ -281,3 +281,32 @@ def test_maintain_type_without_a_handler_exits_2(
 ) -> None:
     assert run_cli("--url", sqlite_url, "maintain", "--once", "--type", "report") == (2, "")
     assert_one_line_no_traceback(capsys.readouterr().err, "--type", "--handler")
+
+
+@pytest.mark.slow
+def test_maintain_interval_shows_a_failing_handler_on_stderr_in_one_line(
+    sqlite_url: str,
+) -> None:
+    abandon(sqlite_url, "wf-1")
+    argv = cli_command(
+        "maintain", "--interval", "--handler", "tests.cli.handler:explode",
+        "--claim-ttl", "1s", "--renew-interval", "100ms", "--url", sqlite_url,
+    )  # fmt: skip
+    with subprocess.Popen(
+        argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=cli_env()
+    ) as proc:
+        try:
+            line = OutputReader(proc, stderr=True).wait_for(r"weft-sync: .*\n")[0]
+            proc.send_signal(signal.SIGTERM)
+            out, rest = proc.communicate(timeout=WAIT_S)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+    assert proc.returncode == 0
+    assert line == (
+        "weft-sync: error: handler for workflow type 'report' raised on workflow 'wf-1' "
+        "(epoch 2); the claim is kept and the workflow driven again on a later pass "
+        "(RuntimeError: cannot drive wf-1 at postgresql://app:***@db/main)\n"
+    )
+    assert "Traceback" not in rest.decode()
+    assert "s3cret" not in line + rest.decode() + out.decode()

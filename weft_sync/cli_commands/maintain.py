@@ -18,6 +18,7 @@ from ..options import OwnershipOptions
 from ..ownership import Ownership
 from ..redaction import redact_text
 from ..storage import Storage
+from .logs import warnings_to_stderr
 from .output import StoreRef, UsageError, emit_json
 
 __all__ = ["StopSignals", "load_handler", "maintain"]
@@ -108,7 +109,11 @@ def maintain(store: StoreRef, args: argparse.Namespace, out: TextIO, stops: Stop
             return _report_once(result, args.json, handler is None, out)
         # The handlers go in before the engine starts and come out after it closed, so a signal
         # at any moment ends in a clean close, never in the default handler's abrupt exit.
-        with stops() as stop, _open_engine(storage, options, handler, args.types) as ownership:
+        with (
+            stops() as stop,
+            warnings_to_stderr(),
+            _open_engine(storage, options, handler, args.types) as ownership,
+        ):
             ownership.start()
             out.write(
                 f"maintaining {store.shown} as engine {ownership.engine_id}; "
