@@ -63,9 +63,9 @@ _FORK_GRACE_S: Final = 5.0
 # Held while a storage creates its table (outside any writer), so a fork waits for that too.
 _opening = threading.Lock()
 _LIVE: weakref.WeakSet[SqliteStorage] = weakref.WeakSet()
-# What the fork in progress paused: the storages, and whether it holds _opening.
-_paused: list[SqliteStorage] = []
-_paused_opening: list[bool] = []
+# Per forking thread (the fork handlers of one fork run on one thread, which the child keeps):
+# ``paused``, the storages this fork paused, and ``opening``, whether it holds _opening.
+_fork_state = threading.local()
 
 
 def _before_fork() -> None:
@@ -74,26 +74,29 @@ def _before_fork() -> None:
     # fail as "database is locked". Pausing every read and write until the fork is done lets
     # the child close its copies safely, so its own connections start from clean bookkeeping.
     start = time.monotonic()
-    _paused_opening.append(_opening.acquire(timeout=_FORK_GRACE_S))
-    for storage in list(_LIVE):
-        if storage._pause_for_fork(start):
-            _paused.append(storage)
+    _fork_state.opening = _opening.acquire(timeout=_FORK_GRACE_S)
+    _fork_state.paused = [s for s in list(_LIVE) if s._pause_for_fork(start)]
+
+
+def _forked() -> tuple[list[SqliteStorage], bool]:
+    paused: list[SqliteStorage] = getattr(_fork_state, "paused", [])
+    opening: bool = getattr(_fork_state, "opening", False)
+    _fork_state.paused, _fork_state.opening = [], False
+    return paused, opening
 
 
 def _after_fork_in_parent() -> None:
-    for storage in _paused:
+    paused, opening = _forked()
+    for storage in paused:
         storage._resume_after_fork()
-    _paused.clear()
-    if _paused_opening.pop():
+    if opening:
         _opening.release()
 
 
 def _after_fork_in_child() -> None:
     global _opening
     _opening = threading.Lock()
-    paused = list(_paused)
-    _paused.clear()
-    _paused_opening.clear()
+    paused, _ = _forked()
     for storage in list(_LIVE):
         storage._abandon_in_child(paused=any(storage is p for p in paused))
 
