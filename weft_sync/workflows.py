@@ -141,8 +141,8 @@ class Workflows:
             raise TypeError(f"warn must be a callable taking a Warning, or None, got {warn!r}")
         self._storage = storage
         self._clock = clock
-        self._metrics = metrics
         self._fork_pid = os.getpid()  # see process_bound_class
+        self._metrics = metrics
         # _lock guards _registry and _closed.
         self._lock = threading.Lock()
         self._registry: ClaimRegistry | None = None

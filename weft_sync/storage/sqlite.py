@@ -11,9 +11,10 @@ import time
 import weakref
 from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Final
+from urllib.parse import quote
 
 from .._fork import process_bound_class, register_at_fork
-from ..errors import ClosedError, StorageError
+from ..errors import ClosedError, MissingStoreError, ReadOnlyStorageError, StorageError
 from .base import (
     Batch,
     Condition,
@@ -62,9 +63,9 @@ _FORK_GRACE_S: Final = 5.0
 # Held while a storage creates its table (outside any writer), so a fork waits for that too.
 _opening = threading.Lock()
 _LIVE: weakref.WeakSet[SqliteStorage] = weakref.WeakSet()
-# What the fork in progress paused: the storages, and whether it holds _opening.
-_paused: list[SqliteStorage] = []
-_paused_opening: list[bool] = []
+# Per forking thread (the fork handlers of one fork run on one thread, which the child keeps):
+# ``paused``, the storages this fork paused, and ``opening``, whether it holds _opening.
+_fork_state = threading.local()
 
 
 def _before_fork() -> None:
@@ -73,26 +74,29 @@ def _before_fork() -> None:
     # fail as "database is locked". Pausing every read and write until the fork is done lets
     # the child close its copies safely, so its own connections start from clean bookkeeping.
     start = time.monotonic()
-    _paused_opening.append(_opening.acquire(timeout=_FORK_GRACE_S))
-    for storage in list(_LIVE):
-        if storage._pause_for_fork(start):
-            _paused.append(storage)
+    _fork_state.opening = _opening.acquire(timeout=_FORK_GRACE_S)
+    _fork_state.paused = [s for s in list(_LIVE) if s._pause_for_fork(start)]
+
+
+def _forked() -> tuple[list[SqliteStorage], bool]:
+    paused: list[SqliteStorage] = getattr(_fork_state, "paused", [])
+    opening: bool = getattr(_fork_state, "opening", False)
+    _fork_state.paused, _fork_state.opening = [], False
+    return paused, opening
 
 
 def _after_fork_in_parent() -> None:
-    for storage in _paused:
+    paused, opening = _forked()
+    for storage in paused:
         storage._resume_after_fork()
-    _paused.clear()
-    if _paused_opening.pop():
+    if opening:
         _opening.release()
 
 
 def _after_fork_in_child() -> None:
     global _opening
     _opening = threading.Lock()
-    paused = list(_paused)
-    _paused.clear()
-    _paused_opening.clear()
+    paused, _ = _forked()
     for storage in list(_LIVE):
         storage._abandon_in_child(paused=any(storage is p for p in paused))
 
@@ -141,8 +145,13 @@ class SqliteStorage:
     :param table: the table name (letters, digits, underscores).
     :param busy_timeout_ms: how long a write waits for another writer, and a read for a lock.
     :param synchronous: ``"FULL"`` or ``"NORMAL"``.
+    :param read_only: open an existing store for reading only: connections use SQLite's
+        ``mode=ro``, no writer thread starts, no lock file or table is created, and every write
+        raises :class:`~weft_sync.errors.ReadOnlyStorageError`. SQLite may still create the
+        ``-wal`` and ``-shm`` side files of an existing database, as any reader does.
     :raises ValueError: a bad table name, timeout, ``synchronous`` mode or path.
-    :raises StorageError: the file cannot be opened or the table cannot be created.
+    :raises StorageError: the file cannot be opened or the table cannot be created (with
+        ``read_only``: the file or the table does not exist).
     """
 
     def __init__(
@@ -152,6 +161,7 @@ class SqliteStorage:
         table: str = "weft_kv",
         busy_timeout_ms: int = 5000,
         synchronous: str = "FULL",
+        read_only: bool = False,
     ) -> None:
         self._path = os.fspath(path)
         if not isinstance(self._path, str) or not self._path or self._path == ":memory:":
@@ -173,6 +183,9 @@ class SqliteStorage:
             )
         self._busy_timeout_ms = busy_timeout_ms
         self._synchronous = str(mode)
+        self._read_only = bool(read_only)
+        # Resolved once: a later chdir() must not move the store under a read-only instance.
+        self._ro_uri = f"file:{quote(os.path.abspath(self._path))}?mode=ro"
         quoted = f'"{self._table}"'
         self._sql_get = f"SELECT value FROM {quoted} WHERE key = ?"
         self._sql_get_many = f"SELECT key, value FROM {quoted} WHERE key IN "
@@ -190,7 +203,10 @@ class SqliteStorage:
         self._readers = ReaderConnections(self._connect, self._closed_error)
         try:
             with _opening:
-                self._create_schema()
+                if self._read_only:
+                    self._check_schema()
+                else:
+                    self._create_schema()
         except BaseException:
             self._file_lock.close()
             raise
@@ -242,11 +258,13 @@ class SqliteStorage:
     # -- connections -------------------------------------------------------------------------
 
     def _connect(self) -> sqlite3.Connection:
+        # A read-only store is opened by URI so that a missing file is an error, not created.
         conn = sqlite3.connect(
-            self._path,
+            self._ro_uri if self._read_only else self._path,
             timeout=self._busy_timeout_ms / 1000.0,
             isolation_level=None,
             check_same_thread=False,
+            uri=self._read_only,
         )
         try:
             conn.execute(f"PRAGMA busy_timeout = {self._busy_timeout_ms:d}")
@@ -272,6 +290,27 @@ class SqliteStorage:
                     )
             finally:
                 conn.close()
+
+    def _check_schema(self) -> None:
+        if not os.path.isfile(self._path):
+            raise MissingStoreError(
+                f"no SQLite store at {self._path!r}: the file does not exist (opened read-only, "
+                f"so it is not created)"
+            )
+        with self._translate("read-only open"):
+            conn = self._connect()
+            try:
+                found = conn.execute(
+                    "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?",
+                    (self._table,),
+                ).fetchone()
+            finally:
+                conn.close()
+        if found is None:
+            raise MissingStoreError(
+                f"SQLite file {self._path!r} has no table {self._table!r} (opened read-only, so "
+                f"it is not created)"
+            )
 
     # -- errors ------------------------------------------------------------------------------
 
@@ -303,6 +342,11 @@ class SqliteStorage:
     @property
     def capabilities(self) -> StorageCapabilities:
         return _CAPABILITIES
+
+    @property
+    def read_only(self) -> bool:
+        """Whether the store was opened read-only."""
+        return self._read_only
 
     @property
     def path(self) -> str:
@@ -435,6 +479,11 @@ class SqliteStorage:
         batches: list[tuple[list[Condition], list[Operation]]],
         renewals: list[RenewalRow] | None = None,
     ) -> list[bool]:
+        if self._read_only:
+            self._check_open()
+            raise ReadOnlyStorageError(
+                f"SqliteStorage({self._path!r}) was opened read-only; writes are refused"
+            )
         request = WriteRequest(batches, renewals)
         with self._lock:
             self._check_open()
@@ -531,4 +580,6 @@ class SqliteStorage:
             state = f"inherited from process {self._fork_pid}"
         else:
             state = "closed" if self._closed else "open"
+        if self._read_only:
+            state += ", read-only"
         return f"SqliteStorage({self._path!r}, table={self._table!r}, {state})"

@@ -203,7 +203,8 @@ class WriterFileLock:
 
     Not thread-safe, and it need not be: one thread at a time uses it (the storage's constructor,
     then whichever thread holds the :class:`SqliteWriter`'s transaction lock), and the descriptor
-    is closed only once no writer thread runs and no caller is committing.
+    is closed only once no writer thread runs and no caller is committing. A forked child only
+    closes its copy of the descriptor: an unlock through it would release the parent's lock.
 
     :param path: the lock file; created if missing.
     :param timeout_ms: how long :meth:`hold` waits for another process to let go.
