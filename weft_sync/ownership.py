@@ -9,6 +9,8 @@ Threading model:
 
 - Each ``Ownership`` has one lock guarding its lifecycle state, the live ``claim()`` handles and
   the ``on_lost`` callbacks. Registry calls, storage I/O, callbacks and logging happen outside it.
+- Workflow handlers (:mod:`weft_sync.handlers`) run on maintenance threads, after the reclaim
+  pass took the claim over; they must not call :meth:`Ownership.close`.
 - Lost claims are reported by the registry through a warning sink this object installs; the sink
   runs on whichever thread found the loss (usually a maintenance thread), marks the matching
   handle lost, calls the ``on_lost`` callbacks (their exceptions are logged, never raised into
@@ -234,7 +236,7 @@ class Ownership:
 
     @property
     def metrics(self) -> ClaimMetrics:
-        """Claim attempt, active-claim and renewal-failure counters."""
+        """Claim attempt, active-claim, renewal-failure and handler-failure counters."""
         return self._metrics
 
     @property
