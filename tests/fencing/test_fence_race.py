@@ -1,4 +1,4 @@
-"""The race that matters: a takeover never commits between the fence's check and the host's commit."""
+"""The race that matters: no takeover commits between the fence check and the host's commit."""
 
 from __future__ import annotations
 
