@@ -26,12 +26,12 @@ if not settings.configured:
     )
     django.setup()
 
-from django.db import connections, models, transaction  # noqa: E402
-from psycopg.conninfo import conninfo_to_dict  # noqa: E402
+from django.db import connections, models, transaction
+from psycopg.conninfo import conninfo_to_dict
 
-from tests.fencing.hosts import PAST_EXPIRY_MS, HostEnv, make_env  # noqa: E402
-from weft_sync.errors import EngineDeposedError, WorkflowClaimLostWarning  # noqa: E402
-from weft_sync.fencing.django import fenced_atomic  # noqa: E402
+from tests.fencing.hosts import PAST_EXPIRY_MS, HostEnv, make_env
+from weft_sync.errors import EngineDeposedError, WorkflowClaimLostWarning
+from weft_sync.fencing.django import fenced_atomic
 
 REPORT_TABLE = "fence_report_" + uuid.uuid4().hex[:10]
 
