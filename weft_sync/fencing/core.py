@@ -183,16 +183,14 @@ def fenced_transaction(
     locked = host.begin()
     try:
         try:
-            if target.family == "postgresql":
-                host.query(
-                    f"SET LOCAL lock_timeout = '{lock_timeout_ms:d}ms'; "
-                    f"SET LOCAL idle_in_transaction_session_timeout = '{idle_timeout_ms:d}ms'",
-                    (),
-                )
             binding = _binding(host, target)
             if not locked and binding.write_lock is not None:
                 host.query(binding.write_lock, (epoch_key,))
-            rows = host.query(binding.read_epoch, (epoch_key,))
+            if target.family == "postgresql":
+                params = (epoch_key, f"{lock_timeout_ms:d}ms", f"{idle_timeout_ms:d}ms")
+            else:
+                params = (epoch_key,)
+            rows = host.query(binding.read_epoch, params)
         except (StorageCapabilityError, TypeError):
             raise
         except Exception as exc:

@@ -38,8 +38,10 @@ def quote_identifier(name: str) -> str:
 class FenceBinding:
     """How a proven host connection reaches the store's table.
 
-    :param read_epoch: the statement reading one key's value (one parameter, the key), taking the
-        lock a takeover must wait for where the family has row locks.
+    :param read_epoch: the statement reading one key's value, taking the lock a takeover must
+        wait for where the family has row locks. Parameters: the key; on PostgreSQL also the
+        ``lock_timeout`` and ``idle_in_transaction_session_timeout`` it sets for the rest of
+        the transaction (see :data:`PG_READ_EPOCH`).
     :param write_lock: on SQLite, a statement that takes the database write lock inside an open
         transaction without changing anything (one parameter, the key); ``None`` elsewhere.
     """
@@ -135,6 +137,20 @@ IDENTITY_SQL = (
 the session's ``search_path`` resolves it (``NULL`` when not visible)."""
 
 
+PG_READ_EPOCH = (
+    "SELECT value FROM {table} WHERE key = %s "
+    "AND set_config('lock_timeout', %s, true) IS NOT NULL "
+    "AND set_config('idle_in_transaction_session_timeout', %s, true) IS NOT NULL "
+    "FOR SHARE"
+)
+"""Read and share-lock one epoch row; parameters: the key, then the transaction's
+``lock_timeout`` and ``idle_in_transaction_session_timeout`` (e.g. ``"5000ms"``).
+
+The settings ride in the row filter so that the fence costs one round trip: the filter runs on
+the row before the row is locked, so the lock wait already obeys the new ``lock_timeout``; both
+are transaction-local (``set_config(…, true)``, as ``SET LOCAL``)."""
+
+
 class PostgresFenceTarget:
     """The PostgreSQL side: same cluster (system identifier), same database, same table.
 
@@ -171,4 +187,4 @@ class PostgresFenceTarget:
                 + ("not visible" if oid is None else f"another table (oid {oid})")
             )
         table = f"{quote_identifier(ident.schema)}.{quote_identifier(self._table)}"
-        return FenceBinding(read_epoch=f"SELECT value FROM {table} WHERE key = %s FOR SHARE")
+        return FenceBinding(read_epoch=PG_READ_EPOCH.format(table=table))
