@@ -186,10 +186,9 @@ def fenced_transaction(
             binding = _binding(host, target)
             if not locked and binding.write_lock is not None:
                 host.query(binding.write_lock, (epoch_key,))
+            params: tuple[str, ...] = (epoch_key,)
             if target.family == "postgresql":
-                params = (epoch_key, f"{lock_timeout_ms:d}ms", f"{idle_timeout_ms:d}ms")
-            else:
-                params = (epoch_key,)
+                params += (f"{lock_timeout_ms:d}ms", f"{idle_timeout_ms:d}ms")
             rows = host.query(binding.read_epoch, params)
         except (StorageCapabilityError, TypeError):
             raise
