@@ -1,4 +1,4 @@
-"""The long run of the fenced host-table contention: N processes × M workflows under signals.
+"""The long run of the fenced host-table contention: N processes x M workflows under signals.
 
 Each process appends ``epoch:engine:seq`` to its workflows' rows in a host table through
 ``Ownership.fenced`` while the driver SIGSTOPs, SIGCONTs and SIGKILLs them (see

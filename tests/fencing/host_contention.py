@@ -216,14 +216,14 @@ def run_contention(
             str(stop),
             duration_s + 30.0,
             seed * 100 + n,
-        )  # fmt: skip
+        )
         for n in range(processes)
     ]
     procs = [spawn(run_contender, c, c.engine_id) for c in configs]
     signals: Counter[str] = Counter()
     try:
         deadline = time.monotonic() + 60.0
-        for config, proc in zip(configs, procs, strict=True):
+        for config in configs:
             wait_ready(config.engine_id, config.journal_path, deadline, 0.02, lambda: None)
         go.touch()
         _disturb(procs, duration_s, random.Random(seed), signals)

@@ -1,4 +1,4 @@
-"""Four engine processes × 100 workflows append to host rows through the fence, under signals."""
+"""Four engine processes x 100 workflows append to host rows through the fence, under signals."""
 
 from __future__ import annotations
 
