@@ -37,9 +37,12 @@ for SQLite's write lock (bounded by its busy timeout), and the host's transactio
 SQLite's lock and never waits for the flock, so no cycle can form. While the host's transaction
 is open every write to the file waits, this engine's renewals included; a renewal that waits
 longer than the store's busy timeout fails, keeps its claim, and is retried on the next pass, so
-a fenced transaction shorter than ``claim_ttl - claim_renew_interval`` costs no claim. Do not
-write through the store (``ownership.workflows``) inside a fenced block on SQLite: that write
-waits for the block's own lock and fails after the busy timeout.
+a fenced transaction shorter than ``claim_ttl - claim_renew_interval`` costs no claim.
+
+**Inside the block** write through the connection, not through the store: a ledger write
+(``ownership.workflows``) waits for the block's own lock — SQLite's write lock, or on
+PostgreSQL the epoch row's share lock when it is for the same workflow — and fails with
+``StorageError`` after the store's busy timeout or ``lock_timeout``.
 
 The same-database proof and the lock statements come from the store
 (:class:`~weft_sync.storage.fence_target.FenceTarget`); this module never looks inside a backend.
@@ -63,7 +66,7 @@ from ..errors import (
     WorkflowClaimLostWarning,
 )
 from ..storage.base import Storage
-from ..storage.fence_target import FenceBinding, FenceTarget, SupportsHostFence
+from ..storage.fence_target import FenceBinding, FenceTarget
 from .adapters import adapt
 from .base import HostTransaction, as_value
 
@@ -79,14 +82,18 @@ _PROOFS: weakref.WeakKeyDictionary[object, dict[str, FenceBinding]] = weakref.We
 
 
 def _target(storage: Storage) -> FenceTarget:
-    if not isinstance(storage, SupportsHostFence):
+    # getattr rather than isinstance(storage, SupportsHostFence): a protocol check costs more
+    # than the rest of the fence's Python work.
+    fence_target = getattr(storage, "fence_target", None)
+    if not callable(fence_target):
         raise StorageCapabilityError(
             FEATURE,
             "host_fence",
             f"{type(storage).__name__} cannot fence a host's own tables; use SqliteStorage or "
             f"PostgresStorage with the host's tables in the same database",
         )
-    return storage.fence_target()
+    target: FenceTarget = fence_target()
+    return target
 
 
 def _refuse(host: HostTransaction, target: FenceTarget, where: str) -> NoReturn:
