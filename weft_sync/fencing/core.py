@@ -155,12 +155,12 @@ def _end_quietly(host: HostTransaction, error: BaseException) -> None:
 def fenced_transaction(
     connection: object,
     workflow_id: str,
-    *,
     storage: Storage,
     registry: ClaimRegistry,
+    *,
     warn: Callable[[Warning], None],
-    lock_timeout_ms: int,
-    idle_timeout_ms: int,
+    lock_timeout_ms: int | None = None,
+    idle_timeout_ms: int | None = None,
 ) -> Iterator[object]:
     """Run the block as one transaction on ``connection`` with the epoch check for ``workflow_id``.
 
@@ -168,8 +168,11 @@ def fenced_transaction(
     :param storage: the store holding the claims; ``connection`` must be on its database.
     :param registry: the engine's registry, which holds the epoch bytes to compare.
     :param warn: receives :class:`~weft_sync.errors.WorkflowClaimLostWarning` on deposition.
-    :param lock_timeout_ms: PostgreSQL: ``lock_timeout`` of the fenced transaction.
-    :param idle_timeout_ms: PostgreSQL: ``idle_in_transaction_session_timeout`` of it.
+    :param lock_timeout_ms: PostgreSQL: ``lock_timeout`` of the fenced transaction; default the
+        registry's renew interval.
+    :param idle_timeout_ms: PostgreSQL: its ``idle_in_transaction_session_timeout``; default the
+        registry's claim TTL.
+    :returns: (as the block's value) ``connection`` as given.
     :raises TypeError: ``connection`` is not an accepted connection type.
     :raises StorageCapabilityError: the store cannot fence, or ``connection`` is on another
         database (or SQL family) than the store.
@@ -186,25 +189,13 @@ def fenced_transaction(
     expected = registry.current_epoch_bytes(wid)
     if expected is None:
         _deposed(wid, warn)
-    epoch_key = keys.workflow_owner_epoch(wid)
+    timeouts = (
+        registry.claim_renew_interval_ms if lock_timeout_ms is None else lock_timeout_ms,
+        registry.claim_ttl_ms if idle_timeout_ms is None else idle_timeout_ms,
+    )
     locked = host.begin()
     try:
-        try:
-            binding = _binding(host, target)
-            if not locked and binding.write_lock is not None:
-                host.query(binding.write_lock, (epoch_key,))
-            params: tuple[str, ...] = (epoch_key,)
-            if target.family == "postgresql":
-                params += (f"{lock_timeout_ms:d}ms", f"{idle_timeout_ms:d}ms")
-            rows = host.query(binding.read_epoch, params)
-        except (StorageCapabilityError, TypeError):
-            raise
-        except Exception as exc:
-            raise StorageError(
-                f"the fence of a host transaction for workflow {wid!r} failed on "
-                f"{target.location}: {exc}"
-            ) from exc
-        observed = as_value(rows[0][0]) if rows else None
+        observed = _read_epoch(host, target, wid, locked=locked, timeouts_ms=timeouts)
         if observed != expected:
             _deposed(wid, warn)
         yield host.result
@@ -212,3 +203,34 @@ def fenced_transaction(
         _end_quietly(host, exc)
         raise
     host.end(None)
+
+
+def _read_epoch(
+    host: HostTransaction,
+    target: FenceTarget,
+    wid: str,
+    *,
+    locked: bool,
+    timeouts_ms: tuple[int, int],
+) -> bytes | None:
+    """Prove the connection, take the lock and read the epoch, inside the begun transaction.
+
+    :raises StorageError: a statement of the fence failed (the caller rolls back).
+    """
+    epoch_key = keys.workflow_owner_epoch(wid)
+    try:
+        binding = _binding(host, target)
+        if not locked and binding.write_lock is not None:
+            host.query(binding.write_lock, (epoch_key,))
+        params: tuple[str, ...] = (epoch_key,)
+        if target.family == "postgresql":
+            params += tuple(f"{ms:d}ms" for ms in timeouts_ms)
+        rows = host.query(binding.read_epoch, params)
+    except (StorageCapabilityError, TypeError):
+        raise
+    except Exception as exc:
+        raise StorageError(
+            f"the fence of a host transaction for workflow {wid!r} failed on "
+            f"{target.location}: {exc}"
+        ) from exc
+    return as_value(rows[0][0]) if rows else None
