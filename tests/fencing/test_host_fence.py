@@ -17,6 +17,7 @@ from weft_sync.errors import (
     WorkflowClaimLostWarning,
 )
 from weft_sync.fencing import core
+from weft_sync.storage import open_storage
 
 
 def _take_over(env: HostEnv, wid: str) -> Any:
@@ -362,3 +363,20 @@ def test_postgres_other_cluster_is_refused_naming_both(
 
 def store_table_of(env: HostEnv) -> str:
     return env.storage_url.rsplit("table=", 1)[1]
+
+
+def test_store_without_a_fence_target_is_refused(raw_env: HostEnv) -> None:
+    from tests.reliability.faulty import FaultyStorage
+
+    inner = open_storage(raw_env.storage_url)
+    try:
+        own = raw_env.ownership(storage=FaultyStorage(inner, rate=0.0))
+        own.registry.acquire("wf-1")
+        conn = raw_env.connect()
+        with pytest.raises(StorageCapabilityError) as err, own.fenced("wf-1", conn):
+            pytest.fail("fenced through a store that cannot describe its table")
+        assert err.value.capability == "host_fence"
+        assert "FaultyStorage" in str(err.value)
+        own.close()
+    finally:
+        inner.close()

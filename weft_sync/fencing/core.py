@@ -70,7 +70,7 @@ from ..storage.fence_target import FenceBinding, FenceTarget
 from .adapters import adapt
 from .base import HostTransaction, as_value
 
-__all__ = ["FEATURE", "fenced_transaction"]
+__all__ = ["FEATURE", "ForeignDatabaseError", "fenced_transaction"]
 
 _log = logging.getLogger(__name__)
 
@@ -96,13 +96,32 @@ def _target(storage: Storage) -> FenceTarget:
     return target
 
 
+class ForeignDatabaseError(StorageCapabilityError):
+    """The host connection is not on the store's database (a :class:`StorageCapabilityError`
+    with capability ``"same_database"``).
+
+    :param connection: the type name of the host's connection.
+    :param where: the database the connection is on.
+    :param store: the store's database.
+    """
+
+    def __init__(self, connection: str, where: str, store: str) -> None:
+        super().__init__(FEATURE, "same_database")
+        self.where = where
+        self.store = store
+        message = (
+            f"{FEATURE} refused: the connection ({connection}) is on {where}, but the store is "
+            f"{store}; the host's tables must be in the store's database, so that the fence and "
+            f"the host's writes are one transaction"
+        )
+        self.args = (message,)
+
+    def __str__(self) -> str:
+        return str(self.args[0])
+
+
 def _refuse(host: HostTransaction, target: FenceTarget, where: str) -> NoReturn:
-    raise StorageCapabilityError(
-        FEATURE,
-        "same_database",
-        f"the connection ({type(host.result).__name__}) is on {where}, but the store is "
-        f"{target.location}; a fenced transaction must run on the store's own database",
-    )
+    raise ForeignDatabaseError(type(host.result).__name__, where, target.location)
 
 
 def _binding(host: HostTransaction, target: FenceTarget) -> FenceBinding:
