@@ -350,10 +350,7 @@ class Ownership:
         self._finish(handle, body_failed=False)
 
     def fenced(self, workflow_id: str, connection: object) -> AbstractContextManager[Any]:
-        """Run the host's statements on ``connection`` as one transaction with the epoch fence.
-
-        See :func:`weft_sync.fencing.fenced_transaction` (what it yields, raises and locks).
-        """
+        """Fence the host's statements on ``connection`` (:func:`~.fencing.fenced_transaction`)."""
         self._require_open("fenced()")
         return fenced_transaction(
             connection, workflow_id, self._storage, self._registry, warn=self._on_warning

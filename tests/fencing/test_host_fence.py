@@ -380,3 +380,12 @@ def test_store_without_a_fence_target_is_refused(raw_env: HostEnv) -> None:
         own.close()
     finally:
         inner.close()
+
+
+def test_fenced_after_close_is_a_closed_error(raw_env: HostEnv) -> None:
+    from weft_sync.errors import ClosedError
+
+    own = raw_env.ownership()
+    own.close()
+    with pytest.raises(ClosedError, match=r"fenced\(\)"):
+        own.fenced("wf-1", raw_env.connect())
