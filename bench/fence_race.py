@@ -18,9 +18,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from tests.fencing.hosts import make_env  # noqa: E402
-from tests.fencing.race import race_processes, race_threads  # noqa: E402
-from tests.pgcluster import start_cluster  # noqa: E402
+from tests.fencing.hosts import make_env
+from tests.fencing.race import race_processes, race_threads
+from tests.pgcluster import start_cluster
 
 
 def main() -> None:
