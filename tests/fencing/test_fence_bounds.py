@@ -51,12 +51,8 @@ def test_takeover_gives_up_waiting_and_succeeds_later(raw_env: HostEnv) -> None:
     """A takeover blocked by a fenced transaction fails after the store's bound, then retries."""
     env = raw_env
     owner = env.ownership()
-    if env.backend == "sqlite":
-        rival_store = open_storage(_with_param(env.storage_url, "busy_timeout_ms", 150))
-    else:
-        from weft_sync.storage.postgres import PostgresStorage
-
-        rival_store = PostgresStorage(env.db_url, table=store_table(env), lock_timeout=0.15)
+    bound = ("busy_timeout_ms", 150) if env.backend == "sqlite" else ("lock_timeout", 0.15)
+    rival_store = open_storage(_with_param(env.storage_url, *bound))
     try:
         rival = env.ownership(storage=rival_store)
         assert owner.registry.acquire("wf-1").status == "acquired"
@@ -196,3 +192,10 @@ def test_ledger_write_inside_a_fenced_block_fails_instead_of_hanging(raw_env: Ho
     finally:
         own.close()
         store.close()
+
+
+def test_bad_lock_timeout_in_a_url_names_the_value(postgres_base_url: str) -> None:
+    with pytest.raises(ValueError, match=r"lock_timeout='soon'.*seconds"):
+        open_storage(_with_param(postgres_base_url, "lock_timeout", "soon"))
+    with pytest.raises(ValueError, match=r"lock_timeout must be a positive number.*-1"):
+        open_storage(_with_param(postgres_base_url, "lock_timeout", "-1"))
