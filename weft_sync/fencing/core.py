@@ -18,12 +18,15 @@ engine keeps renewing the workflow — and every other claim it holds — while 
 is open. A waiting takeover locks epoch rows only (they sort before every holder row, and rows are
 locked in key order), so it never blocks a renewal either.
 
-Waits are bounded on both sides. The fenced transaction runs with ``SET LOCAL lock_timeout`` (the
-claim's renew interval by default), so the fence's own lock and the host's statements do not wait
-for a lock longer than that; and with ``SET LOCAL idle_in_transaction_session_timeout`` (the claim
-TTL by default), so the server ends the session of a host that stalls inside the block (a
-stopped process, a forgotten transaction): its writes roll back, its commit fails, and the
-takeover goes ahead. A store's own statements give up waiting for a row lock after the store's
+A host transaction at REPEATABLE READ or SERIALIZABLE whose snapshot predates a change of the
+epoch row fails that read with a serialization error (``StorageError``): it fails closed.
+
+Waits are bounded on both sides. The locking read itself sets, for the rest of the transaction
+(``set_config(…, true)``, as ``SET LOCAL``), ``lock_timeout`` (the claim's renew interval by
+default), so neither the fence's lock nor the host's later statements wait for a lock longer than
+that, and ``idle_in_transaction_session_timeout`` (the claim TTL by default), so the server ends
+the session of a host that stalls inside the block (a stopped process, a forgotten transaction):
+its writes roll back, its commit fails, and the takeover goes ahead. A store's own statements give up waiting for a row lock after the store's
 ``lock_timeout`` (see :class:`~weft_sync.storage.PostgresStorage`), so a takeover held up by a
 long host transaction fails with ``StorageError`` and is retried by a later reclaim pass instead
 of stalling that pass.
