@@ -26,10 +26,10 @@ Waits are bounded on both sides. The locking read itself sets, for the rest of t
 default), so neither the fence's lock nor the host's later statements wait for a lock longer than
 that, and ``idle_in_transaction_session_timeout`` (the claim TTL by default), so the server ends
 the session of a host that stalls inside the block (a stopped process, a forgotten transaction):
-its writes roll back, its commit fails, and the takeover goes ahead. A store's own statements give up waiting for a row lock after the store's
-``lock_timeout`` (see :class:`~weft_sync.storage.PostgresStorage`), so a takeover held up by a
-long host transaction fails with ``StorageError`` and is retried by a later reclaim pass instead
-of stalling that pass.
+its writes roll back, its commit fails, and the takeover goes ahead. A store's own statements
+give up waiting for a row lock after the store's ``lock_timeout`` (see
+:class:`~weft_sync.storage.PostgresStorage`), so a takeover held up by a long host transaction
+fails with ``StorageError`` and is retried by a later reclaim pass instead of stalling that pass.
 
 **SQLite.** The fenced transaction holds SQLite's database write lock from its first statement
 (``BEGIN IMMEDIATE``, or a no-op ``UPDATE`` of the epoch row inside a transaction already open,
