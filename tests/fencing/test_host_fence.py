@@ -389,3 +389,26 @@ def test_fenced_after_close_is_a_closed_error(raw_env: HostEnv) -> None:
     own.close()
     with pytest.raises(ClosedError, match=r"fenced\(\)"):
         own.fenced("wf-1", raw_env.connect())
+
+
+@pytest.mark.postgres_only
+def test_repeatable_read_snapshot_older_than_a_takeover_fails_closed(
+    postgres_base_url: str, tmp_path: Path
+) -> None:
+    from tests.fencing.hosts import make_env
+    from weft_sync.errors import StorageError
+
+    env = make_env("postgres", "psycopg", tmp_path, postgres_base_url)
+    try:
+        own = env.ownership()
+        own.registry.acquire("wf-1")
+        conn = env.connect()
+        conn.isolation_level = psycopg.IsolationLevel.REPEATABLE_READ
+        env.write(conn, "before", "snapshot taken")  # the transaction's snapshot starts here
+        _take_over(env, "wf-1")
+        with pytest.raises(StorageError, match="serialize"), own.fenced("wf-1", conn):
+            pytest.fail("fenced on a stale snapshot")
+        conn.rollback()
+        assert env.rows() == {}
+    finally:
+        env.close()
