@@ -412,3 +412,35 @@ def test_repeatable_read_snapshot_older_than_a_takeover_fails_closed(
         assert env.rows() == {}
     finally:
         env.close()
+
+
+@pytest.mark.postgres_only
+@pytest.mark.parametrize("driver", ["psycopg", "psycopg2"])
+def test_autocommit_driver_connection_still_runs_one_transaction(
+    postgres_base_url: str, tmp_path: Path, driver: str
+) -> None:
+    import psycopg2.extensions
+
+    from tests.fencing.hosts import make_env
+
+    env = make_env("postgres", driver, tmp_path, postgres_base_url)
+    try:
+        own = env.ownership()
+        own.registry.acquire("wf-1")
+        conn = env.connect()
+        conn.autocommit = True
+        with own.fenced("wf-1", conn):
+            env.write(conn, "a", "1")
+            if driver == "psycopg":
+                assert conn.info.transaction_status == psycopg.pq.TransactionStatus.INTRANS
+            else:
+                status = conn.get_transaction_status()
+                assert status == psycopg2.extensions.TRANSACTION_STATUS_INTRANS
+            assert env.rows() == {}  # not committed statement by statement
+        assert env.rows() == {"a": "1"}
+        with pytest.raises(KeyError), own.fenced("wf-1", conn):
+            env.write(conn, "b", "2")
+            raise KeyError
+        assert env.rows() == {"a": "1"}
+    finally:
+        env.close()
