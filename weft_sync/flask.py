@@ -48,7 +48,6 @@ import threading
 import weakref
 from collections.abc import Callable, Mapping, Sequence
 from typing import Final, TypeVar
-from urllib.parse import urlsplit, urlunsplit
 
 try:
     import click
@@ -63,8 +62,9 @@ from .errors import ClosedError
 from .ledger.records import validate_name
 from .options import BACKGROUND_MODES, OwnershipOptions
 from .ownership import Ownership, ReclaimedWorkflow, WorkflowHandler
+from .redaction import redact_url
 
-__all__ = ["EXTENSION_KEY", "WeftSync", "close_all", "gunicorn_worker_exit", "redact_url"]
+__all__ = ["EXTENSION_KEY", "WeftSync", "close_all", "gunicorn_worker_exit"]
 
 _log = logging.getLogger(__name__)
 
@@ -368,19 +368,6 @@ def _in_app_context(app: Flask, fn: WorkflowHandler) -> WorkflowHandler:
 # ----------------------------------------------------------------------------------------
 # Config
 # ----------------------------------------------------------------------------------------
-
-
-def redact_url(url: str) -> str:
-    """``url`` with any password replaced by ``***``."""
-    try:
-        parts = urlsplit(url)
-        if parts.password is None:
-            return url
-        netloc = parts.netloc.rpartition("@")
-        user = netloc[0].partition(":")[0]
-        return urlunsplit(parts._replace(netloc=f"{user}:***@{netloc[2]}"))
-    except ValueError:
-        return "<unparseable URL>"
 
 
 def _config_url(value: object) -> str:

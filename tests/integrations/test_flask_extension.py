@@ -23,7 +23,6 @@ from weft_sync.flask import (
     WeftSync,
     close_all,
     gunicorn_worker_exit,
-    redact_url,
 )
 from weft_sync.storage import Storage
 from weft_sync.workflows import Workflows
@@ -412,14 +411,10 @@ def test_the_constructor_form_initialises_the_app(tmp_path: Path) -> None:
         weft.close(app)
 
 
-def test_urls_are_logged_and_reported_without_their_password() -> None:
-    assert redact_url("postgresql://app:s3cret@db:5432/app?table=t") == (
-        "postgresql://app:***@db:5432/app?table=t"
-    )
-    assert redact_url("postgresql://app@db/app") == "postgresql://app@db/app"
-    assert redact_url("sqlite:////tmp/x.db") == "sqlite:////tmp/x.db"
+def test_a_bad_url_is_reported_without_its_password() -> None:
     with pytest.raises(ValueError) as raised:
         WeftSync(make_app("mysql://root:s3cret@db/app"))
+
     assert "s3cret" not in str(raised.value)
     assert "mysql://root:***@db/app" in str(raised.value)
 
