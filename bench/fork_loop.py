@@ -14,7 +14,13 @@ their ratio, and the parent's longest renewal gap against the renew interval. Th
 every child's first write within 1 s. The parent's checkpoint thread writes without pause, so
 the children also measure how a writer in another process fares against a busy one.
 
-    python bench/fork_loop.py [--quick] [--forks N]
+``--bare`` runs the storage-level loop instead: the parent has one ``SqliteStorage`` written by
+3 threads without pause; each child opens its own ``SqliteStorage`` on the file and writes one
+key. It prints the children that failed, their first-write latency and the parent's writes
+during the loop (and how many failed). It uses nothing but the storage API, so a copy of this
+file placed in an older checkout's ``bench/`` measures that code for a before/after.
+
+    python bench/fork_loop.py [--quick] [--forks N] [--bare]
 """
 
 from __future__ import annotations
@@ -36,8 +42,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from bench.common import machine_note
 from weft_sync import keys
 from weft_sync.codec import decode_holder
+from weft_sync.errors import StorageError
 from weft_sync.options import OwnershipOptions
 from weft_sync.ownership import Ownership
+from weft_sync.storage import SqliteStorage
 
 OPTIONS = OwnershipOptions(claim_ttl=3_000, claim_renew_interval=100)
 PARENT_WORKFLOWS = 5
@@ -181,15 +189,78 @@ def _run(forks: int, root: Path) -> None:
     )
 
 
+def _run_bare(forks: int, root: Path) -> None:
+    path = root / "bare.db"
+    store = SqliteStorage(path, busy_timeout_ms=1000)
+    stop = threading.Event()
+    writes, errors = [0], [0]
+
+    def write() -> None:
+        while not stop.is_set():
+            try:
+                store.put(f"parent-{writes[0] % 50}", b"x" * 100)
+                writes[0] += 1
+                store.get("parent-1")
+            except StorageError:
+                errors[0] += 1  # e.g. the writer lock held too long by another process
+
+    threads = [threading.Thread(target=write, name=f"parent-writer-{i}") for i in range(3)]
+    for thread in threads:
+        thread.start()
+    firsts: list[float] = []
+    failed = 0
+    began = time.monotonic()
+    for index in range(forks):
+        read_end, write_end = os.pipe()
+        pid = os.fork()
+        if pid == 0:
+            code = 1
+            try:
+                os.close(read_end)
+                start = time.monotonic()
+                with SqliteStorage(path, busy_timeout_ms=1000) as own:
+                    own.put(f"child-{index}", b"1")
+                    os.write(write_end, _REPORT.pack(time.monotonic() - start, 0.0))
+                code = 0
+            except BaseException:
+                pass
+            finally:
+                os._exit(code)
+        os.close(write_end)
+        data = os.read(read_end, _REPORT.size)
+        os.close(read_end)
+        _, status = os.waitpid(pid, 0)
+        if os.waitstatus_to_exitcode(status) != 0 or len(data) != _REPORT.size:
+            failed += 1
+        else:
+            firsts.append(_REPORT.unpack(data)[0])
+    elapsed = time.monotonic() - began
+    stop.set()
+    for thread in threads:
+        thread.join()
+    store.close()
+    print(machine_note())
+    print(
+        f"bare loop: {forks} forks in {elapsed:.1f} s, {failed} children failed to write; "
+        f"the parent made {writes[0]:,} writes meanwhile ({errors[0]} failed)"
+    )
+    if firsts:
+        print(
+            f"child first write: median {statistics.median(firsts) * 1000:,.1f} ms, "
+            f"max {max(firsts) * 1000:,.1f} ms"
+        )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0], epilog=__doc__)
     parser.add_argument("--quick", action="store_true", help="50 forks")
     parser.add_argument("--forks", type=int, default=None)
+    parser.add_argument("--bare", action="store_true", help="the storage-level loop")
     args = parser.parse_args()
     forks = args.forks or (50 if args.quick else 200)
     warnings.simplefilter("ignore", DeprecationWarning)  # fork() with threads on 3.12+
     with tempfile.TemporaryDirectory(prefix="weft-fork-loop-") as root:
-        _run(forks, Path(root))
+        (_run_bare if args.bare else _run)(forks, Path(root))
 
 
 if __name__ == "__main__":

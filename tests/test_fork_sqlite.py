@@ -9,6 +9,7 @@ through their exit code and a traceback file, and leave with ``os._exit``.
 
 from __future__ import annotations
 
+import fcntl
 import logging
 import os
 import signal
@@ -151,6 +152,15 @@ def _release_when_fork_requested(armed: threading.Event, release: threading.Even
     return helper
 
 
+def _assert_flock_held(path: Path) -> None:
+    fd = os.open(f"{path}.lock", os.O_RDWR)
+    try:
+        with pytest.raises(BlockingIOError):
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    finally:
+        os.close(fd)
+
+
 def _writer(store: SqliteStorage) -> SqliteWriter:
     assert store._writer is not None
     return store._writer
@@ -186,6 +196,7 @@ def test_a_fork_during_an_open_write_transaction_leaves_the_child_a_working_stor
     writers = [threading.Thread(target=write, args=("parent-0",), name="w0")]
     writers[0].start()
     assert paused.entered.wait(timeout=10)  # flock and write lock held, transaction open
+    _assert_flock_held(db_path)
     if contended:
         # Queued behind the open transaction: the writer thread commits them as one group.
         writers += [
