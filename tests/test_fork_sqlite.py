@@ -324,6 +324,27 @@ def test_a_fork_during_an_open_read_transaction_leaves_the_child_a_working_store
     assert store.get("child") == b"2"
 
 
+def test_the_child_closing_its_inherited_copies_leaves_the_parents_wal_in_place(
+    store: SqliteStorage, db_path: Path, tmp_path: Path
+) -> None:
+    for i in range(20):
+        store.put(f"k{i}", b"v")  # in the write-ahead log, not yet checkpointed
+    assert store.get("k0") == b"v"
+    wal = Path(f"{db_path}-wal")
+    size = wal.stat().st_size
+    report = tmp_path / "child.txt"
+    # The fork handler closed every inherited connection before this body runs.
+    _wait_child(_fork_child(lambda: None, report), report)
+    assert wal.exists() and wal.stat().st_size >= size
+    store.put("after", b"v")
+    raw = sqlite3.connect(db_path, isolation_level=None)
+    try:
+        count = raw.execute(f'SELECT count(*) FROM "{TABLE}"').fetchone()[0]
+    finally:
+        raw.close()
+    assert count == 21
+
+
 def test_a_childs_writes_stay_visible_after_the_parent_closes_the_file(
     store: SqliteStorage, db_path: Path, tmp_path: Path
 ) -> None:
