@@ -324,6 +324,58 @@ def test_a_fork_during_an_open_read_transaction_leaves_the_child_a_working_store
     assert store.get("child") == b"2"
 
 
+def test_two_threads_forking_at_once_each_get_a_child_with_a_working_store(
+    store: SqliteStorage, db_path: Path, tmp_path: Path
+) -> None:
+    store.put("before", b"v")
+    stop = threading.Event()
+    errors: list[BaseException] = []
+
+    def keep_writing() -> None:
+        try:
+            n = 0
+            while not stop.wait(0.001):
+                store.put(f"parent-{n % 10}", b"p")
+                n += 1
+        except BaseException as exc:
+            errors.append(exc)
+
+    barrier = threading.Barrier(2)
+    pids: dict[int, int] = {}
+
+    def fork(index: int) -> None:
+        report = tmp_path / f"child-{index}.txt"
+
+        def child() -> None:
+            with SqliteStorage(db_path, table=TABLE, busy_timeout_ms=2000) as own:
+                assert own.conditional_batch(
+                    [Condition(f"c{index}", None)], [Put(f"c{index}", b"1")]
+                )
+
+        barrier.wait(timeout=10)
+        pids[index] = _fork_child(child, report)
+
+    writer = threading.Thread(target=keep_writing, name="parent-writer")
+    writer.start()
+    forkers = [threading.Thread(target=fork, args=(i,), name=f"forker-{i}") for i in range(2)]
+    try:
+        for thread in forkers:
+            thread.start()
+        for thread in forkers:
+            thread.join(timeout=30)
+        for index, pid in pids.items():
+            _wait_child(pid, tmp_path / f"child-{index}.txt")
+    finally:
+        stop.set()
+        writer.join(timeout=30)
+    for exc in errors:
+        raise exc
+    assert sorted(pids) == [0, 1]
+    assert (store.get("c0"), store.get("c1")) == (b"1", b"1")
+    store.put("after", b"v")
+    assert _integrity(db_path) == "ok"
+
+
 def test_the_child_closing_its_inherited_copies_leaves_the_parents_wal_in_place(
     store: SqliteStorage, db_path: Path, tmp_path: Path
 ) -> None:
