@@ -168,9 +168,10 @@ def test_prometheus_text_prints_every_line_and_ends_with_a_newline() -> None:
 def test_all_zero_snapshot_still_prints_the_full_schema() -> None:
     text = serialize_prometheus(ClaimMetrics().snapshot())
     sample_lines = [line for line in text.splitlines() if line and not line.startswith("#")]
-    assert len(sample_lines) == 7
+    # 5 attempt outcomes, the active gauge, renewal failures and 3 lost-claim causes.
+    assert len(sample_lines) == 10
     assert all(line.endswith(" 0") for line in sample_lines)
-    assert text.count("# TYPE ") == 3
+    assert text.count("# TYPE ") == 4
 
 
 def test_prometheus_text_parses_with_the_official_parser() -> None:

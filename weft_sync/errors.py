@@ -163,14 +163,29 @@ class WorkflowClaimLostError(WeftError):
 
 
 class WorkflowClaimLostWarning(UserWarning):
-    """Emitted once per lost claim: this engine's renewal or fenced write found it deposed.
+    """Emitted once per lost claim: this engine found it deposed or gave it up locally.
 
     :param workflow_id: the workflow whose claim was lost.
+    :param cause: why: ``"deposed"`` (a renewal or fenced write found another writer's epoch or
+        holder), ``"deadline"`` (no renewal succeeded within the local renew deadline) or
+        ``"store_identity"`` (the store was replaced under this engine).
     """
 
-    def __init__(self, workflow_id: str) -> None:
+    def __init__(self, workflow_id: str, cause: str = "deposed") -> None:
         self.workflow_id = workflow_id
-        super().__init__(f"lost the ownership claim on workflow {workflow_id!r}")
+        self.cause = cause
+        reason = _LOSS_REASONS.get(cause, cause)
+        super().__init__(f"lost the ownership claim on workflow {workflow_id!r}{reason}")
+
+
+_LOSS_REASONS = {
+    "deposed": "",
+    "deadline": (
+        ": no renewal succeeded within the local renew deadline (claim TTL minus renew "
+        "interval), so another engine may take it over soon"
+    ),
+    "store_identity": ": the store was replaced or deleted under this engine",
+}
 
 
 class WorkflowWakeDiscardedWarning(UserWarning):

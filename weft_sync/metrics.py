@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Final, Literal
 
 if TYPE_CHECKING:
@@ -19,7 +19,9 @@ if TYPE_CHECKING:
 
 __all__ = [
     "CLAIM_ATTEMPT_OUTCOMES",
+    "CLAIM_LOSS_CAUSES",
     "ClaimAttemptOutcome",
+    "ClaimLossCause",
     "ClaimMetricsCollector",
     "ClaimMetrics",
     "MetricsSnapshot",
@@ -37,14 +39,22 @@ CLAIM_ATTEMPT_OUTCOMES: Final[tuple[ClaimAttemptOutcome, ...]] = (
     "backoff_skipped",
 )
 
+ClaimLossCause = Literal["deposed", "deadline", "store_identity"]
+
+CLAIM_LOSS_CAUSES: Final[tuple[ClaimLossCause, ...]] = ("deposed", "deadline", "store_identity")
+"""Why a held claim was lost: another writer deposed it, its local renew deadline passed, or
+its store was replaced under the engine."""
+
 _MAX_SAFE_INTEGER: Final = 2**53 - 1
 
 ATTEMPTS_FAMILY: Final = "weft_workflow_claim_attempts_total"
 ACTIVE_FAMILY: Final = "weft_workflow_claims_active"
 FAILURES_FAMILY: Final = "weft_workflow_claim_renewal_failures_total"
+LOST_FAMILY: Final = "weft_workflow_claims_lost_total"
 _ATTEMPTS_HELP: Final = "Total per-workflow ownership claim attempts, by outcome"
 _ACTIVE_HELP: Final = "Workflows this engine currently holds a claim for"
 _FAILURES_HELP: Final = "Total per-workflow claim renewal failures"
+_LOST_HELP: Final = "Total claims this engine lost, by cause"
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,11 +65,14 @@ class MetricsSnapshot:
         present, in that order.
     :param active_claims: the last value set for the active-claims gauge.
     :param renewal_failures: how many renewals failed.
+    :param lost: count of lost claims per cause, every cause of :data:`CLAIM_LOSS_CAUSES`
+        present, in that order.
     """
 
     attempts: dict[str, int]
     active_claims: int
     renewal_failures: int
+    lost: dict[str, int] = field(default_factory=lambda: dict.fromkeys(CLAIM_LOSS_CAUSES, 0))
 
 
 class ClaimMetrics:
@@ -69,9 +82,10 @@ class ClaimMetrics:
     """
 
     def __init__(self) -> None:
-        # _lock guards _attempts, _active_claims and _renewal_failures.
+        # _lock guards _attempts, _active_claims, _renewal_failures and _lost.
         self._lock = threading.Lock()
         self._attempts: dict[str, int] = dict.fromkeys(CLAIM_ATTEMPT_OUTCOMES, 0)
+        self._lost: dict[str, int] = dict.fromkeys(CLAIM_LOSS_CAUSES, 0)
         self._active_claims = 0
         self._renewal_failures = 0
 
@@ -102,6 +116,22 @@ class ClaimMetrics:
         with self._lock:
             self._active_claims = count
 
+    def record_claims_lost(self, cause: ClaimLossCause, count: int = 1) -> None:
+        """Count ``count`` claims lost for ``cause``.
+
+        :raises ValueError: ``cause`` is not one of :data:`CLAIM_LOSS_CAUSES`, or ``count`` is
+            negative.
+        """
+        if cause not in CLAIM_LOSS_CAUSES:
+            raise ValueError(
+                f"unknown claim loss cause {cause!r}; valid causes are "
+                f"{', '.join(CLAIM_LOSS_CAUSES)}"
+            )
+        if isinstance(count, bool) or not isinstance(count, int) or count < 0:
+            raise ValueError(f"a lost-claim count must be an int >= 0, got {count!r}")
+        with self._lock:
+            self._lost[cause] += count
+
     def record_claim_renewal_failure(self) -> None:
         """Count one failed renewal."""
         with self._lock:
@@ -114,6 +144,7 @@ class ClaimMetrics:
                 attempts=dict(self._attempts),
                 active_claims=self._active_claims,
                 renewal_failures=self._renewal_failures,
+                lost=dict(self._lost),
             )
 
     def reset(self) -> None:
@@ -122,6 +153,7 @@ class ClaimMetrics:
             self._attempts = dict.fromkeys(CLAIM_ATTEMPT_OUTCOMES, 0)
             self._active_claims = 0
             self._renewal_failures = 0
+            self._lost = dict.fromkeys(CLAIM_LOSS_CAUSES, 0)
 
     def __repr__(self) -> str:
         snap = self.snapshot()
@@ -151,7 +183,11 @@ def serialize_prometheus(snapshot: MetricsSnapshot) -> str:
         f"# HELP {FAILURES_FAMILY} {_FAILURES_HELP}",
         f"# TYPE {FAILURES_FAMILY} counter",
         f"{FAILURES_FAMILY} {snapshot.renewal_failures}",
+        f"# HELP {LOST_FAMILY} {_LOST_HELP}",
+        f"# TYPE {LOST_FAMILY} counter",
     ]
+    for cause in CLAIM_LOSS_CAUSES:
+        lines.append(f'{LOST_FAMILY}{{cause="{cause}"}} {snapshot.lost.get(cause, 0)}')
     return "\n".join(lines) + "\n"
 
 
@@ -174,6 +210,10 @@ class ClaimMetricsCollector:
         yield attempts
         yield GaugeMetricFamily(ACTIVE_FAMILY, _ACTIVE_HELP, value=snap.active_claims)
         yield CounterMetricFamily(FAILURES_FAMILY, _FAILURES_HELP, value=snap.renewal_failures)
+        lost = CounterMetricFamily(LOST_FAMILY, _LOST_HELP, labels=["cause"])
+        for cause in CLAIM_LOSS_CAUSES:
+            lost.add_metric([cause], snap.lost.get(cause, 0))
+        yield lost
 
     def describe(self) -> Iterator[Metric]:
         # Families without samples: the registry learns the names (to refuse duplicates)
@@ -183,6 +223,7 @@ class ClaimMetricsCollector:
         yield CounterMetricFamily(ATTEMPTS_FAMILY, _ATTEMPTS_HELP, labels=["outcome"])
         yield GaugeMetricFamily(ACTIVE_FAMILY, _ACTIVE_HELP)
         yield CounterMetricFamily(FAILURES_FAMILY, _FAILURES_HELP)
+        yield CounterMetricFamily(LOST_FAMILY, _LOST_HELP, labels=["cause"])
 
 
 def register_prometheus(

@@ -26,6 +26,7 @@ import enum
 import logging
 import os
 import threading
+import time
 import warnings
 import weakref
 from collections.abc import Callable, Iterator
@@ -270,11 +271,12 @@ class Ownership:
         """Stop maintenance, release every claim and close the store this object opened.
 
         Idempotent; a concurrent second call returns at once. Stops the timer (no reclaim
-        started afterwards claims anything), waits up to ``timeout`` seconds for passes in
-        flight, joins the task's threads, releases every held claim (failures are logged, never
-        raised) and closes the store if :meth:`open` opened it. Live ``claim()`` handles are
-        marked lost. In a child that inherited this object across ``os.fork()`` it does
-        nothing: the parent still owns the claims.
+        started afterwards claims anything), waits up to ``timeout`` seconds for passes and for
+        claim operations (``claim()``, ``workflows.start()``/``resume()``) in flight, joins the
+        task's threads, releases every held claim (failures are logged, never raised) and
+        closes the store if :meth:`open` opened it. Live ``claim()`` handles are marked lost.
+        In a child that inherited this object across ``os.fork()`` it does nothing: the parent
+        still owns the claims.
 
         :raises RuntimeError: called from inside a maintenance pass (an ``on_reclaimed`` or
             ``on_lost`` callback); it would wait for itself. Call it from another thread.
@@ -297,11 +299,14 @@ class Ownership:
             handles = list(self._handles.values())
         for handle in handles:
             handle.lost.set()
+        deadline = None if timeout is None else time.monotonic() + timeout
         try:
             self._task.close(timeout)
         finally:
             self._workflows.close()
-            self._registry.release_all()
+            # Waits for claim operations racing close() (start, claim, resume) so that the
+            # final release sees what they claimed; later ones raise ClosedError.
+            self._registry.close(None if deadline is None else deadline - time.monotonic())
             try:
                 if self._owns_storage:
                     self._storage.close()

@@ -17,16 +17,21 @@ a newer one a concurrent acquire or takeover installed.
 from __future__ import annotations
 
 import logging
-from collections.abc import Container, Iterable
+from collections.abc import Container, Iterable, Iterator
+from contextlib import contextmanager
 from typing import cast
 
 from .. import keys
 from ..clock import Clock
 from ..codec import decode_epoch, decode_holder
+from ..errors import ClosedError, StoreIdentityError
 from ..keys import validate_workflow_id
+from ..metrics import ClaimLossCause, ClaimMetrics
 from ..options import MAX_CLAIM_TTL_MS
 from ..storage.base import Storage, storage_conditional_batch
 from ..storage.reads import storage_get_many
+from .gate import OperationGate
+from .losses import LocalLosses
 from .releases import RELEASE_ALL_CONCURRENCY, ReleasePreparation, Releases
 from .renewals import DEFAULT_RENEW_CHUNK_SIZE, Renewals, WarnSink, default_warn, renewal_split
 from .results import (
@@ -42,6 +47,7 @@ from .tracking import ClaimTable, TrackedClaim
 from .transitions import (
     Fragment,
     build_acquire_transition,
+    build_release_transition,
     extract_put_value,
 )
 
@@ -98,6 +104,15 @@ class ClaimRegistry:
         the cooldown window after this engine lost a claim.
     :param warn: receives a :class:`~weft_sync.errors.WorkflowClaimLostWarning` once per lost
         claim; default :func:`warnings.warn`.
+    :param metrics: counts lost claims by cause (``weft_workflow_claims_lost_total``).
+
+    Local renew deadline: a claim whose renewal fails when no renewal of it has succeeded for
+    ``claim_ttl_ms - claim_renew_interval_ms`` (counted from the clock reading that started the
+    last successful write of its holder) is lost locally with cause ``deadline``: it is dropped,
+    reported once, and its renewal returns ``lost``; before the deadline a failed renewal only
+    raises, and the next pass retries it. A :class:`~weft_sync.errors.StoreIdentityError` from
+    any renewal or fenced write loses every claim locally (cause ``store_identity``); from then
+    on acquire and takeover raise that error without touching the store.
     """
 
     def __init__(
@@ -109,6 +124,7 @@ class ClaimRegistry:
         claim_ttl_ms: int,
         claim_renew_interval_ms: int,
         warn: WarnSink | None = None,
+        metrics: ClaimMetrics | None = None,
     ) -> None:
         if not isinstance(engine_id, str) or not engine_id:
             raise ValueError(f"engine_id must be a non-empty str, got {engine_id!r}")
@@ -126,15 +142,23 @@ class ClaimRegistry:
         self._storage = storage
         self._engine_id = engine_id
         self._clock = clock
-        # The table's lock is the registry's one lock (see the module docstring).
+        # The table's lock is the registry's one lock (see the module docstring); the gate's
+        # and the losses' own locks guard only their own state.
         self._table = ClaimTable(self._renew_interval_ms)
+        self._gate = OperationGate(engine_id)
+        sink = warn if warn is not None else default_warn
+        self._losses = LocalLosses(
+            self._table, sink, engine_id, self._claim_ttl_ms - self._renew_interval_ms, metrics
+        )
         self._renewals = Renewals(
             self._table,
             storage,
             clock,
             self._claim_ttl_ms,
-            warn if warn is not None else default_warn,
+            sink,
             engine_id,
+            self._losses,
+            self.lose_store,
         )
         self._releases = Releases(self._table, storage)
         self._takeovers = Takeovers(
@@ -174,6 +198,11 @@ class ClaimRegistry:
         """The renew interval: takeover grace unit and cooldown window."""
         return self._renew_interval_ms
 
+    @property
+    def renew_deadline_ms(self) -> int:
+        """The local renew deadline: how long a claim may go without a successful renewal."""
+        return self._losses.deadline_ms
+
     def current_epoch(self, workflow_id: str) -> int | None:
         """The epoch this engine holds for ``workflow_id``, or ``None`` if it holds none."""
         entry = self._table.get(validate_workflow_id(workflow_id))
@@ -199,6 +228,11 @@ class ClaimRegistry:
             (``None`` when there is no readable holder).
         """
         wid = validate_workflow_id(workflow_id)
+        with self.operation("acquire()"):
+            return self._acquire(wid)
+
+    def _acquire(self, wid: str) -> AcquireResult:
+        self._losses.refuse_lost_store()
         holder_key = keys.workflow_owner_holder(wid)
         observed_holder, observed_epoch = storage_get_many(
             self._storage, [holder_key, keys.workflow_owner_epoch(wid)]
@@ -227,6 +261,7 @@ class ClaimRegistry:
         (which must include every condition and operation of the fragment) committed.
         """
         wid = validate_workflow_id(workflow_id)
+        self._losses.refuse_lost_store()
         observed_epoch = self._storage.get(keys.workflow_owner_epoch(wid))
         now = self._clock()
         fragment = build_acquire_transition(
@@ -386,6 +421,59 @@ class ClaimRegistry:
         except Exception:
             _log.exception("releasing all claims failed")
 
+    # -- closing ---------------------------------------------------------------------------
+
+    @contextmanager
+    def operation(self, what: str) -> Iterator[None]:
+        """Run a claim-creating operation (the caller's, e.g. a folded acquire) as in flight.
+
+        :meth:`close` waits for it before its final release, so what it claimed is released.
+
+        :raises ClosedError: :meth:`close` was called.
+        """
+        with self._gate.operation(what):
+            try:
+                yield
+            except StoreIdentityError as exc:
+                self.lose_store(exc)
+                raise
+
+    def close(self, timeout: float | None = None) -> None:
+        """Refuse new claims, wait for claim operations in flight, then release every claim.
+
+        Waits up to ``timeout`` seconds (``None``: no bound) for operations running inside
+        :meth:`operation` (acquire, takeover and the ledger's folded acquires); any claim one
+        of them installs after the final release began is given back by that operation, which
+        raises :class:`~weft_sync.errors.ClosedError`. Idempotent; never raises.
+        """
+        if not self._gate.close(timeout):
+            _log.warning(
+                "claim operations of engine %s were still running %s s into close(); a claim "
+                "they make now is released by them",
+                self._engine_id,
+                timeout,
+            )
+        with self._table.lock:
+            self._table.closed = True
+        self.release_all()
+
+    # -- a replaced store ------------------------------------------------------------------
+
+    def lose_store(self, error: StoreIdentityError) -> None:
+        """Lose every claim locally because the store was replaced; refuse new claims on it.
+
+        Logs one ERROR naming the store's location (the first time) and reports each claim
+        with cause ``store_identity``. Never raises; warn-sink errors are logged.
+        """
+        self._losses.lose_store(error, self._clock())
+
+    def lose_all_locally(self, cause: ClaimLossCause) -> list[str]:
+        """Drop every tracked claim without touching the store and report each with ``cause``.
+
+        :returns: the ids dropped.
+        """
+        return self._losses.lose_all(cause, self._clock())
+
     def forget_local_claim(self, workflow_id: str, expected_epoch: int | None = None) -> None:
         """Drop the local entry for ``workflow_id`` without touching the store.
 
@@ -419,7 +507,10 @@ class ClaimRegistry:
             ``no-claim`` when there is no holder or no epoch; ``not-expired`` with the live
             holder's engine id and expiry; ``lost-race`` with the new holder's engine id.
         """
-        return self._takeovers.takeover(validate_workflow_id(workflow_id))
+        wid = validate_workflow_id(workflow_id)
+        with self.operation("takeover()"):
+            self._losses.refuse_lost_store()
+            return self._takeovers.takeover(wid)
 
     def takeover_many(
         self, workflow_ids: Iterable[str], *, chunk_size: int = DEFAULT_TAKEOVER_CHUNK_SIZE
@@ -440,7 +531,9 @@ class ClaimRegistry:
         ids = _workflow_ids(workflow_ids)
         if isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size < 1:
             raise ValueError(f"chunk_size must be an int >= 1, got {chunk_size!r}")
-        return self._takeovers.takeover_many(ids, chunk_size)
+        with self.operation("takeover_many()"):
+            self._losses.refuse_lost_store()
+            return self._takeovers.takeover_many(ids, chunk_size)
 
     # -- helpers ---------------------------------------------------------------------------
 
@@ -465,8 +558,25 @@ class ClaimRegistry:
         entry = TrackedClaim(
             epoch, claimed_at, epoch_bytes, holder_bytes, holder_key, head_len, tail_len
         )
-        self._table.install(wid, entry)
+        if not self._table.install(wid, entry):
+            self._give_back(wid, epoch_bytes, holder_bytes)
+            raise ClosedError(
+                f"the claim registry of engine {self._engine_id} closed while workflow {wid!r} "
+                f"was being claimed; the claim was released again"
+            )
         return epoch
+
+    def _give_back(self, wid: str, epoch_bytes: bytes, holder_bytes: bytes) -> None:
+        """Delete a holder written after :meth:`close` released everything (best effort)."""
+        fragment = build_release_transition(
+            workflow_id=wid, current_epoch_bytes=epoch_bytes, current_holder_bytes=holder_bytes
+        )
+        try:
+            self._commit(fragment)
+        except Exception:
+            _log.warning(
+                "could not release the claim on workflow %r made after close()", wid, exc_info=True
+            )
 
     def _after_fork_in_child(self) -> None:
         """Forget everything inherited through ``fork()``, with no storage I/O.
@@ -476,6 +586,8 @@ class ClaimRegistry:
         takeover cooldown starts afresh.
         """
         self._table.reset()
+        self._gate.reset()
+        self._losses.reset()
 
     def __repr__(self) -> str:
         with self._table.lock:

@@ -2,7 +2,8 @@
 
 The renewal task only knows "renewed" and "failed". ``renewed`` and ``not-held`` (a benign race
 with this engine's own release) are successes; ``lost`` becomes a raised
-:class:`ClaimRenewalLostError` and counts one ``deposed`` attempt. The registry has already emitted
+:class:`ClaimRenewalLostError` and, when another writer deposed the claim (not when it was given
+up locally at its renew deadline), counts one ``deposed`` attempt. The registry has already emitted
 the claim-lost warning, so the adapter does not emit another; when the warning sink raised that
 warning (warnings turned into errors), the renewal is still reported as lost.
 """
@@ -28,12 +29,19 @@ class ClaimRenewalLostError(WorkflowClaimLostError):
     :param workflow_id: the workflow whose claim was lost.
     """
 
-    def __init__(self, workflow_id: str) -> None:
+    def __init__(self, workflow_id: str, cause: str | None = None) -> None:
         super().__init__(workflow_id)
+        self.cause = cause
+        if cause == "deadline":
+            why = (
+                "no renewal succeeded within the local renew deadline, so this engine gave it "
+                "up before the store could expire it"
+            )
+        else:
+            why = "another engine or an external cancel/timeout/suspend/purge now owns its epoch"
         self.args = (
-            f'workflow "{workflow_id}" lost its ownership claim during renewal; another engine '
-            f"or an external cancel/timeout/suspend/purge now owns its epoch, so this engine "
-            f"must stop driving it",
+            f'workflow "{workflow_id}" lost its ownership claim during renewal; {why}, so this '
+            f"engine must stop driving it",
         )
 
 
@@ -63,7 +71,7 @@ class RegistryRenewalTarget:
         except WorkflowClaimLostWarning as warning:
             raise self._lost(workflow_id) from warning
         if result.status is RenewStatus.LOST:
-            raise self._lost(workflow_id)
+            raise self._lost(workflow_id, result.cause)
 
     def renew_workflow_claims(
         self, workflow_ids: Sequence[str], *, chunk_size: int = DEFAULT_RENEW_CHUNK_SIZE
@@ -92,12 +100,14 @@ class RegistryRenewalTarget:
             return lost
         if isinstance(outcome, Exception):
             return outcome
-        return self._lost(workflow_id) if outcome.status is RenewStatus.LOST else None
+        if outcome.status is RenewStatus.LOST:
+            return self._lost(workflow_id, outcome.cause)
+        return None
 
-    def _lost(self, workflow_id: str) -> ClaimRenewalLostError:
-        if self._metrics is not None:
+    def _lost(self, workflow_id: str, cause: str | None = None) -> ClaimRenewalLostError:
+        if self._metrics is not None and cause is None:
             self._metrics.record_claim_attempt("deposed")
-        return ClaimRenewalLostError(workflow_id)
+        return ClaimRenewalLostError(workflow_id, cause)
 
 
 def create_renewal_target(

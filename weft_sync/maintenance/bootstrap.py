@@ -92,6 +92,7 @@ def bootstrap_workflow_lease_ownership(
     """
     # The registry validates the arguments without touching the store, so a misconfigured
     # engine fails before the gates can stamp a fresh store.
+    metrics = ClaimMetrics()
     registry = ClaimRegistry(
         storage,
         engine_id=str(uuid.uuid4()) if engine_id is None else engine_id,
@@ -99,9 +100,9 @@ def bootstrap_workflow_lease_ownership(
         claim_ttl_ms=claim_ttl_ms,
         claim_renew_interval_ms=claim_renew_interval_ms,
         warn=warn,
+        metrics=metrics,
     )
     bootstrap_ownership_gates(storage, mode="workflow-lease", clock=clock)
-    metrics = ClaimMetrics()
     reclaim_target = create_reclaim_target(
         registry,
         storage,
