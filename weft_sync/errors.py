@@ -8,6 +8,7 @@ from __future__ import annotations
 
 __all__ = [
     "ClosedError",
+    "CorruptEpochError",
     "CorruptOwnershipMarkerError",
     "EngineDeposedError",
     "FencedWriteConflict",
@@ -75,6 +76,29 @@ class StorageCapabilityError(WeftError):
         else:
             message = f"{message}; use a backend that supports it (SQLite or PostgreSQL)"
         super().__init__(message)
+
+
+class CorruptEpochError(WeftError):
+    """A workflow's epoch key holds bytes that do not decode as an epoch.
+
+    No epoch is minted over it: a fresh epoch 1 (or any guess) might equal one handed out before
+    and let a stale owner's fenced writes match again. Acquire, takeover and external rotation
+    refuse the workflow until an operator repairs the key with
+    :func:`weft_sync.claims.epochs.repair_corrupt_epoch`.
+
+    :param workflow_id: the workflow whose epoch is corrupt.
+    :param key: the epoch key.
+    """
+
+    def __init__(self, workflow_id: str, key: str) -> None:
+        self.workflow_id = workflow_id
+        self.key = key
+        super().__init__(
+            f"the epoch key {key!r} of workflow {workflow_id!r} does not decode as an epoch, so "
+            f"no new epoch is minted for it (it could repeat one handed out before); repair it "
+            f"with weft_sync.claims.epochs.repair_corrupt_epoch(storage, {workflow_id!r}), "
+            f"which sets it above any epoch handed out and deposes the current holder"
+        )
 
 
 class CorruptOwnershipMarkerError(WeftError):

@@ -24,7 +24,7 @@ from typing import cast
 from .. import keys
 from ..clock import Clock
 from ..codec import decode_epoch, decode_holder
-from ..errors import ClosedError, StoreIdentityError
+from ..errors import ClosedError, CorruptEpochError, StoreIdentityError
 from ..keys import validate_workflow_id
 from ..metrics import ClaimLossCause, ClaimMetrics
 from ..options import MAX_CLAIM_TTL_MS
@@ -226,6 +226,8 @@ class ClaimRegistry:
 
         :returns: ``acquired`` with the new epoch, or ``lost-race`` with the holder's engine id
             (``None`` when there is no readable holder).
+        :raises CorruptEpochError: the epoch key is corrupt (nothing is written; see
+            :func:`~weft_sync.claims.epochs.repair_corrupt_epoch`).
         """
         wid = validate_workflow_id(workflow_id)
         with self.operation("acquire()"):
@@ -238,13 +240,7 @@ class ClaimRegistry:
             self._storage, [holder_key, keys.workflow_owner_epoch(wid)]
         )
         now = self._clock()
-        fragment = build_acquire_transition(
-            workflow_id=wid,
-            engine_id=self._engine_id,
-            now=now,
-            claim_ttl_ms=self._claim_ttl_ms,
-            observed_epoch_bytes=observed_epoch,
-        )
+        fragment = self._acquire_fragment(wid, now, observed_epoch)
         if not self._commit(fragment):
             held_by = self._held_by(holder_key, observed_holder)
             _log.debug("acquire of workflow %r lost the race (held by %r)", wid, held_by)
@@ -264,13 +260,7 @@ class ClaimRegistry:
         self._losses.refuse_lost_store()
         observed_epoch = self._storage.get(keys.workflow_owner_epoch(wid))
         now = self._clock()
-        fragment = build_acquire_transition(
-            workflow_id=wid,
-            engine_id=self._engine_id,
-            now=now,
-            claim_ttl_ms=self._claim_ttl_ms,
-            observed_epoch_bytes=observed_epoch,
-        )
+        fragment = self._acquire_fragment(wid, now, observed_epoch)
         epoch = decode_epoch(extract_put_value(fragment.operations, keys.workflow_owner_epoch(wid)))
         assert epoch is not None  # the fragment was just encoded from a valid epoch
         _log.debug("prepared an acquire fragment for workflow %r at epoch %d", wid, epoch)
@@ -506,6 +496,8 @@ class ClaimRegistry:
         :returns: ``acquired`` with the new epoch; ``backoff-skipped`` during the cooldown;
             ``no-claim`` when there is no holder or no epoch; ``not-expired`` with the live
             holder's engine id and expiry; ``lost-race`` with the new holder's engine id.
+        :raises CorruptEpochError: the holder is takeover-eligible but the epoch key is corrupt
+            (nothing is written; :meth:`takeover_many` reports it as that id's outcome).
         """
         wid = validate_workflow_id(workflow_id)
         with self.operation("takeover()"):
@@ -539,6 +531,19 @@ class ClaimRegistry:
 
     def _commit(self, fragment: Fragment) -> bool:
         return storage_conditional_batch(self._storage, fragment.conditions, fragment.operations)
+
+    def _acquire_fragment(self, wid: str, now: int, observed_epoch: bytes | None) -> Fragment:
+        try:
+            return build_acquire_transition(
+                workflow_id=wid,
+                engine_id=self._engine_id,
+                now=now,
+                claim_ttl_ms=self._claim_ttl_ms,
+                observed_epoch_bytes=observed_epoch,
+            )
+        except CorruptEpochError as exc:
+            _log.warning("%s", exc)
+            raise
 
     def _held_by(self, holder_key: str, observed: bytes | None) -> str | None:
         """The engine id in ``observed`` holder bytes, or in a fresh read when none were seen."""

@@ -16,7 +16,7 @@ from typing import Final
 from .. import keys
 from ..clock import Clock
 from ..codec import decode_holder
-from ..errors import StorageCapabilityError, StorageError
+from ..errors import CorruptEpochError, StorageCapabilityError, StorageError
 from ..storage.base import Storage, storage_conditional_batch
 from ..storage.reads import storage_get_many
 from .results import TakeoverResult, TakeoverStatus
@@ -130,7 +130,11 @@ class Takeovers:
         planned: list[tuple[str, Fragment, str | None]] = []
         for i, wid in enumerate(chunk):
             holder, epoch = values[i], values[len(chunk) + i]
-            judged = self._judge(wid, now, holder, epoch if holder is not None else None)
+            try:
+                judged = self._judge(wid, now, holder, epoch if holder is not None else None)
+            except CorruptEpochError as exc:
+                outcomes[wid] = exc
+                continue
             if isinstance(judged, TakeoverResult):
                 outcomes[wid] = judged
             else:
@@ -180,14 +184,18 @@ class Takeovers:
                 held_by=holder.engine_id,
                 expires_at=holder.expires_at,
             )
-        fragment = build_takeover_transition(
-            workflow_id=wid,
-            engine_id=self._engine_id,
-            now=now,
-            claim_ttl_ms=self._claim_ttl_ms,
-            observed_holder_bytes=holder_bytes,
-            observed_epoch_bytes=epoch_bytes,
-        )
+        try:
+            fragment = build_takeover_transition(
+                workflow_id=wid,
+                engine_id=self._engine_id,
+                now=now,
+                claim_ttl_ms=self._claim_ttl_ms,
+                observed_holder_bytes=holder_bytes,
+                observed_epoch_bytes=epoch_bytes,
+            )
+        except CorruptEpochError as exc:
+            _log.warning("%s", exc)
+            raise
         return fragment, None if holder is None else holder.engine_id
 
     def _commit(self, fragments: list[Fragment]) -> list[bool]:
