@@ -37,6 +37,7 @@ from typing import Literal, TypeVar
 from . import keys
 from .claims.registry import ClaimRegistry, WarnSink
 from .claims.results import AcquireStatus, ReleaseStatus
+from .claims.store_clock import resolve_store_clock
 from .clock import Clock, system_clock
 from .codec import decode_epoch
 from .errors import (
@@ -107,6 +108,7 @@ class Ownership:
         # The renewal task needs the ledger's poll targets when the bootstrap builds it, and the
         # ledger needs the registry the bootstrap creates: the ledger is bound afterwards.
         workflows = Workflows(storage, None, clock=clock, warn=self._on_warning)
+        store_clock = resolve_store_clock(storage, options.time_source, clock)
         boot = bootstrap_workflow_lease_ownership(
             storage=storage,
             clock=clock,
@@ -118,6 +120,7 @@ class Ownership:
             is_workflow_type_registered=is_eligible,
             warn=self._on_warning,
             engine_id=engine_id,
+            store_clock=store_clock,
         )
         workflows.bind_registry(boot.registry)
         self._workflows = workflows
@@ -148,12 +151,14 @@ class Ownership:
         :param url_or_storage: a storage URL (see :func:`~weft_sync.storage.open_storage`),
             opened here and closed by :meth:`close`; or an open ``Storage``, which ``close()``
             leaves open.
-        :param options: claim timing; defaults to ``OwnershipOptions()`` (TTL 30 s, renew 5 s).
+        :param options: claim timing and time source; defaults to ``OwnershipOptions()`` (TTL
+            30 s, renew 5 s, the backend's time source: the database clock on PostgreSQL).
         :param on_reclaimed: drives a workflow this engine took over from a dead one.
         :param is_eligible: ``(type, revision) -> bool``; other workflows are never reclaimed.
         :param background: ``"thread"`` starts interval maintenance now; ``"manual"`` leaves it
             to the host, which calls :meth:`run_maintenance` at least once per renew interval.
-        :param clock: integer milliseconds since the Unix epoch.
+        :param clock: integer milliseconds since the Unix epoch; with the store time source,
+            claim expiry is this clock plus the sampled offset to the database server's clock.
         :param warn: receives every warning after this object has handled it; default
             :func:`warnings.warn`.
         :param engine_id: this engine's id in holder records; a fresh UUID when omitted.

@@ -105,6 +105,8 @@ class ClaimRegistry:
     :param warn: receives a :class:`~weft_sync.errors.WorkflowClaimLostWarning` once per lost
         claim; default :func:`warnings.warn`.
     :param metrics: counts lost claims by cause (``weft_workflow_claims_lost_total``).
+    :param judge_clock: the clock other holders' expiry is judged on (default: ``clock``); see
+        :class:`~weft_sync.claims.store_clock.StoreClock`.
 
     Local renew deadline: a claim whose renewal fails when no renewal of it has succeeded for
     ``claim_ttl_ms - claim_renew_interval_ms`` (counted from the clock reading that started the
@@ -125,6 +127,7 @@ class ClaimRegistry:
         claim_renew_interval_ms: int,
         warn: WarnSink | None = None,
         metrics: ClaimMetrics | None = None,
+        judge_clock: Clock | None = None,
     ) -> None:
         if not isinstance(engine_id, str) or not engine_id:
             raise ValueError(f"engine_id must be a non-empty str, got {engine_id!r}")
@@ -169,6 +172,7 @@ class ClaimRegistry:
             engine_id=engine_id,
             claim_ttl_ms=self._claim_ttl_ms,
             renew_interval_ms=self._renew_interval_ms,
+            judge_clock=judge_clock,
         )
 
     # -- read-only views -------------------------------------------------------------------

@@ -10,7 +10,7 @@ warning (warnings turned into errors), the renewal is still reported as lost.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Final
 
 from ..errors import WorkflowClaimLostError, WorkflowClaimLostWarning
@@ -50,11 +50,19 @@ class RegistryRenewalTarget:
 
     :param registry: the registry whose claims are renewed.
     :param metrics: where ``deposed`` attempts are counted (optional).
+    :param before_renewals: called (without raising) once before each batch of renewals, e.g.
+        :meth:`~weft_sync.claims.store_clock.StoreClock.refresh`.
     """
 
-    def __init__(self, registry: ClaimRegistry, metrics: ClaimMetrics | None = None) -> None:
+    def __init__(
+        self,
+        registry: ClaimRegistry,
+        metrics: ClaimMetrics | None = None,
+        before_renewals: Callable[[], object] | None = None,
+    ) -> None:
         self._registry = registry
         self._metrics = metrics
+        self._before_renewals = before_renewals
 
     def list_held_workflow_ids(self) -> list[str]:
         """The ids the registry currently holds (a snapshot)."""
@@ -80,6 +88,8 @@ class RegistryRenewalTarget:
 
         Positional; a repeated id shares one outcome (and counts one ``deposed`` if lost).
         """
+        if self._before_renewals is not None:
+            self._before_renewals()
         outcomes = self._registry.renew_many_outcomes(workflow_ids, chunk_size=chunk_size)
         errors: list[Exception | None] = []
         # The error of each id that was not renewed, made once (a lost one counts once).
@@ -111,7 +121,9 @@ class RegistryRenewalTarget:
 
 
 def create_renewal_target(
-    registry: ClaimRegistry, metrics: ClaimMetrics | None = None
+    registry: ClaimRegistry,
+    metrics: ClaimMetrics | None = None,
+    before_renewals: Callable[[], object] | None = None,
 ) -> RegistryRenewalTarget:
     """Build the renewal task's target over ``registry`` (see :class:`RegistryRenewalTarget`)."""
-    return RegistryRenewalTarget(registry, metrics)
+    return RegistryRenewalTarget(registry, metrics, before_renewals)

@@ -52,6 +52,7 @@ _CAPABILITIES: Final = StorageCapabilities(
 )
 # Written into a key that a batch requires absent but does not write; deleted before commit.
 _PLACEHOLDER: Final = b""
+_SERVER_TIME: Final = "SELECT (extract(epoch FROM clock_timestamp()) * 1000)::bigint"
 # Pools inherited across os.fork() are never closed in the child (closing would end the parent's
 # sessions); keeping them referenced here keeps their finalisers from running in the child.
 _INHERITED: list[object] = []
@@ -290,6 +291,15 @@ class PostgresStorage:
     @property
     def capabilities(self) -> StorageCapabilities:
         return _CAPABILITIES
+
+    def server_time_ms(self) -> int:
+        """The database server's clock: milliseconds since the Unix epoch (one round trip).
+
+        ``clock_timestamp()`` is read when the statement runs, not at transaction start, so a
+        caller that notes its own clock before and after the call bounds the server's reading.
+        """
+        rows = self._read("server clock read", _SERVER_TIME, [])
+        return int(rows[0][0])
 
     def get(self, key: str) -> bytes | None:
         validate_key(key)
