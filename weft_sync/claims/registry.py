@@ -47,7 +47,6 @@ from .tracking import ClaimTable, TrackedClaim
 from .transitions import (
     Fragment,
     build_acquire_transition,
-    build_release_transition,
     extract_put_value,
 )
 
@@ -135,6 +134,8 @@ class ClaimRegistry:
             raise TypeError(f"clock must be a callable returning int milliseconds, got {clock!r}")
         if warn is not None and not callable(warn):
             raise TypeError(f"warn must be a callable taking a Warning, or None, got {warn!r}")
+        if judge_clock is not None and not callable(judge_clock):
+            raise TypeError(f"judge_clock must be a callable or None, got {judge_clock!r}")
         self._claim_ttl_ms = _positive_int("claim_ttl_ms", claim_ttl_ms)
         if claim_ttl_ms > MAX_CLAIM_TTL_MS:
             raise ValueError(
@@ -417,6 +418,11 @@ class ClaimRegistry:
 
     # -- closing ---------------------------------------------------------------------------
 
+    @property
+    def closing(self) -> bool:
+        """Whether :meth:`close` was called (new claim operations raise ``ClosedError``)."""
+        return self._gate.closing
+
     @contextmanager
     def operation(self, what: str) -> Iterator[None]:
         """Run a claim-creating operation (the caller's, e.g. a folded acquire) as in flight.
@@ -568,24 +574,12 @@ class ClaimRegistry:
             epoch, claimed_at, epoch_bytes, holder_bytes, holder_key, head_len, tail_len
         )
         if not self._table.install(wid, entry):
-            self._give_back(wid, epoch_bytes, holder_bytes)
+            self._releases.give_back(wid, epoch_bytes, holder_bytes)
             raise ClosedError(
                 f"the claim registry of engine {self._engine_id} closed while workflow {wid!r} "
                 f"was being claimed; the claim was released again"
             )
         return epoch
-
-    def _give_back(self, wid: str, epoch_bytes: bytes, holder_bytes: bytes) -> None:
-        """Delete a holder written after :meth:`close` released everything (best effort)."""
-        fragment = build_release_transition(
-            workflow_id=wid, current_epoch_bytes=epoch_bytes, current_holder_bytes=holder_bytes
-        )
-        try:
-            self._commit(fragment)
-        except Exception:
-            _log.warning(
-                "could not release the claim on workflow %r made after close()", wid, exc_info=True
-            )
 
     def _after_fork_in_child(self) -> None:
         """Forget everything inherited through ``fork()``, with no storage I/O.
