@@ -50,8 +50,8 @@ class RegistryRenewalTarget:
 
     :param registry: the registry whose claims are renewed.
     :param metrics: where ``deposed`` attempts are counted (optional).
-    :param before_renewals: called (without raising) once before each batch of renewals, e.g.
-        :meth:`~weft_sync.claims.store_clock.StoreClock.refresh`.
+    :param before_renewals: called (it must not raise) at the start of each renewal pass, when
+        the held ids are listed, e.g. :meth:`~weft_sync.claims.store_clock.StoreClock.refresh`.
     """
 
     def __init__(
@@ -65,7 +65,12 @@ class RegistryRenewalTarget:
         self._before_renewals = before_renewals
 
     def list_held_workflow_ids(self) -> list[str]:
-        """The ids the registry currently holds (a snapshot)."""
+        """The ids the registry currently holds (a snapshot); read once per renewal pass.
+
+        Calls ``before_renewals`` first, so it runs once per pass even when nothing is held.
+        """
+        if self._before_renewals is not None:
+            self._before_renewals()
         return self._registry.list_held_workflow_ids()
 
     def renew_workflow_claim(self, workflow_id: str) -> None:
@@ -88,8 +93,6 @@ class RegistryRenewalTarget:
 
         Positional; a repeated id shares one outcome (and counts one ``deposed`` if lost).
         """
-        if self._before_renewals is not None:
-            self._before_renewals()
         outcomes = self._registry.renew_many_outcomes(workflow_ids, chunk_size=chunk_size)
         errors: list[Exception | None] = []
         # The error of each id that was not renewed, made once (a lost one counts once).

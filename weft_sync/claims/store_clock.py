@@ -7,8 +7,10 @@ engine reads claim time as its own clock plus an offset to the database server's
 engines on one database agree on it whatever their host clocks say.
 
 The offset is sampled, never queried per operation: at open, then by :meth:`StoreClock.refresh`
-(called once per renewal sub-pass) when :attr:`StoreClock.resample_interval_s` real seconds have
-passed. One sample is the best of a few round trips: the engine's clock is read before (``t0``)
+(called once per renewal pass) when :attr:`StoreClock.resample_interval_s` real seconds have
+passed. With the system clock, the offset is taken against the monotonic clock, so a step of the
+host's wall clock (an NTP correction, an operator's ``date -s``) does not move claim time.
+One sample is the best of a few round trips: the engine's clock is read before (``t0``)
 and after (``t1``) reading the server's, the offset is ``server - (t0 + t1) / 2`` and the error
 bound is half the round trip plus the server's millisecond rounding. The bound is applied in the
 safe direction of each use:
@@ -40,6 +42,7 @@ __all__ = [
     "TIME_SOURCES",
     "StoreClock",
     "TimeSource",
+    "monotonic_ms",
     "resolve_store_clock",
 ]
 
@@ -203,4 +206,11 @@ def resolve_store_clock(
         return None
     if time_source is None and clock is not system_clock:
         return None
-    return StoreClock(server_time_ms, clock)
+    # Offsets from the monotonic clock make claim time immune to steps of the host's wall
+    # clock; an injected clock is used as it is (the host decides how its time moves).
+    return StoreClock(server_time_ms, monotonic_ms if clock is system_clock else clock)
+
+
+def monotonic_ms() -> int:
+    """``time.monotonic_ns()`` in whole milliseconds (an arbitrary origin; only offsets matter)."""
+    return time.monotonic_ns() // 1_000_000
