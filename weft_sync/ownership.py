@@ -447,7 +447,8 @@ class Ownership:
             active = self._handles.get(handle.workflow_id) is handle
         if not active:
             return False
-        if self._registry.current_epoch(handle.workflow_id) != handle.epoch:
+        # Also gives the claim up once its local renew deadline passed without a renewal.
+        if not self._registry.confirm_held(handle.workflow_id, handle.epoch):
             self._mark_lost(handle)
             return False
         return True

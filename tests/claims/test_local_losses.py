@@ -121,6 +121,28 @@ def test_a_claim_whose_renewals_fail_is_lost_at_the_local_deadline(
     assert snap.attempts["deposed"] == 0
 
 
+def test_assert_held_gives_up_a_claim_whose_renewal_never_completes(
+    own: Ownership, clock: ManualClock, sink: WarningSink, lost_ids: list[str]
+) -> None:
+    # No renewal pass finishes (a renewal stuck on the store): assert_held() alone sees it.
+    with pytest.raises(WorkflowClaimLostError), own.claim("wf-1") as handle:
+        clock.advance(DEADLINE_MS - 1)
+        handle.assert_held()
+        assert _lost_warnings(sink) == []
+        clock.advance(1)
+        with pytest.raises(WorkflowClaimLostError):
+            handle.assert_held()
+        assert handle.lost.is_set()
+        assert lost_ids == ["wf-1"]
+        assert _lost_warnings(sink) == [("wf-1", "deadline")]
+        assert own.registry.list_held_workflow_ids() == []
+        # Reported once: asking again raises without a second warning.
+        with pytest.raises(WorkflowClaimLostError):
+            handle.assert_held()
+        assert len(_lost_warnings(sink)) == 1
+    assert own.metrics.snapshot().lost["deadline"] == 1
+
+
 def test_the_deadline_counts_from_the_last_successful_renewal(
     own: Ownership, broken: BreakableStorage, clock: ManualClock, sink: WarningSink
 ) -> None:

@@ -17,7 +17,7 @@ a newer one a concurrent acquire or takeover installed.
 from __future__ import annotations
 
 import logging
-from collections.abc import Container, Iterable, Iterator
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from typing import cast
 
@@ -30,8 +30,9 @@ from ..metrics import ClaimLossCause, ClaimMetrics
 from ..options import MAX_CLAIM_TTL_MS
 from ..storage.base import Storage, storage_conditional_batch
 from ..storage.reads import storage_get_many
+from .arguments import optional_epoch, positive_int, workflow_ids_arg
 from .gate import OperationGate
-from .losses import LocalLosses
+from .losses import DEADLINE, LocalLosses
 from .releases import RELEASE_ALL_CONCURRENCY, ReleasePreparation, Releases
 from .renewals import DEFAULT_RENEW_CHUNK_SIZE, Renewals, WarnSink, default_warn, renewal_split
 from .results import (
@@ -60,32 +61,6 @@ __all__ = [
 ]
 
 _log = logging.getLogger(__name__)
-
-
-def _positive_int(name: str, value: object) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-        raise ValueError(f"{name} must be a positive int number of milliseconds, got {value!r}")
-    return value
-
-
-def _optional_epoch(expected_epoch: object) -> int | None:
-    if expected_epoch is not None and (
-        isinstance(expected_epoch, bool) or not isinstance(expected_epoch, int)
-    ):
-        raise TypeError(f"expected_epoch must be an int or None, got {expected_epoch!r}")
-    return expected_epoch
-
-
-def _workflow_ids(workflow_ids: Iterable[str], tracked: Container[str] = ()) -> list[str]:
-    """Validate ``workflow_ids``; ids found in ``tracked`` were validated when they were claimed."""
-    # A str (or bytes) is iterable too: renewing its characters is never what the caller meant.
-    if isinstance(workflow_ids, (str, bytes, bytearray, memoryview)):
-        raise TypeError(
-            f"workflow_ids must be an iterable of workflow ids such as a list, got the "
-            f"{type(workflow_ids).__name__} {workflow_ids!r:.80}; pass [{workflow_ids!r:.80}] "
-            f"to renew one workflow"
-        )
-    return [w if type(w) is str and w in tracked else validate_workflow_id(w) for w in workflow_ids]
 
 
 class ClaimRegistry:
@@ -136,13 +111,13 @@ class ClaimRegistry:
             raise TypeError(f"warn must be a callable taking a Warning, or None, got {warn!r}")
         if judge_clock is not None and not callable(judge_clock):
             raise TypeError(f"judge_clock must be a callable or None, got {judge_clock!r}")
-        self._claim_ttl_ms = _positive_int("claim_ttl_ms", claim_ttl_ms)
+        self._claim_ttl_ms = positive_int("claim_ttl_ms", claim_ttl_ms)
         if claim_ttl_ms > MAX_CLAIM_TTL_MS:
             raise ValueError(
                 f"claim_ttl_ms ({claim_ttl_ms}) is longer than the supported maximum of "
                 f"{MAX_CLAIM_TTL_MS}ms (365 days)"
             )
-        self._renew_interval_ms = _positive_int("claim_renew_interval_ms", claim_renew_interval_ms)
+        self._renew_interval_ms = positive_int("claim_renew_interval_ms", claim_renew_interval_ms)
         self._storage = storage
         self._engine_id = engine_id
         self._clock = clock
@@ -212,6 +187,25 @@ class ClaimRegistry:
         """The epoch this engine holds for ``workflow_id``, or ``None`` if it holds none."""
         entry = self._table.get(validate_workflow_id(workflow_id))
         return None if entry is None else entry.epoch
+
+    def confirm_held(self, workflow_id: str, epoch: int) -> bool:
+        """Whether this engine still holds ``workflow_id`` at ``epoch``, on local evidence only.
+
+        No storage I/O. A claim with no successful renewal for :attr:`renew_deadline_ms` (its
+        renewals failing, or hanging) is lost locally here, as a failed renewal would lose it:
+        dropped, reported once with cause ``deadline``, and ``False`` returned.
+        """
+        wid = validate_workflow_id(workflow_id)
+        entry = self._table.get(wid)
+        if entry is None or entry.epoch != epoch:
+            return False
+        now = self._clock()
+        if now - entry.renewed_at < self._losses.deadline_ms:
+            return True
+        dropped = self._losses.drop_overdue([(wid, entry)], now)
+        for lost, exc in self._losses.report(dropped, DEADLINE).items():
+            _log.warning("the warn sink raised reporting workflow %r lost: %r", lost, exc)
+        return False
 
     def current_epoch_bytes(self, workflow_id: str) -> bytes | None:
         """The exact epoch bytes this engine wrote for ``workflow_id`` (the fence), or ``None``."""
@@ -344,7 +338,7 @@ class ClaimRegistry:
         """
         # Membership alone is read without the lock: a dict lookup is atomic, and an id that was
         # ever tracked is known to be valid whether or not it still is.
-        ids = _workflow_ids(workflow_ids, self._table.claims)
+        ids = workflow_ids_arg(workflow_ids, self._table.claims)
         if isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size < 1:
             raise ValueError(f"chunk_size must be an int >= 1, got {chunk_size!r}")
         return self._renewals.renew_many_outcomes(ids, chunk_size)
@@ -367,7 +361,7 @@ class ClaimRegistry:
             renewal task does not keep renewing a claim the caller meant to give up.
         """
         wid = validate_workflow_id(workflow_id)
-        return self._releases.release(wid, _optional_epoch(expected_epoch))
+        return self._releases.release(wid, optional_epoch(expected_epoch))
 
     def prepare_release_fragment(
         self, workflow_id: str, expected_epoch: int | None = None
@@ -385,7 +379,7 @@ class ClaimRegistry:
         :raises StorageError: re-reading the holder after an ambiguous renewal failed.
         """
         wid = validate_workflow_id(workflow_id)
-        return self._releases.prepare(wid, _optional_epoch(expected_epoch))
+        return self._releases.prepare(wid, optional_epoch(expected_epoch))
 
     def finish_folded_release(
         self, workflow_id: str, preparation: ReleasePreparation, committed: bool
@@ -484,7 +478,7 @@ class ClaimRegistry:
             generation of the same id survives.
         """
         wid = validate_workflow_id(workflow_id)
-        expected = _optional_epoch(expected_epoch)
+        expected = optional_epoch(expected_epoch)
         table = self._table
         with table.lock:
             entry = table.claims.get(wid)
@@ -530,7 +524,7 @@ class ClaimRegistry:
         :raises TypeError: ``workflow_ids`` is a ``str`` or ``bytes`` rather than ids.
         :raises ValueError: an invalid id, or ``chunk_size`` is not a positive int.
         """
-        ids = _workflow_ids(workflow_ids)
+        ids = workflow_ids_arg(workflow_ids)
         if isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size < 1:
             raise ValueError(f"chunk_size must be an int >= 1, got {chunk_size!r}")
         with self.operation("takeover_many()"):
