@@ -7,11 +7,14 @@ renewal machinery is in :mod:`~weft_sync.claims.renewals`, release in
 :mod:`~weft_sync.claims.releases`, and the tracked state in :mod:`~weft_sync.claims.tracking`.
 
 Threading: one lock, the :class:`~weft_sync.claims.tracking.ClaimTable`'s, guards the claims map,
-the per-workflow in-flight renewal groups, the releasing counts and the mutable fields of every
-tracked entry; the registry and its renewal and release parts all use that one table. The lock is
-never held across storage I/O, clock reads, warning sinks or logging. Identity guards compare
-tracking entries with ``is``: a renewal or release only touches the entry it started from, never
-a newer one a concurrent acquire or takeover installed.
+the per-workflow in-flight renewal groups, the releasing counts, the closed flag and the mutable
+fields of every tracked entry; the registry and its renewal, release and loss parts all use that
+one table. The operation gate (claim operations in flight, for :meth:`ClaimRegistry.close`) and
+the replaced-store record each have a lock guarding only themselves. No lock is held across
+storage I/O, clock reads, warning sinks or logging. Identity guards compare tracking entries with
+``is``: a renewal or release only touches the entry it started from, never a newer one a
+concurrent acquire or takeover installed. Local losses (renew deadline, replaced store) are in
+:mod:`~weft_sync.claims.losses`, the close gate in :mod:`~weft_sync.claims.gate`.
 """
 
 from __future__ import annotations
@@ -196,12 +199,13 @@ class ClaimRegistry:
         dropped, reported once with cause ``deadline``, and ``False`` returned.
         """
         wid = validate_workflow_id(workflow_id)
-        entry = self._table.get(wid)
-        if entry is None or entry.epoch != epoch:
-            return False
         now = self._clock()
-        if now - entry.renewed_at < self._losses.deadline_ms:
-            return True
+        with self._table.lock:
+            entry = self._table.claims.get(wid)
+            if entry is None or entry.epoch != epoch:
+                return False
+            if now - entry.renewed_at < self._losses.deadline_ms:
+                return True
         dropped = self._losses.drop_overdue([(wid, entry)], now)
         for lost, exc in self._losses.report(dropped, DEADLINE).items():
             _log.warning("the warn sink raised reporting workflow %r lost: %r", lost, exc)
