@@ -73,6 +73,7 @@ def bootstrap_workflow_lease_ownership(
     engine_id: str | None = None,
     skip_live_holders: bool = False,
     store_clock: StoreClock | None = None,
+    metrics: ClaimMetrics | None = None,
 ) -> OwnershipBootstrap:
     """Run the ownership gates, then build everything one engine needs; start nothing.
 
@@ -87,6 +88,8 @@ def bootstrap_workflow_lease_ownership(
     :param store_clock: write and judge claim expiry on the store's clock (its upper and lower
         bounds) instead of ``clock``; the renewal sub-pass refreshes its offset when due.
         ``clock`` still times the gates' marker and the passes.
+    :param metrics: the engine's metrics, when the caller shares them with other parts (a
+        fresh :class:`~weft_sync.metrics.ClaimMetrics` when omitted).
     :raises ValueError: a duration is not a positive int, or ``engine_id`` is empty (checked
         before the store is touched).
     :raises TypeError: ``clock`` or ``warn`` is not callable (checked before the store is
@@ -97,7 +100,8 @@ def bootstrap_workflow_lease_ownership(
     """
     # The registry validates the arguments without touching the store, so a misconfigured
     # engine fails before the gates can stamp a fresh store.
-    metrics = ClaimMetrics()
+    if metrics is None:
+        metrics = ClaimMetrics()
     registry = ClaimRegistry(
         storage,
         engine_id=str(uuid.uuid4()) if engine_id is None else engine_id,

@@ -23,7 +23,8 @@ except ImportError as exc:  # pragma: no cover - depends on the installed extras
         f"'pip install weft_sync[postgres]'"
     ) from exc
 
-from ..errors import ClosedError, StorageError
+from ..errors import ClosedError, MissingStoreError, ReadOnlyStorageError, StorageError
+from ..redaction import redact_text
 from .base import (
     Batch,
     Condition,
@@ -105,6 +106,9 @@ class PostgresStorage:
     :param min_size: connections the pool keeps open.
     :param max_size: connections the pool may open at most.
     :param timeout: seconds a call waits for a pooled connection before raising ``StorageError``.
+    :param read_only: use an existing table for reading only: it is checked, never created, and
+        every session runs with ``default_transaction_read_only``, so the server itself refuses
+        writes (raised as :class:`~weft_sync.errors.ReadOnlyStorageError`).
     :raises ValueError: a bad table name, pool size or timeout, or a malformed ``dsn``.
     :raises StorageError: the server cannot be reached, or the table exists with another key
         collation.
@@ -118,6 +122,7 @@ class PostgresStorage:
         min_size: int = 1,
         max_size: int = 16,
         timeout: float = 30.0,
+        read_only: bool = False,
     ) -> None:
         if not isinstance(dsn, str):
             raise TypeError(f"dsn must be a connection string, got {type(dsn).__name__}")
@@ -129,6 +134,7 @@ class PostgresStorage:
         self._min_size = min_size
         self._max_size = max_size
         self._timeout = float(timeout)
+        self._read_only = bool(read_only)
         self._connect_kwargs = _connect_kwargs(dsn, self._timeout)
         self._q = Queries(self._table)
         self._lock = threading.Lock()  # guards _pool, _pool_pid and _closed
@@ -138,7 +144,10 @@ class PostgresStorage:
         self._pool_pid = os.getpid()
         self._closed = False
         with self._translate("table setup"):
-            self._ensure_table()
+            if self._read_only:
+                self._check_table()
+            else:
+                self._ensure_table()
         pool = self._new_pool()
         try:
             with self._translate("connection pool start"):
@@ -176,6 +185,21 @@ class PostgresStorage:
                 f"choose another table name"
             )
 
+    def _check_table(self) -> None:
+        """Check that the table exists, on a direct read-only connection; create nothing."""
+        with psycopg.connect(self._dsn, **self._connect_kwargs) as conn:
+            ident = sql.Identifier(self._table).as_string(conn)
+            row = conn.execute("SELECT to_regclass(%s) IS NOT NULL", [ident]).fetchone()
+        if row is None or not row[0]:
+            raise MissingStoreError(
+                f"PostgreSQL database has no table {self._table!r} (opened read-only, so it is "
+                f"not created)"
+            )
+
+    @staticmethod
+    def _configure_read_only(conn: _Conn) -> None:
+        conn.execute("SET default_transaction_read_only = on")
+
     def _new_pool(self) -> ConnectionPool[_Conn]:
         return ConnectionPool(
             self._dsn,
@@ -183,6 +207,7 @@ class PostgresStorage:
             min_size=self._min_size,
             max_size=self._max_size,
             open=False,
+            configure=self._configure_read_only if self._read_only else None,
             check=self._check_lent,
             name=f"weft-pg[{self._table}]",
             timeout=self._timeout,
@@ -235,8 +260,13 @@ class PostgresStorage:
         except psycopg.Error as exc:
             if isinstance(exc, PoolClosed) and self._closed:
                 raise self._closed_error() from None
+            if isinstance(exc, psycopg.errors.ReadOnlySqlTransaction) and self._read_only:
+                raise ReadOnlyStorageError(
+                    f"PostgresStorage for table {self._table!r} was opened read-only; "
+                    f"{action} refused"
+                ) from exc
             raise StorageError(
-                f"PostgreSQL {action} on table {self._table!r} failed: {exc}"
+                f"PostgreSQL {action} on table {self._table!r} failed: {redact_text(str(exc))}"
             ) from exc
 
     def _closed_error(self) -> ClosedError:
@@ -300,6 +330,11 @@ class PostgresStorage:
         """
         rows = self._read("server clock read", _SERVER_TIME, [])
         return int(rows[0][0])
+
+    @property
+    def read_only(self) -> bool:
+        """Whether the store was opened read-only."""
+        return self._read_only
 
     def get(self, key: str) -> bytes | None:
         validate_key(key)
@@ -555,7 +590,9 @@ def _connect_kwargs(dsn: str, timeout: float) -> dict[str, Any]:
     try:
         params = conninfo_to_dict(dsn)
     except psycopg.ProgrammingError as exc:
-        raise ValueError(f"invalid PostgreSQL connection string: {exc}") from None
+        raise ValueError(
+            f"invalid PostgreSQL connection string {redact_text(dsn)!r}: {redact_text(str(exc))}"
+        ) from None
     kwargs: dict[str, Any] = {"autocommit": True}
     if "connect_timeout" not in params:
         kwargs["connect_timeout"] = max(2, math.ceil(timeout))
