@@ -302,8 +302,12 @@ class ClaimRegistry:
         :returns: ``renewed``; ``lost`` when another writer replaced the holder (the local entry is
             dropped, the takeover cooldown starts and one
             :class:`~weft_sync.errors.WorkflowClaimLostWarning` is emitted); ``not-held`` when the
-            workflow is not tracked or is being released.
-        :raises StorageError: the commit failed; the claim stays tracked and nothing is emitted.
+            workflow is not tracked or is being released; ``lost`` with cause ``deadline``
+            when the commit failed past the local renew deadline (dropped, cooldown started and
+            reported once, as above).
+        :raises StorageError: the commit failed before the deadline; the claim stays tracked
+            and nothing is emitted. A :class:`~weft_sync.errors.StoreIdentityError` is raised
+            after every claim was lost locally.
         """
         return self._renewals.renew(validate_workflow_id(workflow_id))
 
