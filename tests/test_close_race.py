@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import itertools
 import threading
+from collections.abc import Callable
 
 import pytest
 
@@ -42,7 +43,7 @@ def _holders_of(storage: Storage, engine_id: str) -> list[str]:
 class _Caller:
     """Calls one operation in a loop until it raises ``ClosedError``; keeps any other error."""
 
-    def __init__(self, name: str, call: object, started: threading.Event) -> None:
+    def __init__(self, name: str, call: Callable[[int], object], started: threading.Event) -> None:
         self.successes = 0
         self.unexpected: BaseException | None = None
         self._call = call
@@ -52,7 +53,7 @@ class _Caller:
     def _run(self) -> None:
         for n in itertools.count():
             try:
-                self._call(n)  # type: ignore[operator]
+                self._call(n)
             except ClosedError:
                 return
             except WorkflowClaimLostError:

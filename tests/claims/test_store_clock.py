@@ -16,7 +16,7 @@ import pytest
 from tests.claims.gated import RENEW_MS, TTL_MS
 from weft_sync import keys
 from weft_sync.claims.registry import ClaimRegistry
-from weft_sync.claims.store_clock import StoreClock, resolve_store_clock
+from weft_sync.claims.store_clock import StoreClock, TimeSource, resolve_store_clock
 from weft_sync.clock import ManualClock, system_clock
 from weft_sync.codec import decode_holder
 from weft_sync.options import OwnershipOptions
@@ -197,7 +197,7 @@ def _skewed(base: ManualClock, skew_ms: int) -> Callable[[], int]:
     return lambda: base() + skew_ms
 
 
-def _run_skewed_engines(storage: Storage, time_source: str, rounds: int) -> tuple[int, int]:
+def _run_skewed_engines(storage: Storage, time_source: TimeSource, rounds: int) -> tuple[int, int]:
     """Three engines (clock skew 0, +20 s, -20 s) holding 4 workflows each; ``rounds`` passes.
 
     :returns: (takeovers made, claims still held by the engine that started them).
@@ -205,7 +205,7 @@ def _run_skewed_engines(storage: Storage, time_source: str, rounds: int) -> tupl
     base = ManualClock(1_700_000_000_000)
     options = OwnershipOptions(
         claim_ttl=TTL_MS // 10, claim_renew_interval=RENEW_MS // 10, time_source=time_source
-    )  # type: ignore[arg-type]
+    )
     engines = [
         Ownership.open(
             storage,
