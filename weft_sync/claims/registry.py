@@ -20,11 +20,13 @@ concurrent acquire or takeover installed. Local losses (renew deadline, replaced
 from __future__ import annotations
 
 import logging
+import os
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from typing import cast
 
 from .. import keys
+from .._fork import process_bound_class
 from ..clock import Clock
 from ..codec import decode_epoch, decode_holder
 from ..errors import ClosedError, CorruptEpochError, StoreIdentityError
@@ -66,11 +68,13 @@ __all__ = [
 _log = logging.getLogger(__name__)
 
 
+@process_bound_class
 class ClaimRegistry:
     """Acquires, renews, releases and takes over per-workflow claims for one engine.
 
     No method raises on a lost compare-and-swap: contention is reported in the result. Storage
-    errors propagate (``release_all`` excepted).
+    errors propagate (``release_all`` excepted). In a child process that inherited the registry
+    across ``os.fork()`` every method raises :class:`~weft_sync.errors.ClosedError`.
 
     :param storage: the shared store; it must declare the ``conditional_batch`` capability.
     :param engine_id: this engine's id, written into every holder record it creates.
@@ -123,6 +127,7 @@ class ClaimRegistry:
         self._renew_interval_ms = positive_int("claim_renew_interval_ms", claim_renew_interval_ms)
         self._storage = storage
         self._engine_id = engine_id
+        self._fork_pid = os.getpid()  # see process_bound_class
         self._clock = clock
         # The table's lock is the registry's one lock (see the module docstring); the gate's
         # and the losses' own locks guard only their own state.
