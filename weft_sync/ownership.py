@@ -28,6 +28,7 @@ import enum
 import logging
 import os
 import threading
+import time
 import warnings
 import weakref
 from collections.abc import Callable, Iterator, Mapping
@@ -38,6 +39,7 @@ from typing import Any, Literal, TypeVar
 from .claiming import ClaimAttempt, attempt_claim, claim_is_gone, claim_with_wait, validate_wait
 from .claims.registry import ClaimRegistry, WarnSink
 from .claims.results import ReleaseStatus
+from .claims.store_clock import resolve_store_clock
 from .clock import Clock, system_clock
 from .errors import (
     ClosedError,
@@ -116,6 +118,7 @@ class Ownership:
         )
         clock = settings.clock
         workflows = Workflows(storage, None, clock=clock, warn=self._on_warning, metrics=metrics)
+        store_clock = resolve_store_clock(storage, settings.options.time_source, clock)
         boot = bootstrap_workflow_lease_ownership(
             storage=storage,
             clock=clock,
@@ -127,6 +130,7 @@ class Ownership:
             is_workflow_type_registered=table.is_eligible,
             warn=self._on_warning,
             engine_id=settings.engine_id,
+            store_clock=store_clock,
             metrics=metrics,
             max_claims=settings.max_claims,
             fair_share=True,
@@ -164,7 +168,8 @@ class Ownership:
         :param url_or_storage: a storage URL (see :func:`~weft_sync.storage.open_storage`),
             opened here and closed by :meth:`close`; or an open ``Storage``, which ``close()``
             leaves open.
-        :param options: claim timing; defaults to ``OwnershipOptions()`` (TTL 30 s, renew 5 s).
+        :param options: claim timing and time source; defaults to ``OwnershipOptions()`` (TTL
+            30 s, renew 5 s, the backend's time source: the database clock on PostgreSQL).
         :param handlers: workflow type -> handler. A running workflow of one of these types whose
             owner died is taken over here and its handler called with a
             :class:`~weft_sync.handlers.ReclaimedWorkflow`, on a maintenance thread (see
@@ -179,7 +184,8 @@ class Ownership:
             with no handlers, no ``is_eligible`` and no ``on_reclaimed`` reclaims no workflows.
         :param background: ``"thread"`` starts interval maintenance now; ``"manual"`` leaves it
             to the host, which calls :meth:`run_maintenance` at least once per renew interval.
-        :param clock: integer milliseconds since the Unix epoch.
+        :param clock: integer milliseconds since the Unix epoch; with the store time source,
+            claim expiry is this clock plus the sampled offset to the database server's clock.
         :param warn: receives every warning after this object has handled it; default
             :func:`warnings.warn`.
         :param engine_id: this engine's id in holder records; a fresh UUID when omitted.
@@ -300,11 +306,12 @@ class Ownership:
         """Stop maintenance, release every claim and close the store this object opened.
 
         Idempotent; a concurrent second call returns at once. Stops the timer (no reclaim
-        started afterwards claims anything), waits up to ``timeout`` seconds for passes in
-        flight, joins the task's threads, releases every held claim (failures are logged, never
-        raised) and closes the store if :meth:`open` opened it. Live ``claim()`` handles are
-        marked lost. In a child that inherited this object across ``os.fork()`` it does
-        nothing: the parent still owns the claims.
+        started afterwards claims anything), waits up to ``timeout`` seconds for passes and for
+        claim operations (``claim()``, ``workflows.start()``/``resume()``) in flight, joins the
+        task's threads, releases every held claim (failures are logged, never raised) and
+        closes the store if :meth:`open` opened it. Live ``claim()`` handles are marked lost.
+        In a child that inherited this object across ``os.fork()`` it does nothing: the parent
+        still owns the claims.
 
         :raises RuntimeError: called from inside a maintenance pass (an ``on_reclaimed`` or
             ``on_lost`` callback); it would wait for itself. Call it from another thread.
@@ -327,11 +334,14 @@ class Ownership:
             handles = list(self._handles.values())
         for handle in handles:
             handle.lost.set()
+        deadline = None if timeout is None else time.monotonic() + timeout
         try:
             self._task.close(timeout)
         finally:
             self._workflows.close()
-            self._registry.release_all()
+            # Waits for claim operations racing close() (start, claim, resume) so that the
+            # final release sees what they claimed; later ones raise ClosedError.
+            self._registry.close(None if deadline is None else deadline - time.monotonic())
             try:
                 if self._owns_storage:
                     self._storage.close()
@@ -485,7 +495,8 @@ class Ownership:
             active = self._handles.get(handle.workflow_id) is handle
         if not active:
             return False
-        if self._registry.current_epoch(handle.workflow_id) != handle.epoch:
+        # Also gives the claim up once its local renew deadline passed without a renewal.
+        if not self._registry.confirm_held(handle.workflow_id, handle.epoch):
             self._mark_lost(handle)
             return False
         return True

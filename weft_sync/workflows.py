@@ -240,6 +240,11 @@ class Workflows:
         wid = keys.validate_workflow_id(workflow_id)
         validate_name("workflow type", type)
         registry = self._fence.registry()
+        # In flight for the registry's close(): it waits for this start before releasing all.
+        with registry.operation("Workflows.start()"):
+            return self._start(registry, wid, type, input)
+
+    def _start(self, registry: ClaimRegistry, wid: str, type: str, input: Any) -> WorkflowRecord:
         now = self._clock()
         record = WorkflowRecord(wid, type, "running", input, now, now)
         record_bytes = encode_workflow_record(record)
@@ -420,16 +425,17 @@ class Workflows:
         """
         wid = keys.validate_workflow_id(workflow_id)
         registry = self._fence.registry()
-        _raw, record = self._require_record(wid)
-        if record.status not in _RESUMABLE:
-            raise WorkflowStateError(wid, record.status, "resume", _RESUMABLE)
-        epoch = self._acquire_standalone(registry, wid)
-        try:
-            return self._mark_running(wid)
-        except (WorkflowStateError, WorkflowNotFoundError):
-            # Finished or purged between the check and the acquire: give the claim back.
-            registry.release(wid, expected_epoch=epoch)
-            raise
+        with registry.operation("Workflows.resume()"):
+            _raw, record = self._require_record(wid)
+            if record.status not in _RESUMABLE:
+                raise WorkflowStateError(wid, record.status, "resume", _RESUMABLE)
+            epoch = self._acquire_standalone(registry, wid)
+            try:
+                return self._mark_running(wid)
+            except (WorkflowStateError, WorkflowNotFoundError):
+                # Finished or purged between the check and the acquire: give the claim back.
+                registry.release(wid, expected_epoch=epoch)
+                raise
 
     def _acquire_standalone(self, registry: ClaimRegistry, wid: str) -> int:
         epoch = registry.current_epoch(wid)

@@ -55,6 +55,7 @@ _CAPABILITIES: Final = StorageCapabilities(
 )
 # Written into a key that a batch requires absent but does not write; deleted before commit.
 _PLACEHOLDER: Final = b""
+_SERVER_TIME: Final = "SELECT (extract(epoch FROM clock_timestamp()) * 1000)::bigint"
 _LIVE: weakref.WeakSet[PostgresStorage] = weakref.WeakSet()
 
 
@@ -295,9 +296,7 @@ class PostgresStorage:
 
     def _configure(self, conn: _Conn) -> None:
         """Set up a new pooled session: bound its row-lock waits; read-only when asked."""
-        conn.execute(
-            "SELECT set_config('lock_timeout', %s, false)", [f"{self._lock_timeout_ms}ms"]
-        )
+        conn.execute("SELECT set_config('lock_timeout', %s, false)", [f"{self._lock_timeout_ms}ms"])
         if self._read_only:
             self._configure_read_only(conn)
 
@@ -330,6 +329,15 @@ class PostgresStorage:
     @property
     def capabilities(self) -> StorageCapabilities:
         return _CAPABILITIES
+
+    def server_time_ms(self) -> int:
+        """The database server's clock: milliseconds since the Unix epoch (one round trip).
+
+        ``clock_timestamp()`` is read when the statement runs, not at transaction start, so a
+        caller that notes its own clock before and after the call bounds the server's reading.
+        """
+        rows = self._read("server clock read", _SERVER_TIME, [])
+        return int(rows[0][0])
 
     @property
     def read_only(self) -> bool:
