@@ -1,0 +1,108 @@
+"""Report jobs: each is a weft_sync workflow of type ``report``, one fenced checkpoint per page.
+
+A job starts in the request that asks for it (:func:`start_report`: the workflow is created and
+claimed by this process in one write) and is driven by this process's report threads. If the
+process dies, another one takes the workflow over and resumes it from its checkpoint with
+:func:`resume_report`, which ``settings.WEFT_SYNC["HANDLERS"]`` names. A process that was paused
+past the claim TTL and wakes up finds its next checkpoint refused by the store
+(``EngineDeposedError``): it records that and writes nothing more for the job.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+import uuid
+from concurrent.futures import ThreadPoolExecutor
+
+from django.conf import settings
+from django.db import connections
+from django.db.models import F
+
+from weft_sync import EngineDeposedError
+from weft_sync.django import get_ownership
+from weft_sync.django.handlers import ReclaimedWorkflow
+from weft_sync.workflows import Workflows
+
+from .models import Report, ReportEvent
+
+__all__ = ["JOB_TYPE", "drive_report", "resume_report", "start_report"]
+
+_log = logging.getLogger(__name__)
+
+JOB_TYPE = "report"
+MAX_PAGES = 1000
+
+# _lock guards _pool and _pool_pid.
+_lock = threading.Lock()
+_pool: ThreadPoolExecutor | None = None
+_pool_pid: int | None = None
+
+
+def start_report(pages: int) -> str:
+    """Create a report job of ``pages`` pages, claimed by this process; return its id."""
+    if not 1 <= pages <= MAX_PAGES:
+        raise ValueError(f"pages must be between 1 and {MAX_PAGES}, got {pages}")
+    job_id = uuid.uuid4().hex
+    # The row first: whoever drives the workflow, now or after a takeover, finds it.
+    Report.objects.create(job_id=job_id, pages=pages)
+    get_ownership().workflows.start(job_id, JOB_TYPE, input={"pages": pages})
+    _report_threads().submit(_drive_on_report_thread, job_id)
+    return job_id
+
+
+def resume_report(workflow: ReclaimedWorkflow) -> None:
+    """The ``report`` handler: resume a report taken over from a dead or paused process.
+
+    Runs on the maintenance thread that took the workflow over, as its new owner.
+    """
+    drive_report(workflow.workflows, workflow.workflow_id)
+
+
+def drive_report(workflows: Workflows, job_id: str) -> None:
+    """Render the pages after the checkpoint, one fenced checkpoint each, then complete."""
+    record = workflows.get(job_id)
+    if record is None or record.status != "running":
+        return
+    pages = int(record.input["pages"])
+    checkpoint = workflows.load_checkpoint(job_id)
+    done = int(checkpoint) if checkpoint else 0
+    page = done
+    try:
+        for page in range(done + 1, pages + 1):
+            time.sleep(settings.REPORT_STEP_SECONDS)
+            workflows.save_checkpoint(job_id, str(page).encode())
+            # Only ever forward: a late update from a deposed process cannot undo progress.
+            Report.objects.filter(pk=job_id, pages_done__lt=page).update(pages_done=page)
+        workflows.complete(job_id, result={"pages": pages, "resumed_after": done})
+    except EngineDeposedError:
+        _log.warning("report %s: another process took it over at page %d", job_id, page)
+        ReportEvent.objects.create(
+            job_id=job_id, kind=ReportEvent.REFUSED, page=page, pid=os.getpid()
+        )
+        return
+    ReportEvent.objects.create(job_id=job_id, kind=ReportEvent.COMPLETED, pid=os.getpid())
+    Report.objects.filter(pk=job_id).update(
+        status="completed", completions=F("completions") + 1, completed_by_pid=os.getpid()
+    )
+
+
+def _drive_on_report_thread(job_id: str) -> None:
+    try:
+        drive_report(get_ownership().workflows, job_id)
+    except Exception:
+        # The claim stays held and renewed; if this process dies, a takeover resumes the job.
+        _log.exception("report %s failed on this process", job_id)
+    finally:
+        connections.close_all()
+
+
+def _report_threads() -> ThreadPoolExecutor:
+    global _pool, _pool_pid
+    with _lock:
+        if _pool is None or _pool_pid != os.getpid():
+            _pool = ThreadPoolExecutor(settings.REPORT_THREADS, thread_name_prefix="report")
+            _pool_pid = os.getpid()
+        return _pool

@@ -1,0 +1,82 @@
+"""``weft_sync.django`` on Django's SQLite and PostgreSQL backends, one process per backend.
+
+Django settings are process-global: each backend runs ``inner_app.py`` under pytest in a
+subprocess whose settings (``site_settings.py``) point at a fresh SQLite file or a fresh
+PostgreSQL database made here and dropped afterwards.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from urllib.parse import urlsplit, urlunsplit
+
+import pytest
+
+from tests.examples.helpers import REPO_ROOT, script_env
+
+INNER = Path(__file__).with_name("inner_app.py")
+
+
+@pytest.fixture
+def django_database(backend: str, request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
+    """A SQLite path, or the URL of a PostgreSQL database of this test's own."""
+    if backend == "sqlite":
+        yield str(tmp_path / "site.sqlite3")
+        return
+    base: str = request.getfixturevalue("postgres_base_url")
+    with fresh_postgres_database(base) as url:
+        yield url
+
+
+class fresh_postgres_database:
+    """``CREATE DATABASE`` on the server of ``base_url``; ``DROP`` it on exit."""
+
+    def __init__(self, base_url: str) -> None:
+        self._base = base_url
+        self.name = "weft_dj_" + uuid.uuid4().hex[:12]
+
+    def __enter__(self) -> str:
+        self._execute(f"CREATE DATABASE {self.name}")
+        parts = urlsplit(self._base)
+        return urlunsplit((parts.scheme, parts.netloc, "/" + self.name, parts.query, ""))
+
+    def __exit__(self, *exc: object) -> None:
+        self._execute(f"DROP DATABASE IF EXISTS {self.name} WITH (FORCE)")
+
+    def _execute(self, sql: str) -> None:
+        import psycopg
+
+        with psycopg.connect(self._base, autocommit=True) as conn:
+            conn.execute(sql)
+
+
+def test_the_django_app_on_the_backend(django_database: str) -> None:
+    env = script_env()
+    env["WEFT_TEST_DJANGO_DB"] = django_database
+    env.pop("WEFT_SYNC_TEST_POSTGRES_DSN", None)
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            str(INNER),
+            "-q",
+            "-x",
+            "-p",
+            "no:randomly",
+            "-p",
+            "no:cacheprovider",
+        ],
+        cwd=REPO_ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=110,
+        check=False,
+    )
+    assert done.returncode == 0, done.stdout[-6000:] + done.stderr[-3000:]
+    assert " passed" in done.stdout

@@ -1,0 +1,77 @@
+"""``manage.py weft_sync <command> …``: the ``weft-sync`` command line on this project's store.
+
+Every ``weft-sync`` subcommand works (``claims``, ``workflows``, ``show``, ``maintain``,
+``metrics``, ``doctor``, ``cancel``, …); the store is the one ``settings.WEFT_SYNC`` names unless
+``--url`` is given. Errors become a ``CommandError`` with the command line's exit code, so
+``manage.py`` prints one line and no traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+from contextlib import redirect_stderr
+from typing import Any, ClassVar, TextIO, cast
+
+from django.core.exceptions import ImproperlyConfigured
+from django.core.management.base import BaseCommand, CommandError, CommandParser
+
+from weft_sync import cli
+
+from ...conf import load_config, redact_url
+
+
+class Command(BaseCommand):
+    help = (
+        "Run a weft-sync command (claims, workflows, show, maintain, metrics, doctor, cancel, "
+        "…) on the store settings.WEFT_SYNC names; 'manage.py weft_sync --help-cli' lists them."
+    )
+    # The command line reads the store, not models: a broken model check must not block it.
+    requires_system_checks: ClassVar[list[str]] = []
+
+    def add_arguments(self, parser: CommandParser) -> None:
+        parser.add_argument("--url", help="store URL (default: from settings.WEFT_SYNC)")
+        parser.add_argument(
+            "--help-cli", action="store_true", help="show the weft-sync commands and exit"
+        )
+        parser.add_argument(
+            "cli_args",
+            nargs=argparse.REMAINDER,
+            metavar="COMMAND …",
+            help="a weft-sync command and its arguments",
+        )
+
+    def handle(self, *args: Any, **options: Any) -> None:
+        argv = list(options["cli_args"])
+        if options["help_cli"]:
+            argv = ["--help"]
+        elif not argv:
+            raise CommandError(
+                "name a weft-sync command, e.g. 'manage.py weft_sync claims' "
+                "('manage.py weft_sync --help-cli' lists them)",
+                returncode=cli.EXIT_USAGE,
+            )
+        url = options["url"] or (None if _names_url(argv) else _settings_url())
+        if url is not None:
+            argv = ["--url", url, *argv]
+        errors = io.StringIO()
+        with redirect_stderr(errors):
+            code = cli.main(argv, out=cast(TextIO, self.stdout))
+        message = errors.getvalue().strip()
+        if url is not None:
+            message = message.replace(url, redact_url(url))
+        if code != cli.EXIT_OK:
+            raise CommandError(message or f"weft-sync exited with {code}", returncode=code)
+        if message:
+            self.stderr.write(message)
+
+
+def _names_url(argv: list[str]) -> bool:
+    return any(arg == "--url" or arg.startswith("--url=") for arg in argv)
+
+
+def _settings_url() -> str:
+    try:
+        return load_config().url
+    except ImproperlyConfigured as exc:
+        raise CommandError(f"settings.WEFT_SYNC: {exc}", returncode=cli.EXIT_USAGE) from None
