@@ -20,10 +20,9 @@ from typing import Any
 
 from django.db import connections
 
-from weft_sync import Ownership
+from weft_sync import Ownership, ReclaimedWorkflow, WorkflowHandler
 
 from .conf import WeftSyncConfig, load_config, redact_url
-from .handlers import bind_handlers
 
 __all__ = ["close_ownership", "get_ownership", "is_open"]
 
@@ -98,15 +97,8 @@ def _open(config: WeftSyncConfig) -> Ownership:
         for workflow_type, handler in config.import_handlers().items()
     }
     background: Any = config.background
-    ownership = bind_handlers(
-        lambda on_reclaimed, is_eligible: Ownership.open(
-            config.url,
-            options=config.options,
-            on_reclaimed=on_reclaimed,
-            is_eligible=is_eligible,
-            background=background,
-        ),
-        handlers,
+    ownership = Ownership.open(
+        config.url, options=config.options, handlers=handlers, background=background
     )
     _log.info(
         "opened weft_sync ownership of engine %s on %s (%s) in process %d",
@@ -118,10 +110,13 @@ def _open(config: WeftSyncConfig) -> Ownership:
     return ownership
 
 
-def _closing_db_connections(handler: Callable[[Any], object]) -> Callable[[Any], object]:
-    """``handler``, closing the Django connections it opened on its thread, as a request does."""
+def _closing_db_connections(handler: Callable[..., object]) -> WorkflowHandler:
+    """``handler``, closing the Django connections it opened on its thread, as a request does.
 
-    def run(workflow: Any) -> object:
+    Handlers run on maintenance threads, which Django's request cycle never cleans up after.
+    """
+
+    def run(workflow: ReclaimedWorkflow) -> object:
         try:
             return handler(workflow)
         finally:

@@ -21,9 +21,8 @@ from django.conf import settings
 from django.db import connections
 from django.db.models import F
 
-from weft_sync import EngineDeposedError
+from weft_sync import EngineDeposedError, ReclaimedWorkflow
 from weft_sync.django import get_ownership
-from weft_sync.django.handlers import ReclaimedWorkflow
 from weft_sync.workflows import Workflows
 
 from .models import Report, ReportEvent
