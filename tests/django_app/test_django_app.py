@@ -9,13 +9,12 @@ from __future__ import annotations
 
 import subprocess
 import sys
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
-from urllib.parse import urlsplit, urlunsplit
 
 import pytest
 
+from tests.django_app.databases import FreshPostgresDatabase
 from tests.examples.helpers import REPO_ROOT, script_env
 
 INNER = Path(__file__).with_name("inner_app.py")
@@ -28,30 +27,8 @@ def django_database(backend: str, request: pytest.FixtureRequest, tmp_path: Path
         yield str(tmp_path / "site.sqlite3")
         return
     base: str = request.getfixturevalue("postgres_base_url")
-    with fresh_postgres_database(base) as url:
+    with FreshPostgresDatabase(base) as url:
         yield url
-
-
-class fresh_postgres_database:
-    """``CREATE DATABASE`` on the server of ``base_url``; ``DROP`` it on exit."""
-
-    def __init__(self, base_url: str) -> None:
-        self._base = base_url
-        self.name = "weft_dj_" + uuid.uuid4().hex[:12]
-
-    def __enter__(self) -> str:
-        self._execute(f"CREATE DATABASE {self.name}")
-        parts = urlsplit(self._base)
-        return urlunsplit((parts.scheme, parts.netloc, "/" + self.name, parts.query, ""))
-
-    def __exit__(self, *exc: object) -> None:
-        self._execute(f"DROP DATABASE IF EXISTS {self.name} WITH (FORCE)")
-
-    def _execute(self, sql: str) -> None:
-        import psycopg
-
-        with psycopg.connect(self._base, autocommit=True) as conn:
-            conn.execute(sql)
 
 
 def test_the_django_app_on_the_backend(django_database: str) -> None:

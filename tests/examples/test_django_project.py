@@ -112,10 +112,13 @@ def test_runserver_starts_a_job_over_http_and_completes_it(db: Path) -> None:
         _, stderr = server.communicate(timeout=WAIT_S)
 
     assert (shown["pages_done"], shown["completions"]) == (3, 1)
-    assert shown["result"] == {"pages": 3, "resumed_after": 0}
+    result = shown["result"]
+    assert isinstance(result, dict)
+    assert (result["pages"], result["resumed_after"], result["epoch"]) == (3, 0, 1)
     store = open_storage(f"sqlite:///{db}")
     try:
-        assert Workflows(store).load_checkpoint(job_id) == b"3"
+        history = json.loads(Workflows(store).load_checkpoint(job_id) or b"[]")
     finally:
         store.close()
+    assert history == [[page, result["pid"], 1] for page in (1, 2, 3)]
     assert "Traceback" not in stderr

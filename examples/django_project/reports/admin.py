@@ -15,5 +15,5 @@ class ReportAdmin(admin.ModelAdmin):
 
 @admin.register(ReportEvent)
 class ReportEventAdmin(admin.ModelAdmin):
-    list_display = ("job_id", "kind", "page", "pid", "at")
+    list_display = ("job_id", "kind", "page", "pid", "engine", "at")
     list_filter = ("kind",)

@@ -6,10 +6,14 @@ process dies, another one takes the workflow over and resumes it from its checkp
 :func:`resume_report`, which ``settings.WEFT_SYNC["HANDLERS"]`` names. A process that was paused
 past the claim TTL and wakes up finds its next checkpoint refused by the store
 (``EngineDeposedError``): it records that and writes nothing more for the job.
+
+The checkpoint is the list of pages written so far, each as ``[page, pid, epoch]``: which
+process wrote it, under which fencing epoch.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import threading
@@ -57,34 +61,45 @@ def resume_report(workflow: ReclaimedWorkflow) -> None:
 
     Runs on the maintenance thread that took the workflow over, as its new owner.
     """
+    _event(workflow.workflow_id, ReportEvent.RESUMED, workflow.ownership.engine_id)
     drive_report(workflow.workflows, workflow.workflow_id)
 
 
 def drive_report(workflows: Workflows, job_id: str) -> None:
-    """Render the pages after the checkpoint, one fenced checkpoint each, then complete."""
+    """Write the pages after the checkpoint, one fenced checkpoint each, then complete."""
     record = workflows.get(job_id)
-    if record is None or record.status != "running":
+    registry = workflows.registry
+    if record is None or record.status != "running" or registry is None:
         return
     pages = int(record.input["pages"])
-    checkpoint = workflows.load_checkpoint(job_id)
-    done = int(checkpoint) if checkpoint else 0
+    history = json.loads(workflows.load_checkpoint(job_id) or b"[]")
+    done = len(history)
     page = done
     try:
         for page in range(done + 1, pages + 1):
             time.sleep(settings.REPORT_STEP_SECONDS)
-            workflows.save_checkpoint(job_id, str(page).encode())
+            history.append([page, os.getpid(), registry.current_epoch(job_id)])
+            workflows.save_checkpoint(job_id, json.dumps(history).encode())
             # Only ever forward: a late update from a deposed process cannot undo progress.
             Report.objects.filter(pk=job_id, pages_done__lt=page).update(pages_done=page)
-        workflows.complete(job_id, result={"pages": pages, "resumed_after": done})
+        epoch = registry.current_epoch(job_id)
+        workflows.complete(
+            job_id,
+            result={"pages": pages, "resumed_after": done, "pid": os.getpid(), "epoch": epoch},
+        )
     except EngineDeposedError:
         _log.warning("report %s: another process took it over at page %d", job_id, page)
-        ReportEvent.objects.create(
-            job_id=job_id, kind=ReportEvent.REFUSED, page=page, pid=os.getpid()
-        )
+        _event(job_id, ReportEvent.REFUSED, registry.engine_id, page=page)
         return
-    ReportEvent.objects.create(job_id=job_id, kind=ReportEvent.COMPLETED, pid=os.getpid())
+    _event(job_id, ReportEvent.COMPLETED, registry.engine_id)
     Report.objects.filter(pk=job_id).update(
         status="completed", completions=F("completions") + 1, completed_by_pid=os.getpid()
+    )
+
+
+def _event(job_id: str, kind: str, engine: str, *, page: int | None = None) -> None:
+    ReportEvent.objects.create(
+        job_id=job_id, kind=kind, page=page, pid=os.getpid(), engine=engine, at=time.time()
     )
 
 

@@ -19,13 +19,18 @@ class Report(models.Model):
 
 
 class ReportEvent(models.Model):
-    """A completion, or a write the store refused because another process had taken over."""
+    """Something a process did to a report: resumed it, completed it, or had a write refused."""
 
+    RESUMED = "resumed"
     COMPLETED = "completed"
     REFUSED = "refused"
+    KINDS = ((RESUMED, RESUMED), (COMPLETED, COMPLETED), (REFUSED, REFUSED))
 
     job_id = models.CharField(max_length=64, db_index=True)
-    kind = models.CharField(max_length=16, choices=[(COMPLETED, COMPLETED), (REFUSED, REFUSED)])
+    kind = models.CharField(max_length=16, choices=KINDS)
     page = models.PositiveIntegerField(null=True)
+    """The page being written when a write was refused."""
     pid = models.IntegerField()
-    at = models.DateTimeField(auto_now_add=True)
+    engine = models.CharField(max_length=64)
+    at = models.FloatField()
+    """Seconds since the Unix epoch."""

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.views.decorators.csrf import csrf_exempt
@@ -36,7 +37,11 @@ def jobs(request: HttpRequest) -> HttpResponse:
         job_id = start_report(pages)
     except (TypeError, ValueError) as exc:
         return JsonResponse({"error": f"bad pages {raw!r}: {exc}"}, status=400)
-    return JsonResponse({"id": job_id, "status": "running"}, status=201)
+    ownership = get_ownership()
+    return JsonResponse(
+        {"id": job_id, "status": "running", "pid": os.getpid(), "engine": ownership.engine_id},
+        status=201,
+    )
 
 
 @require_GET

@@ -37,13 +37,18 @@ class Migration(migrations.Migration):
                 (
                     "kind",
                     models.CharField(
-                        choices=[("completed", "completed"), ("refused", "refused")],
+                        choices=[
+                            ("resumed", "resumed"),
+                            ("completed", "completed"),
+                            ("refused", "refused"),
+                        ],
                         max_length=16,
                     ),
                 ),
                 ("page", models.PositiveIntegerField(null=True)),
                 ("pid", models.IntegerField()),
-                ("at", models.DateTimeField(auto_now_add=True)),
+                ("engine", models.CharField(max_length=64)),
+                ("at", models.FloatField()),
             ],
         ),
     ]
