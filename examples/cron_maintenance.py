@@ -83,7 +83,8 @@ def run_pass(url_or_storage: str | Storage, out: TextIO = sys.stdout) -> int:
             f"{len(reclaim.outcomes)} candidates\n"
         )
         failed = 0
-        for outcome in reclaim.outcomes:
+        # Each engine attempts candidates in its own order; print them sorted.
+        for outcome in sorted(reclaim.outcomes, key=lambda o: o.workflow_id):
             line = f"  {outcome.workflow_id}: {outcome.status.value}"
             if outcome.status == "reclaimed":
                 finished = ownership.workflows.get_outcome(outcome.workflow_id)
