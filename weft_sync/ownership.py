@@ -29,9 +29,9 @@ import threading
 import warnings
 import weakref
 from collections.abc import Callable, Iterator, Mapping
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from types import TracebackType
-from typing import Literal, TypeVar
+from typing import Any, Literal, TypeVar
 
 from .claiming import ClaimAttempt, attempt_claim, claim_is_gone, claim_with_wait, validate_wait
 from .claims.registry import ClaimRegistry, WarnSink
@@ -43,6 +43,7 @@ from .errors import (
     WorkflowClaimLostWarning,
     WorkflowClaimUnavailableError,
 )
+from .fencing import fenced_transaction
 from .handlers import HandlerTable, ReclaimedWorkflow, WorkflowHandler
 from .handles import ClaimHandle
 from .keys import validate_workflow_id
@@ -383,6 +384,23 @@ class Ownership:
             self._finish(handle, body_failed=True)
             raise
         self._finish(handle, body_failed=False)
+
+    def fenced(self, workflow_id: str, connection: object) -> AbstractContextManager[Any]:
+        """Make the host's statements on ``connection`` one transaction with the epoch fence.
+
+        Yields ``connection``; commits on normal exit, rolls back on an exception. Behaviour,
+        accepted connections and lock reasoning: :mod:`weft_sync.fencing.core`.
+
+        :raises EngineDeposedError: the claim is not held here (nothing written).
+        :raises StorageCapabilityError: ``connection`` is not on the store's database.
+        :raises TypeError: ``connection`` is not an accepted connection type.
+        """
+        self._require_open("fenced()")
+        reg = self._registry
+        return fenced_transaction(
+            connection, workflow_id, storage=self._storage, registry=reg, warn=self._on_warning,
+            lock_timeout_ms=reg.claim_renew_interval_ms, idle_timeout_ms=reg.claim_ttl_ms,
+        )  # fmt: skip
 
     def on_lost(self, callback: _Callback) -> _Callback:
         """Call ``callback(workflow_id)`` whenever this engine finds one of its claims lost.

@@ -38,6 +38,7 @@ from .base import (
     validate_table_name,
 )
 from .cas import CasRow, cas_batches, validate_cas_rows
+from .fence_target import PostgresFenceTarget, PostgresIdentity, quote_identifier
 from .postgres_sql import Plan, Queries, advisory_key, disjoint, renewal_keys
 from .reads import validate_keys
 
@@ -104,6 +105,11 @@ class PostgresStorage:
     :param min_size: connections the pool keeps open.
     :param max_size: connections the pool may open at most.
     :param timeout: seconds a call waits for a pooled connection before raising ``StorageError``.
+    :param lock_timeout: seconds a statement of this store waits for a row lock before failing
+        with ``StorageError`` (the session's ``lock_timeout``), or ``None`` for no bound. Our own
+        transactions hold row locks for milliseconds; the bound matters when a host's fenced
+        transaction (:mod:`weft_sync.fencing`) holds an epoch row: a takeover waiting for it fails
+        and is retried by a later pass instead of stalling its maintenance pass.
     :raises ValueError: a bad table name, pool size or timeout, or a malformed ``dsn``.
     :raises StorageError: the server cannot be reached, or the table exists with another key
         collation.
@@ -117,6 +123,7 @@ class PostgresStorage:
         min_size: int = 1,
         max_size: int = 16,
         timeout: float = 30.0,
+        lock_timeout: float | None = 10.0,
     ) -> None:
         if not isinstance(dsn, str):
             raise TypeError(f"dsn must be a connection string, got {type(dsn).__name__}")
@@ -128,6 +135,7 @@ class PostgresStorage:
         self._min_size = min_size
         self._max_size = max_size
         self._timeout = float(timeout)
+        self._lock_timeout_ms = _lock_timeout_ms(lock_timeout)
         self._connect_kwargs = _connect_kwargs(dsn, self._timeout)
         self._q = Queries(self._table)
         self._lock = threading.Lock()  # guards _pool, _pool_pid and _closed
@@ -136,6 +144,7 @@ class PostgresStorage:
         self._pool: ConnectionPool[_Conn] | None = None
         self._pool_pid = os.getpid()
         self._closed = False
+        self._fence_target: PostgresFenceTarget | None = None
         with self._translate("table setup"):
             self._ensure_table()
         pool = self._new_pool()
@@ -183,6 +192,7 @@ class PostgresStorage:
             max_size=self._max_size,
             open=False,
             check=self._check_lent,
+            configure=self._configure,
             name=f"weft-pg[{self._table}]",
             timeout=self._timeout,
         )
@@ -260,6 +270,12 @@ class PostgresStorage:
                     yield conn
             finally:
                 pool.putconn(conn)
+
+    def _configure(self, conn: _Conn) -> None:
+        """Set up a new pooled session: bound its row-lock waits."""
+        conn.execute(
+            "SELECT set_config('lock_timeout', %s, false)", [f"{self._lock_timeout_ms}ms"]
+        )
 
     def _check_lent(self, conn: _Conn) -> None:
         """The pool's check of a connection it is about to lend (skipped for retried reads)."""
@@ -387,6 +403,19 @@ class PostgresStorage:
             return self._run_disjoint(plans)
         with self._connection("conditional_batches") as conn, conn.transaction():
             return [self._run(conn, plan, savepoint=True) for plan in plans]
+
+    def fence_target(self) -> PostgresFenceTarget:
+        """Where this store's table is, for :mod:`weft_sync.fencing` (read once, then cached).
+
+        See :class:`~weft_sync.storage.fence_target.SupportsHostFence`.
+        """
+        target = self._fence_target
+        if target is None:
+            rows = self._read("fence identity", self._q.identity, [quote_identifier(self._table)])
+            sysid, database, oid, schema = rows[0]
+            identity = PostgresIdentity(str(sysid), str(database), int(oid), str(schema))
+            target = self._fence_target = PostgresFenceTarget(self._table, identity)
+        return target
 
     def compare_and_set_many(self, rows: Sequence[CasRow]) -> list[bool]:
         """Set each ``(key, expected, new)`` row's key to ``new`` if it holds ``expected``.
@@ -539,6 +568,22 @@ def _check_pool_sizes(min_size: object, max_size: object) -> None:
             f"pool sizes must satisfy 1 <= min_size <= max_size, got min_size={min_size} and "
             f"max_size={max_size}"
         )
+
+
+def _lock_timeout_ms(lock_timeout: object) -> int:
+    """``lock_timeout`` seconds as the session setting's milliseconds (0: no bound)."""
+    if lock_timeout is None:
+        return 0
+    if (
+        isinstance(lock_timeout, bool)
+        or not isinstance(lock_timeout, (int, float))
+        or not 0 < lock_timeout < 86_400
+    ):
+        raise ValueError(
+            f"lock_timeout must be a positive number of seconds below one day, or None, got "
+            f"{lock_timeout!r}"
+        )
+    return max(1, math.ceil(lock_timeout * 1000))
 
 
 def _connect_kwargs(dsn: str, timeout: float) -> dict[str, Any]:
