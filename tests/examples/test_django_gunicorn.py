@@ -156,7 +156,7 @@ def _kill_pause_and_finish(server: GunicornServer, store: Storage, site: Site) -
 
     ledger = Workflows(store)
     stranded = _wait_until_finished(ledger, accepted)
-    events = _events(site)
+    events = _wait_for_completion_events(ledger, site, accepted, killed)
     _assert_completed_exactly_once(ledger, site, accepted, events, killed)
     refused = _assert_stale_writes_refused(ledger, accepted, events, stopped, continued_at)
     assert stranded == []
@@ -219,6 +219,28 @@ def _wait_until_finished(ledger: Workflows, accepted: dict[str, int]) -> list[st
         pending = [job for job, r in records.items() if r is not None and r.status == "running"]
         if not pending or time.monotonic() > deadline:
             return pending
+        time.sleep(0.1)
+
+
+def _wait_for_completion_events(
+    ledger: Workflows, site: Site, accepted: dict[str, int], killed: int
+) -> list[dict[str, Any]]:
+    """The event log, once every completion accepted by a live worker has been recorded.
+
+    The store says a job is done as soon as ``complete()`` commits; the worker records it in
+    the project's tables right after, and the paused worker may have been stopped in between.
+    """
+    deadline = time.monotonic() + FINISH_WAIT_S
+    while True:
+        events = _events(site)
+        recorded = {e["job"] for e in events if e["kind"] == "completed"}
+        missing = []
+        for job in accepted:
+            outcome = ledger.get_outcome(job)
+            if outcome is not None and outcome.result["pid"] != killed and job not in recorded:
+                missing.append(job)
+        if not missing or time.monotonic() > deadline:
+            return events
         time.sleep(0.1)
 
 

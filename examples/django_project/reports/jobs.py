@@ -3,9 +3,10 @@
 A job starts in the request that asks for it (:func:`start_report`: the workflow is created and
 claimed by this process in one write) and is driven by this process's report threads. If the
 process dies, another one takes the workflow over and resumes it from its checkpoint with
-:func:`resume_report`, which ``settings.WEFT_SYNC["HANDLERS"]`` names. A process that was paused
-past the claim TTL and wakes up finds its next checkpoint refused by the store
-(``EngineDeposedError``): it records that and writes nothing more for the job.
+:func:`resume_report`, which ``settings.WEFT_SYNC["HANDLERS"]`` names. Each page is a fenced
+checkpoint in the weft_sync store and a fenced update of the job's ``Report`` row
+(``fenced_atomic``). A process that was paused past the claim TTL and wakes up finds its next
+write refused (``EngineDeposedError``): it records that and writes nothing more for the job.
 
 The checkpoint is the list of pages written so far, each as ``[page, pid, epoch]``: which
 process wrote it, under which fencing epoch.
@@ -26,7 +27,7 @@ from django.db import connections
 from django.db.models import F
 
 from weft_sync import EngineDeposedError, ReclaimedWorkflow
-from weft_sync.django import get_ownership
+from weft_sync.django import fenced_atomic, get_ownership
 from weft_sync.workflows import Workflows
 
 from .models import Report, ReportEvent
@@ -80,8 +81,9 @@ def drive_report(workflows: Workflows, job_id: str) -> None:
             time.sleep(settings.REPORT_STEP_SECONDS)
             history.append([page, os.getpid(), registry.current_epoch(job_id)])
             workflows.save_checkpoint(job_id, json.dumps(history).encode())
-            # Only ever forward: a late update from a deposed process cannot undo progress.
-            Report.objects.filter(pk=job_id, pages_done__lt=page).update(pages_done=page)
+            # The project's own row, fenced too: refused once another process took over.
+            with fenced_atomic(job_id):
+                Report.objects.filter(pk=job_id).update(pages_done=page)
         epoch = registry.current_epoch(job_id)
         workflows.complete(
             job_id,
@@ -91,9 +93,14 @@ def drive_report(workflows: Workflows, job_id: str) -> None:
         _log.warning("report %s: another process took it over at page %d", job_id, page)
         _event(job_id, ReportEvent.REFUSED, registry.engine_id, page=page)
         return
+    # complete() released the claim, so this cannot be fenced; but only the one process whose
+    # complete() the store accepted gets here.
     _event(job_id, ReportEvent.COMPLETED, registry.engine_id)
     Report.objects.filter(pk=job_id).update(
-        status="completed", completions=F("completions") + 1, completed_by_pid=os.getpid()
+        status="completed",
+        pages_done=pages,
+        completions=F("completions") + 1,
+        completed_by_pid=os.getpid(),
     )
 
 
