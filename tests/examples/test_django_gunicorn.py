@@ -19,6 +19,7 @@ import sqlite3
 import time
 from collections import Counter
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -36,6 +37,8 @@ from weft_sync.workflows import Workflows
 PROJECT = EXAMPLES / "django_project"
 WORKERS = 4
 JOBS = 120
+CLIENTS = 4
+"""HTTP requests in flight at once while the jobs are started."""
 PAGES = 5
 STEP_S = 0.2
 CLAIM_TTL, RENEW_INTERVAL = "1500ms", "500ms"
@@ -60,6 +63,7 @@ class Run:
     takeover_s: float
     resumed_by: dict[int, int]
     seconds: float
+    phases: dict[str, float]
 
 
 @dataclass
@@ -136,26 +140,35 @@ def test_report_jobs_survive_a_killed_and_a_paused_gunicorn_worker(
         f"{run.killed_pid}), paused 1 (pid {run.stopped_pid}, {run.stop_attempts} stop(s)), "
         f"stranded {run.stranded}, refused stale writes {run.refused_stale}, takeover "
         f"{run.takeover_s:.2f}s after the kill/pause, resumed by pid {run.resumed_by}, "
-        f"run {run.seconds:.1f}s"
+        f"run {run.seconds:.1f}s ("
+        + ", ".join(f"{name} {seconds:.1f}s" for name, seconds in run.phases.items())
+        + ")"
     )
     assert "Traceback" not in log, log
 
 
 def _kill_pause_and_finish(server: GunicornServer, store: Storage, site: Site) -> Run:
+    phases: dict[str, float] = {}
+    mark = time.monotonic()
     accepted, engines = _start_jobs(server)
+    phases["post"] = time.monotonic() - mark
     (killed, _), (stopped, _) = Counter(accepted.values()).most_common(2)
 
     stop_attempts = server.stop_outside(stopped, site.busy)
     paused_at = time.time()
     server.signal(killed, signal.SIGKILL)
     killed_at = time.time()
+    mark = time.monotonic()
     _wait_until_taken_over(store, accepted, stopped, engines[stopped])
+    phases["takeover"] = time.monotonic() - mark
     # Taken before the signal: every event the worker records after continuing is later.
     continued_at = time.time()
     server.signal(stopped, signal.SIGCONT)
 
     ledger = Workflows(store)
+    mark = time.monotonic()
     stranded = _wait_until_finished(ledger, accepted)
+    phases["finish"] = time.monotonic() - mark
     events = _wait_for_completion_events(ledger, site, accepted, killed)
     _assert_completed_exactly_once(ledger, site, accepted, events, killed)
     refused = _assert_stale_writes_refused(ledger, accepted, events, stopped, continued_at)
@@ -176,15 +189,19 @@ def _kill_pause_and_finish(server: GunicornServer, store: Storage, site: Site) -
         takeover_s=takeover,
         resumed_by=dict(Counter(e["pid"] for e in resumes)),
         seconds=0.0,
+        phases=phases,
     )
 
 
 def _start_jobs(server: GunicornServer) -> tuple[dict[str, int], dict[int, str]]:
-    """POST :data:`JOBS` jobs; return job -> accepting pid, and pid -> its engine id."""
+    """POST :data:`JOBS` jobs, a few at a time; return job -> pid, and pid -> its engine id."""
     accepted: dict[str, int] = {}
     engines: dict[int, str] = {}
-    for _ in range(JOBS):
-        status, body = server.request("POST", "/jobs/", {"pages": PAGES})
+    with ThreadPoolExecutor(CLIENTS, thread_name_prefix="client") as clients:
+        answers = list(
+            clients.map(lambda _: server.request("POST", "/jobs/", {"pages": PAGES}), range(JOBS))
+        )
+    for status, body in answers:
         assert status == 201, body
         accepted[body["id"]] = body["pid"]
         assert engines.setdefault(body["pid"], body["engine"]) == body["engine"], body

@@ -63,6 +63,8 @@ def _postgres(url: str) -> dict[str, Any]:
         "HOST": query.pop("host", parts.hostname or ""),
         "PORT": query.pop("port", str(parts.port or "")),
         "OPTIONS": query,
+        # Keep a worker's connection across requests instead of reconnecting for each one.
+        "CONN_MAX_AGE": 60,
     }
 
 
