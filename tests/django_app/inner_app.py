@@ -33,6 +33,7 @@ from tests.examples.helpers import abandon  # noqa: E402
 from tests.workflows.helpers import stored_epoch  # noqa: E402
 from weft_sync.django import close_ownership, get_ownership  # noqa: E402
 from weft_sync.django.conf import load_config, redact_url  # noqa: E402
+from weft_sync.django.runtime import is_open  # noqa: E402
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -85,6 +86,7 @@ def test_valid_settings_pass_every_check() -> None:
         (None, "weft_sync.E001", "settings.WEFT_SYNC is not set"),
         ({"DATABASE": "default", "COLOUR": 1}, "weft_sync.E001", "unknown keys 'COLOUR'"),
         ({"DATABASE": "default", "BACKGROUND": "fork"}, "weft_sync.E001", "'fork'"),
+        ({"DATABASE": "default", "MAX_CLAIMS": 0}, "weft_sync.E001", '["MAX_CLAIMS"] is 0'),
         ({}, "weft_sync.E002", "exactly one of URL and DATABASE, got neither"),
         ({"URL": "sqlite:///x.db", "DATABASE": "default"}, "weft_sync.E002", "got both"),
         ({"URL": "redis://u:hunter2@h/0"}, "weft_sync.E002", "unsupported scheme 'redis'"),
@@ -191,6 +193,27 @@ def test_get_ownership_opens_once_for_every_thread_of_the_process() -> None:
     assert errors == []
     assert len(seen) == 8 and all(o is seen[0] for o in seen)
     assert get_ownership() is seen[0]
+
+
+def test_an_engine_at_max_claims_takes_nothing_over(url: str) -> None:
+    with override_settings(WEFT_SYNC={**settings.WEFT_SYNC, "MAX_CLAIMS": 1}):
+        abandon(load_config().url, "report-9", "report")
+        ownership = get_ownership()
+        ownership.workflows.start("report-mine", "report")
+
+        ownership.run_maintenance()
+
+        assert site_handlers.HANDLED == []
+        assert stored_epoch(ownership.storage, "report-9") == 1
+
+
+def test_the_first_request_opens_the_ownership_when_asked_to() -> None:
+    with override_settings(WEFT_SYNC={**settings.WEFT_SYNC, "OPEN_ON_REQUEST": False}):
+        Client().get("/admin/login/")
+        assert not is_open()
+    with override_settings(WEFT_SYNC={**settings.WEFT_SYNC, "OPEN_ON_REQUEST": True}):
+        Client().get("/admin/login/")
+        assert is_open()
 
 
 def test_close_ownership_releases_its_claims_and_the_next_use_opens_a_new_engine() -> None:

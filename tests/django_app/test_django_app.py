@@ -57,3 +57,34 @@ def test_the_django_app_on_the_backend(django_database: str) -> None:
     )
     assert done.returncode == 0, done.stdout[-6000:] + done.stderr[-3000:]
     assert " passed" in done.stdout
+
+
+def test_without_django_the_import_error_names_the_extra_to_install() -> None:
+    blocked = "import sys; sys.modules['django'] = None; import weft_sync.django"
+    done = subprocess.run(
+        [sys.executable, "-c", blocked],
+        cwd=REPO_ROOT,
+        env=script_env(),
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 1
+    assert 'ImportError: weft_sync.django needs Django: pip install "weft_sync[django]"' in (
+        done.stderr
+    )
+
+
+def test_importing_weft_sync_does_not_import_django() -> None:
+    probe = "import sys, weft_sync; print('django' in sys.modules)"
+    done = subprocess.run(
+        [sys.executable, "-c", probe],
+        cwd=REPO_ROOT,
+        env=script_env(),
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
+    assert done.stdout.strip() == "False"

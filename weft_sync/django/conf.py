@@ -42,6 +42,7 @@ _KEYS: Final = (
     "HANDLERS",
     "BACKGROUND",
     "OPEN_ON_REQUEST",
+    "MAX_CLAIMS",
 )
 _BACKGROUNDS: Final = ("thread", "manual")
 _SQLITE_ENGINES: Final = ("django.db.backends.sqlite3",)
@@ -75,6 +76,7 @@ class WeftSyncConfig:
     handler_paths: Mapping[str, str]
     background: str
     open_on_request: bool
+    max_claims: int | None = None
 
     def import_handlers(self) -> dict[str, Callable[..., object]]:
         """Import every handler by its dotted path.
@@ -184,6 +186,17 @@ def _parse() -> tuple[WeftSyncConfig | None, list[Problem]]:
                 f"{open_on_request!r}",
             )
         )
+    max_claims = raw.get("MAX_CLAIMS")
+    if max_claims is not None and (
+        isinstance(max_claims, bool) or not isinstance(max_claims, int) or max_claims < 1
+    ):
+        problems.append(
+            Problem(
+                "weft_sync.E001",
+                f'settings.{SETTING}["MAX_CLAIMS"] is {max_claims!r}',
+                "use None (no limit) or a whole number of claims of at least 1",
+            )
+        )
     if problems or url is None or options is None or handler_paths is None:
         return None, problems
     config = WeftSyncConfig(
@@ -193,6 +206,7 @@ def _parse() -> tuple[WeftSyncConfig | None, list[Problem]]:
         handler_paths=handler_paths,
         background=str(background),
         open_on_request=bool(open_on_request),
+        max_claims=max_claims,
     )
     return config, problems
 

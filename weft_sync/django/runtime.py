@@ -98,7 +98,11 @@ def _open(config: WeftSyncConfig) -> Ownership:
     }
     background: Any = config.background
     ownership = Ownership.open(
-        config.url, options=config.options, handlers=handlers, background=background
+        config.url,
+        options=config.options,
+        handlers=handlers,
+        background=background,
+        max_claims=config.max_claims,
     )
     _log.info(
         "opened weft_sync ownership of engine %s on %s (%s) in process %d",
