@@ -76,11 +76,12 @@ def _crash_holding(ownership: Ownership, workflow_id: str) -> None:
 def test_claim_takes_over_a_bare_claim_that_expired_past_the_grace(
     make_ownership: MakeOwnership, clock: ManualClock, storage: Storage, eligibility: str
 ) -> None:
-    settings: dict[str, Any] = {
+    choices: dict[str, dict[str, Any]] = {
         "none": {},
         "is_eligible": {"is_eligible": lambda workflow_type, revision: workflow_type == "report"},
         "handlers": {"handlers": {"report": lambda ctx: None}},
-    }[eligibility]
+    }
+    settings = choices[eligibility]
     _crash_holding(make_ownership("engine-dead"), "nightly")
     survivor = make_ownership("engine-b", **settings)
     clock.advance(TTL_MS + GRACE_MS + 1)
@@ -277,10 +278,13 @@ def test_no_wait_makes_exactly_one_attempt() -> None:
 
     for wait_s in (None, 0.0):
         calls.clear()
-        assert claim_with_wait(attempt, wait_s, lambda: None, sleep=pytest.fail) == ClaimAttempt(
-            None, "a"
-        )
+        outcome = claim_with_wait(attempt, wait_s, lambda: None, sleep=_never_sleep)
+        assert outcome == ClaimAttempt(None, "a")
         assert calls == [1]
+
+
+def _never_sleep(seconds: float) -> None:
+    pytest.fail(f"slept {seconds} s without a wait")
 
 
 @pytest.mark.parametrize("wait", [-1, -0.001, math.nan, math.inf, "5", True, [1]])

@@ -173,7 +173,7 @@ class ReclaimTargetHandle:
             live_claims=discovery.live_claims,
             max_claims=self._max_claims,
         )
-        if len(chosen) < len(discovery.stranded):
+        if discovery.stranded:
             _log.debug(
                 "reclaim pass takes %d of %d stranded workflows (%d overdue, %d other engines)",
                 len(chosen),
