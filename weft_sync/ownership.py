@@ -386,21 +386,14 @@ class Ownership:
         self._finish(handle, body_failed=False)
 
     def fenced(self, workflow_id: str, connection: object) -> AbstractContextManager[Any]:
-        """Make the host's statements on ``connection`` one transaction with the epoch fence.
+        """Run the host's statements on ``connection`` as one transaction with the epoch fence.
 
-        Yields ``connection``; commits on normal exit, rolls back on an exception. Behaviour,
-        accepted connections and lock reasoning: :mod:`weft_sync.fencing.core`.
-
-        :raises EngineDeposedError: the claim is not held here (nothing written).
-        :raises StorageCapabilityError: ``connection`` is not on the store's database.
-        :raises TypeError: ``connection`` is not an accepted connection type.
+        See :func:`weft_sync.fencing.fenced_transaction` (what it yields, raises and locks).
         """
         self._require_open("fenced()")
-        reg = self._registry
         return fenced_transaction(
-            connection, workflow_id, storage=self._storage, registry=reg, warn=self._on_warning,
-            lock_timeout_ms=reg.claim_renew_interval_ms, idle_timeout_ms=reg.claim_ttl_ms,
-        )  # fmt: skip
+            connection, workflow_id, self._storage, self._registry, warn=self._on_warning
+        )
 
     def on_lost(self, callback: _Callback) -> _Callback:
         """Call ``callback(workflow_id)`` whenever this engine finds one of its claims lost.

@@ -171,3 +171,28 @@ def test_repeated_fenced_transactions_do_not_starve_renewals(raw_env: HostEnv) -
     assert not errors, errors
     assert blocks[0] > 0
     assert all(p.failed_count == 0 and p.renewed_count == 3 for p in passes)
+
+
+def test_ledger_write_inside_a_fenced_block_fails_instead_of_hanging(raw_env: HostEnv) -> None:
+    """A write through the store for the same workflow waits for the block's lock, boundedly."""
+    env = raw_env
+    if env.backend == "sqlite":
+        store = open_storage(_with_param(env.storage_url, "busy_timeout_ms", 150))
+    else:
+        from weft_sync.storage.postgres import PostgresStorage
+
+        store = PostgresStorage(env.db_url, table=store_table(env), lock_timeout=0.15)
+    try:
+        own = env.ownership(storage=store)
+        assert own.registry.acquire("wf-1").status == "acquired"
+        conn = env.connect()
+        with own.fenced("wf-1", conn):
+            env.write(conn, "r", "host")
+            with pytest.raises(StorageError):
+                own.workflows.save_checkpoint("wf-1", b"inside")
+        own.workflows.save_checkpoint("wf-1", b"after")
+        assert own.workflows.load_checkpoint("wf-1") == b"after"
+        assert env.rows() == {"r": "host"}
+    finally:
+        own.close()
+        store.close()

@@ -329,3 +329,36 @@ def test_epoch_key_is_the_one_the_ledger_fences(raw_env: HostEnv) -> None:
     with own.fenced("wf/ü 1", conn):
         raw_env.write(conn, "x", "y")
     assert raw_env.rows() == {"x": "y"}
+
+
+@pytest.mark.postgres_only
+def test_postgres_other_cluster_is_refused_naming_both(
+    postgres_base_url: str, tmp_path: Path, private_cluster: Any
+) -> None:
+    from tests.fencing.hosts import make_env
+
+    env = make_env("postgres", "psycopg", tmp_path, postgres_base_url)
+    try:
+        own = env.ownership()
+        own.registry.acquire("wf-1")
+        # Same database name, same table name: only the cluster differs.
+        with psycopg.connect(private_cluster.url, autocommit=True) as setup:
+            setup.execute(f"CREATE TABLE {store_table_of(env)} (key TEXT, value BYTEA)")
+        other = psycopg.connect(private_cluster.url)
+        try:
+            with pytest.raises(StorageCapabilityError) as err, own.fenced("wf-1", other):
+                pytest.fail("fenced on another cluster")
+        finally:
+            other.close()
+        with psycopg.connect(env.db_url) as mine:
+            row = mine.execute("SELECT system_identifier FROM pg_control_system()").fetchone()
+        with psycopg.connect(private_cluster.url) as theirs:
+            row2 = theirs.execute("SELECT system_identifier FROM pg_control_system()").fetchone()
+        assert row is not None and row2 is not None
+        assert str(row[0]) in str(err.value) and str(row2[0]) in str(err.value)
+    finally:
+        env.close()
+
+
+def store_table_of(env: HostEnv) -> str:
+    return env.storage_url.rsplit("table=", 1)[1]

@@ -8,7 +8,8 @@ on its own.
 from __future__ import annotations
 
 import sys
-from typing import Final
+from collections.abc import Callable
+from typing import Any, Final
 
 from .base import HostTransaction
 
@@ -23,14 +24,30 @@ ACCEPTED: Final = (
 )
 
 
+# Exact connection type -> adapter class, filled as types are first seen (a dict lookup per
+# block instead of the isinstance chain below). Guarded by the GIL: entries are only added.
+_BY_TYPE: dict[type, Callable[[Any], HostTransaction]] = {}
+
+
 def adapt(connection: object) -> HostTransaction:
     """Wrap ``connection`` for one fenced block.
 
     :raises TypeError: ``connection`` is none of :data:`ACCEPTED` (nor already a
         ``HostTransaction``), naming its type and the accepted ones.
     """
-    if isinstance(connection, HostTransaction):
-        return connection
+    factory = _BY_TYPE.get(type(connection))
+    if factory is None:
+        adapted = _adapt_new(connection)
+        _BY_TYPE[type(connection)] = _same if adapted is connection else type(adapted)
+        return adapted
+    return factory(connection)
+
+
+def _same(connection: HostTransaction) -> HostTransaction:
+    return connection
+
+
+def _adapt_new(connection: object) -> HostTransaction:
     if "sqlite3" in sys.modules:
         import sqlite3
 
@@ -56,6 +73,8 @@ def adapt(connection: object) -> HostTransaction:
         adapted = _sqlalchemy(connection)
         if adapted is not None:
             return adapted
+    if isinstance(connection, HostTransaction):
+        return connection
     raise TypeError(
         f"cannot fence a {type(connection).__module__}.{type(connection).__qualname__}: "
         f"Ownership.fenced() accepts a {', '.join(ACCEPTED)} (for Django use "

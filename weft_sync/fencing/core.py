@@ -37,9 +37,12 @@ for SQLite's write lock (bounded by its busy timeout), and the host's transactio
 SQLite's lock and never waits for the flock, so no cycle can form. While the host's transaction
 is open every write to the file waits, this engine's renewals included; a renewal that waits
 longer than the store's busy timeout fails, keeps its claim, and is retried on the next pass, so
-a fenced transaction shorter than ``claim_ttl - claim_renew_interval`` costs no claim. Do not
-write through the store (``ownership.workflows``) inside a fenced block on SQLite: that write
-waits for the block's own lock and fails after the busy timeout.
+a fenced transaction shorter than ``claim_ttl - claim_renew_interval`` costs no claim.
+
+**Inside the block** write through the connection, not through the store: a ledger write
+(``ownership.workflows``) waits for the block's own lock — SQLite's write lock, or on
+PostgreSQL the epoch row's share lock when it is for the same workflow — and fails with
+``StorageError`` after the store's busy timeout or ``lock_timeout``.
 
 The same-database proof and the lock statements come from the store
 (:class:`~weft_sync.storage.fence_target.FenceTarget`); this module never looks inside a backend.
@@ -63,7 +66,7 @@ from ..errors import (
     WorkflowClaimLostWarning,
 )
 from ..storage.base import Storage
-from ..storage.fence_target import FenceBinding, FenceTarget, SupportsHostFence
+from ..storage.fence_target import FenceBinding, FenceTarget
 from .adapters import adapt
 from .base import HostTransaction, as_value
 
@@ -79,14 +82,18 @@ _PROOFS: weakref.WeakKeyDictionary[object, dict[str, FenceBinding]] = weakref.We
 
 
 def _target(storage: Storage) -> FenceTarget:
-    if not isinstance(storage, SupportsHostFence):
+    # getattr rather than isinstance(storage, SupportsHostFence): a protocol check costs more
+    # than the rest of the fence's Python work.
+    fence_target = getattr(storage, "fence_target", None)
+    if not callable(fence_target):
         raise StorageCapabilityError(
             FEATURE,
             "host_fence",
             f"{type(storage).__name__} cannot fence a host's own tables; use SqliteStorage or "
             f"PostgresStorage with the host's tables in the same database",
         )
-    return storage.fence_target()
+    target: FenceTarget = fence_target()
+    return target
 
 
 def _refuse(host: HostTransaction, target: FenceTarget, where: str) -> NoReturn:
@@ -148,12 +155,12 @@ def _end_quietly(host: HostTransaction, error: BaseException) -> None:
 def fenced_transaction(
     connection: object,
     workflow_id: str,
-    *,
     storage: Storage,
     registry: ClaimRegistry,
+    *,
     warn: Callable[[Warning], None],
-    lock_timeout_ms: int,
-    idle_timeout_ms: int,
+    lock_timeout_ms: int | None = None,
+    idle_timeout_ms: int | None = None,
 ) -> Iterator[object]:
     """Run the block as one transaction on ``connection`` with the epoch check for ``workflow_id``.
 
@@ -161,8 +168,11 @@ def fenced_transaction(
     :param storage: the store holding the claims; ``connection`` must be on its database.
     :param registry: the engine's registry, which holds the epoch bytes to compare.
     :param warn: receives :class:`~weft_sync.errors.WorkflowClaimLostWarning` on deposition.
-    :param lock_timeout_ms: PostgreSQL: ``lock_timeout`` of the fenced transaction.
-    :param idle_timeout_ms: PostgreSQL: ``idle_in_transaction_session_timeout`` of it.
+    :param lock_timeout_ms: PostgreSQL: ``lock_timeout`` of the fenced transaction; default the
+        registry's renew interval.
+    :param idle_timeout_ms: PostgreSQL: its ``idle_in_transaction_session_timeout``; default the
+        registry's claim TTL.
+    :returns: (as the block's value) ``connection`` as given.
     :raises TypeError: ``connection`` is not an accepted connection type.
     :raises StorageCapabilityError: the store cannot fence, or ``connection`` is on another
         database (or SQL family) than the store.
@@ -179,25 +189,13 @@ def fenced_transaction(
     expected = registry.current_epoch_bytes(wid)
     if expected is None:
         _deposed(wid, warn)
-    epoch_key = keys.workflow_owner_epoch(wid)
+    timeouts = (
+        registry.claim_renew_interval_ms if lock_timeout_ms is None else lock_timeout_ms,
+        registry.claim_ttl_ms if idle_timeout_ms is None else idle_timeout_ms,
+    )
     locked = host.begin()
     try:
-        try:
-            binding = _binding(host, target)
-            if not locked and binding.write_lock is not None:
-                host.query(binding.write_lock, (epoch_key,))
-            params: tuple[str, ...] = (epoch_key,)
-            if target.family == "postgresql":
-                params += (f"{lock_timeout_ms:d}ms", f"{idle_timeout_ms:d}ms")
-            rows = host.query(binding.read_epoch, params)
-        except (StorageCapabilityError, TypeError):
-            raise
-        except Exception as exc:
-            raise StorageError(
-                f"the fence of a host transaction for workflow {wid!r} failed on "
-                f"{target.location}: {exc}"
-            ) from exc
-        observed = as_value(rows[0][0]) if rows else None
+        observed = _read_epoch(host, target, wid, locked=locked, timeouts_ms=timeouts)
         if observed != expected:
             _deposed(wid, warn)
         yield host.result
@@ -205,3 +203,34 @@ def fenced_transaction(
         _end_quietly(host, exc)
         raise
     host.end(None)
+
+
+def _read_epoch(
+    host: HostTransaction,
+    target: FenceTarget,
+    wid: str,
+    *,
+    locked: bool,
+    timeouts_ms: tuple[int, int],
+) -> bytes | None:
+    """Prove the connection, take the lock and read the epoch, inside the begun transaction.
+
+    :raises StorageError: a statement of the fence failed (the caller rolls back).
+    """
+    epoch_key = keys.workflow_owner_epoch(wid)
+    try:
+        binding = _binding(host, target)
+        if not locked and binding.write_lock is not None:
+            host.query(binding.write_lock, (epoch_key,))
+        params: tuple[str, ...] = (epoch_key,)
+        if target.family == "postgresql":
+            params += tuple(f"{ms:d}ms" for ms in timeouts_ms)
+        rows = host.query(binding.read_epoch, params)
+    except (StorageCapabilityError, TypeError):
+        raise
+    except Exception as exc:
+        raise StorageError(
+            f"the fence of a host transaction for workflow {wid!r} failed on "
+            f"{target.location}: {exc}"
+        ) from exc
+    return as_value(rows[0][0]) if rows else None
