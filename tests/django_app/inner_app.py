@@ -157,6 +157,39 @@ def test_the_url_of_a_database_alias_names_that_database_and_hides_its_password(
     assert redact_url("postgresql://app:s3cr3t@db/app") == "postgresql://app:***@db/app"
 
 
+@pytest.mark.filterwarnings("ignore:Overriding setting DATABASES:UserWarning")
+@pytest.mark.parametrize(
+    ("host", "port", "expected_host"),
+    [("db.example", "5433", "db.example"), ("/run/postgresql", "", "/run/postgresql")],
+)
+def test_a_postgresql_alias_becomes_a_libpq_url_with_its_password_masked_in_messages(
+    host: str, port: str, expected_host: str
+) -> None:
+    from psycopg.conninfo import conninfo_to_dict
+
+    alias = {
+        "ENGINE": "django.db.backends.postgresql",
+        "NAME": "app db",
+        "USER": "app",
+        "PASSWORD": "p@ss:w/rd",
+        "HOST": host,
+        "PORT": port,
+        "OPTIONS": {"sslmode": "prefer", "isolation_level": 1, "pool": True},
+    }
+    with override_settings(
+        DATABASES={**settings.DATABASES, "pg": alias}, WEFT_SYNC={"DATABASE": "pg"}
+    ):
+        config = load_config()
+
+    params = conninfo_to_dict(config.url)
+    assert (params["dbname"], params["user"], params["password"]) == ("app db", "app", "p@ss:w/rd")
+    assert (params["host"], params.get("port", "")) == (expected_host, port)
+    assert params["sslmode"] == "prefer"
+    assert "isolation_level" not in params and "pool" not in params
+    assert "p@ss" not in redact_url(config.url) and "p@ss" not in repr(config)
+    assert config.source == 'settings.DATABASES["pg"]'
+
+
 # -- the per-process Ownership ---------------------------------------------------------------
 
 

@@ -111,11 +111,17 @@ def _event(job_id: str, kind: str, engine: str, *, page: int | None = None) -> N
 
 
 def _drive_on_report_thread(job_id: str) -> None:
+    ownership = get_ownership()
     try:
-        drive_report(get_ownership().workflows, job_id)
+        drive_report(ownership.workflows, job_id)
     except Exception:
-        # The claim stays held and renewed; if this process dies, a takeover resumes the job.
-        _log.exception("report %s failed on this process", job_id)
+        # Held and renewed but driven by nobody, the job would be stranded: release the claim,
+        # and a reclaim pass (here or elsewhere) resumes it through the handler.
+        _log.exception("report %s failed; releasing it to be resumed by a handler", job_id)
+        try:
+            ownership.registry.release(job_id)
+        except Exception:
+            _log.exception("report %s: could not release its claim", job_id)
     finally:
         connections.close_all()
 
