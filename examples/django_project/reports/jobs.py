@@ -26,9 +26,8 @@ from django.conf import settings
 from django.db import connections
 from django.db.models import F
 
-from weft_sync import EngineDeposedError, ReclaimedWorkflow
+from weft_sync import EngineDeposedError, Ownership, ReclaimedWorkflow
 from weft_sync.django import fenced_atomic, get_ownership
-from weft_sync.workflows import Workflows
 
 from .models import Report, ReportEvent
 
@@ -63,14 +62,19 @@ def resume_report(workflow: ReclaimedWorkflow) -> None:
     Runs on the maintenance thread that took the workflow over, as its new owner.
     """
     _event(workflow.workflow_id, ReportEvent.RESUMED, workflow.ownership.engine_id)
-    drive_report(workflow.workflows, workflow.workflow_id)
+    drive_report(workflow.ownership, workflow.workflow_id)
 
 
-def drive_report(workflows: Workflows, job_id: str) -> None:
-    """Write the pages after the checkpoint, one fenced checkpoint each, then complete."""
+def drive_report(ownership: Ownership, job_id: str) -> None:
+    """Write the pages after the checkpoint, each fenced as ``ownership``'s, then complete.
+
+    ``ownership`` is the engine holding the claim: this process's own, or the one a handler was
+    given (in ``manage.py weft_sync maintain`` that is the command's engine, not this process's
+    ``get_ownership()``).
+    """
+    workflows, registry = ownership.workflows, ownership.registry
     record = workflows.get(job_id)
-    registry = workflows.registry
-    if record is None or record.status != "running" or registry is None:
+    if record is None or record.status != "running":
         return
     pages = int(record.input["pages"])
     history = json.loads(workflows.load_checkpoint(job_id) or b"[]")
@@ -82,7 +86,7 @@ def drive_report(workflows: Workflows, job_id: str) -> None:
             history.append([page, os.getpid(), registry.current_epoch(job_id)])
             workflows.save_checkpoint(job_id, json.dumps(history).encode())
             # The project's own row, fenced too: refused once another process took over.
-            with fenced_atomic(job_id):
+            with fenced_atomic(job_id, ownership=ownership):
                 Report.objects.filter(pk=job_id).update(pages_done=page)
         epoch = registry.current_epoch(job_id)
         workflows.complete(
@@ -113,7 +117,7 @@ def _event(job_id: str, kind: str, engine: str, *, page: int | None = None) -> N
 def _drive_on_report_thread(job_id: str) -> None:
     ownership = get_ownership()
     try:
-        drive_report(ownership.workflows, job_id)
+        drive_report(ownership, job_id)
     except Exception:
         # Held and renewed but driven by nobody, the job would be stranded: release the claim,
         # and a reclaim pass (here or elsewhere) resumes it through the handler.
