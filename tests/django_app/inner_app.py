@@ -259,6 +259,9 @@ def test_close_ownership_releases_its_claims_and_the_next_use_opens_a_new_engine
     assert second is not first and second.engine_id != first.engine_id
     # Released by the close: the new engine can resume it at once.
     second.workflows.resume("report-2")
+    # Closed directly rather than through close_ownership(): replaced just the same.
+    second.close()
+    assert get_ownership() is not second
 
 
 def test_a_forked_child_opens_its_own_ownership_and_leaves_the_parents_alone() -> None:

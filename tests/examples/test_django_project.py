@@ -52,6 +52,15 @@ def test_migrate_creates_the_reports_tables_and_check_passes(db: Path) -> None:
     assert "reports_report" in tables.stdout and "reports_reportevent" in tables.stdout
 
 
+def test_setup_and_checks_touch_no_database(tmp_path: Path) -> None:
+    never_created = tmp_path / "not-yet.sqlite3"
+
+    done = manage(never_created, "check")
+
+    assert done.returncode == 0, done.stderr
+    assert not never_created.exists()
+
+
 def test_manage_py_weft_sync_runs_cli_commands_on_the_project_database(db: Path) -> None:
     url = f"sqlite:///{db}"
     abandon(url, "report-1", "report", input={"pages": 1})

@@ -40,7 +40,8 @@ def get_ownership() -> Ownership:
 
     Opened on the first call of the process (and of each forked child), with the handlers of
     ``WEFT_SYNC["HANDLERS"]`` driving the workflows it takes over; later calls return the same
-    object until :func:`close_ownership` or the end of the process. Safe from any thread.
+    object until it is closed (:func:`close_ownership`, or its own ``close()``) or the process
+    ends; the next call then opens a new one. Safe from any thread.
 
     :raises django.core.exceptions.ImproperlyConfigured: ``settings.WEFT_SYNC`` is wrong.
     :raises weft_sync.errors.WeftError: the store refused to open (the gates failed).
@@ -48,7 +49,7 @@ def get_ownership() -> Ownership:
     global _current, _pid, _opening
     while True:
         with _lock:
-            if _current is not None and _pid == os.getpid():
+            if _current is not None and _pid == os.getpid() and not _current.closed:
                 return _current
             if _pid != os.getpid():
                 # Inherited across a fork: inert here, and its claims belong to the parent.
