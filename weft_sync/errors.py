@@ -11,7 +11,9 @@ __all__ = [
     "CorruptOwnershipMarkerError",
     "EngineDeposedError",
     "FencedWriteConflict",
+    "MissingStoreError",
     "OwnershipModeMismatchError",
+    "ReadOnlyStorageError",
     "StorageCapabilityError",
     "StorageError",
     "StoreIdentityError",
@@ -30,6 +32,14 @@ class WeftError(Exception):
 
 class StorageError(WeftError):
     """A storage backend failed; the driver's exception is kept as ``__cause__``."""
+
+
+class ReadOnlyStorageError(StorageError):
+    """A write was attempted on a store opened read-only (``open_storage(url, read_only=True)``)."""
+
+
+class MissingStoreError(StorageError):
+    """A store opened read-only does not exist (no SQLite file or no table); none was created."""
 
 
 class StoreIdentityError(StorageError):

@@ -8,6 +8,7 @@ outer test runs it with pytest in a subprocess per database backend, with
 from __future__ import annotations
 
 import io
+import json
 import os
 import threading
 import uuid
@@ -32,8 +33,9 @@ from tests.django_app import site_handlers  # noqa: E402
 from tests.examples.helpers import abandon  # noqa: E402
 from tests.workflows.helpers import stored_epoch  # noqa: E402
 from weft_sync.django import close_ownership, get_ownership  # noqa: E402
-from weft_sync.django.conf import load_config, redact_url  # noqa: E402
+from weft_sync.django.conf import load_config  # noqa: E402
 from weft_sync.django.runtime import is_open  # noqa: E402
+from weft_sync.redaction import redact_url  # noqa: E402
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -64,9 +66,9 @@ def weft_ids(messages: list[Any]) -> list[str]:
     return sorted(m.id for m in messages if m.id.startswith("weft_sync."))
 
 
-def run(*args: str) -> str:
+def run(*args: str, stderr: io.StringIO | None = None) -> str:
     out = io.StringIO()
-    call_command("weft_sync", *args, stdout=out)
+    call_command("weft_sync", *args, stdout=out, stderr=stderr or io.StringIO())
     return out.getvalue()
 
 
@@ -320,8 +322,9 @@ def test_the_management_command_runs_cli_commands_on_the_configured_store() -> N
     ownership = get_ownership()
     ownership.workflows.start("report-5", "report")
 
-    claims = run("claims")
-    assert "report-5" in claims and ownership.engine_id in claims
+    claims = run("claims", "--json")
+    rows = json.loads(claims)
+    assert [(r["workflow_id"], r["engine_id"]) for r in rows] == [("report-5", ownership.engine_id)]
     assert "report-5" in run("workflows", "--status", "running")
     assert "report-5" in run("show", "report-5")
     run("cancel", "report-5")
@@ -329,15 +332,20 @@ def test_the_management_command_runs_cli_commands_on_the_configured_store() -> N
 
 
 def test_the_management_command_turns_cli_errors_into_command_errors() -> None:
+    stderr = io.StringIO()
     with pytest.raises(CommandError) as bad_url:
-        run("--url", "mysql://app:hunter2@db/app", "claims")
+        run("--url", "mysql://app:hunter2@db/app", "claims", stderr=stderr)
     assert bad_url.value.returncode == 2
-    assert "unsupported storage URL" in str(bad_url.value)
-    assert "hunter2" not in str(bad_url.value)
+    assert str(bad_url.value) == "weft-sync claims failed with exit code 2"
+    assert "unsupported storage URL" in stderr.getvalue()
+    assert "hunter2" not in stderr.getvalue() + str(bad_url.value)
 
+    get_ownership()  # creates the store, so that only the workflow is missing
+    missing_stderr = io.StringIO()
     with pytest.raises(CommandError) as missing:
-        run("show", "no-such-workflow")
+        run("show", "no-such-workflow", stderr=missing_stderr)
     assert missing.value.returncode == 3
+    assert "no-such-workflow" in missing_stderr.getvalue()
 
     with pytest.raises(CommandError, match="name a weft-sync command"):
         run()

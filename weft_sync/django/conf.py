@@ -6,7 +6,7 @@ reported under; :func:`load_config` raises the first one as ``ImproperlyConfigur
 
 With ``"DATABASE": alias`` the store URL is built from ``settings.DATABASES[alias]`` (the sqlite3
 and postgresql engines). Such a URL may hold a password: it is only ever shown through
-:func:`redact_url`.
+:func:`weft_sync.redaction.redact_url`.
 """
 
 from __future__ import annotations
@@ -15,13 +15,14 @@ import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final
-from urllib.parse import quote, urlencode, urlsplit, urlunsplit
+from urllib.parse import quote, urlencode, urlunsplit
 
 from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
 from django.utils.module_loading import import_string
 
 from weft_sync.options import OwnershipOptions
+from weft_sync.redaction import redact_url
 from weft_sync.storage import SUPPORTED_SCHEMES
 
 __all__ = [
@@ -30,7 +31,6 @@ __all__ = [
     "WeftSyncConfig",
     "find_problems",
     "load_config",
-    "redact_url",
 ]
 
 SETTING: Final = "WEFT_SYNC"
@@ -94,25 +94,6 @@ class WeftSyncConfig:
 
     def __repr__(self) -> str:
         return f"WeftSyncConfig(url={redact_url(self.url)!r}, source={self.source!r})"
-
-
-def redact_url(url: str) -> str:
-    """``url`` with its password (in the netloc or a ``password=`` parameter) shown as ``***``."""
-    try:
-        parts = urlsplit(url)
-    except ValueError:
-        return "<unparseable URL>"
-    netloc = parts.netloc
-    if "@" in netloc:
-        userinfo, _, hostport = netloc.rpartition("@")
-        user, sep, _password = userinfo.partition(":")
-        netloc = f"{user}:***@{hostport}" if sep else netloc
-    query = "&".join(
-        "password=***" if pair.split("=", 1)[0].lower() == "password" else pair
-        for pair in parts.query.split("&")
-        if pair
-    )
-    return urlunsplit((parts.scheme, netloc, parts.path, query, parts.fragment))
 
 
 def load_config() -> WeftSyncConfig:

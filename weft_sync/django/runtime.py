@@ -21,8 +21,9 @@ from typing import Any
 from django.db import connections
 
 from weft_sync import Ownership, ReclaimedWorkflow, WorkflowHandler
+from weft_sync.redaction import redact_url
 
-from .conf import WeftSyncConfig, load_config, redact_url
+from .conf import WeftSyncConfig, load_config
 
 __all__ = ["close_ownership", "get_ownership", "is_open"]
 

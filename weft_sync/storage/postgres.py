@@ -23,7 +23,8 @@ except ImportError as exc:  # pragma: no cover - depends on the installed extras
         f"'pip install weft_sync[postgres]'"
     ) from exc
 
-from ..errors import ClosedError, StorageError
+from ..errors import ClosedError, MissingStoreError, ReadOnlyStorageError, StorageError
+from ..redaction import redact_text
 from .base import (
     Batch,
     Condition,
@@ -110,6 +111,9 @@ class PostgresStorage:
         transactions hold row locks for milliseconds; the bound matters when a host's fenced
         transaction (:mod:`weft_sync.fencing`) holds an epoch row: a takeover waiting for it fails
         and is retried by a later pass instead of stalling its maintenance pass.
+    :param read_only: use an existing table for reading only: it is checked, never created, and
+        every session runs with ``default_transaction_read_only``, so the server itself refuses
+        writes (raised as :class:`~weft_sync.errors.ReadOnlyStorageError`).
     :raises ValueError: a bad table name, pool size or timeout, or a malformed ``dsn``.
     :raises StorageError: the server cannot be reached, or the table exists with another key
         collation.
@@ -124,6 +128,7 @@ class PostgresStorage:
         max_size: int = 16,
         timeout: float = 30.0,
         lock_timeout: float | None = 10.0,
+        read_only: bool = False,
     ) -> None:
         if not isinstance(dsn, str):
             raise TypeError(f"dsn must be a connection string, got {type(dsn).__name__}")
@@ -136,6 +141,7 @@ class PostgresStorage:
         self._max_size = max_size
         self._timeout = float(timeout)
         self._lock_timeout_ms = _lock_timeout_ms(lock_timeout)
+        self._read_only = bool(read_only)
         self._connect_kwargs = _connect_kwargs(dsn, self._timeout)
         self._q = Queries(self._table)
         self._lock = threading.Lock()  # guards _pool, _pool_pid and _closed
@@ -146,7 +152,10 @@ class PostgresStorage:
         self._closed = False
         self._fence_target: PostgresFenceTarget | None = None
         with self._translate("table setup"):
-            self._ensure_table()
+            if self._read_only:
+                self._check_table()
+            else:
+                self._ensure_table()
         pool = self._new_pool()
         try:
             with self._translate("connection pool start"):
@@ -182,6 +191,17 @@ class PostgresStorage:
                 f"table {self._table!r} exists but its key column uses collation {row[0]!r}; "
                 f'weft_sync needs COLLATE "C" so keys sort in byte order: migrate the table or '
                 f"choose another table name"
+            )
+
+    def _check_table(self) -> None:
+        """Check that the table exists, on a direct read-only connection; create nothing."""
+        with psycopg.connect(self._dsn, **self._connect_kwargs) as conn:
+            ident = sql.Identifier(self._table).as_string(conn)
+            row = conn.execute("SELECT to_regclass(%s) IS NOT NULL", [ident]).fetchone()
+        if row is None or not row[0]:
+            raise MissingStoreError(
+                f"PostgreSQL database has no table {self._table!r} (opened read-only, so it is "
+                f"not created)"
             )
 
     def _new_pool(self) -> ConnectionPool[_Conn]:
@@ -244,8 +264,13 @@ class PostgresStorage:
         except psycopg.Error as exc:
             if isinstance(exc, PoolClosed) and self._closed:
                 raise self._closed_error() from None
+            if isinstance(exc, psycopg.errors.ReadOnlySqlTransaction) and self._read_only:
+                raise ReadOnlyStorageError(
+                    f"PostgresStorage for table {self._table!r} was opened read-only; "
+                    f"{action} refused"
+                ) from exc
             raise StorageError(
-                f"PostgreSQL {action} on table {self._table!r} failed: {exc}"
+                f"PostgreSQL {action} on table {self._table!r} failed: {redact_text(str(exc))}"
             ) from exc
 
     def _closed_error(self) -> ClosedError:
@@ -272,10 +297,12 @@ class PostgresStorage:
                 pool.putconn(conn)
 
     def _configure(self, conn: _Conn) -> None:
-        """Set up a new pooled session: bound its row-lock waits."""
+        """Set up a new pooled session: bound its row-lock waits; read-only if so opened."""
         conn.execute(
             "SELECT set_config('lock_timeout', %s, false)", [f"{self._lock_timeout_ms}ms"]
         )
+        if self._read_only:
+            conn.execute("SET default_transaction_read_only = on")
 
     def _check_lent(self, conn: _Conn) -> None:
         """The pool's check of a connection it is about to lend (skipped for retried reads)."""
@@ -306,6 +333,11 @@ class PostgresStorage:
     @property
     def capabilities(self) -> StorageCapabilities:
         return _CAPABILITIES
+
+    @property
+    def read_only(self) -> bool:
+        """Whether the store was opened read-only."""
+        return self._read_only
 
     def get(self, key: str) -> bytes | None:
         validate_key(key)
@@ -590,7 +622,9 @@ def _connect_kwargs(dsn: str, timeout: float) -> dict[str, Any]:
     try:
         params = conninfo_to_dict(dsn)
     except psycopg.ProgrammingError as exc:
-        raise ValueError(f"invalid PostgreSQL connection string: {exc}") from None
+        raise ValueError(
+            f"invalid PostgreSQL connection string {redact_text(dsn)!r}: {redact_text(str(exc))}"
+        ) from None
     kwargs: dict[str, Any] = {"autocommit": True}
     if "connect_timeout" not in params:
         kwargs["connect_timeout"] = max(2, math.ceil(timeout))

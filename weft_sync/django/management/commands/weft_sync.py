@@ -17,8 +17,9 @@ from django.core.exceptions import ImproperlyConfigured
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from weft_sync import cli
+from weft_sync.redaction import redact_text
 
-from ...conf import load_config, redact_url
+from ...conf import load_config
 
 
 class Command(BaseCommand):
@@ -54,16 +55,59 @@ class Command(BaseCommand):
         url = options["url"] or (None if _names_url(argv) else _settings_url())
         if url is not None:
             argv = ["--url", url, *argv]
-        errors = io.StringIO()
-        with redirect_stderr(errors):
-            code = cli.main(argv, out=cast(TextIO, self.stdout))
-        message = errors.getvalue().strip()
-        if url is not None:
-            message = message.replace(url, redact_url(url))
+        out, err = _Lines(self.stdout), _Lines(self.stderr)
+        # Live, not buffered: ``maintain --interval`` reports warnings while it runs.
+        with redirect_stderr(cast(TextIO, err)):
+            try:
+                code = cli.main(argv, out=cast(TextIO, out))
+            finally:
+                out.flush()
+                err.flush()
         if code != cli.EXIT_OK:
-            raise CommandError(message or f"weft-sync exited with {code}", returncode=code)
-        if message:
-            self.stderr.write(message)
+            # What went wrong is already on stderr, in the command line's own words.
+            raise CommandError(
+                f"weft-sync {_command_name(argv)} failed with exit code {code}", returncode=code
+            )
+
+
+class _Lines(io.TextIOBase):
+    """A text stream handing whole lines to a Django ``OutputWrapper``, passwords masked.
+
+    ``OutputWrapper.write`` ends every call with a newline, so pieces of a line (``print`` and
+    ``json.dump`` write several) are joined here first.
+    """
+
+    def __init__(self, target: Any) -> None:
+        super().__init__()
+        self._target = target
+        self._pending = ""
+
+    def writable(self) -> bool:
+        return True
+
+    def write(self, text: str) -> int:
+        self._pending += text
+        *lines, self._pending = self._pending.split("\n")
+        for line in lines:
+            self._target.write(redact_text(line))
+        return len(text)
+
+    def flush(self) -> None:
+        if self._pending:
+            self._target.write(redact_text(self._pending))
+            self._pending = ""
+        self._target.flush()
+
+
+def _command_name(argv: list[str]) -> str:
+    """The subcommand in ``argv`` (the first word that is not an option or its value)."""
+    words = iter(argv)
+    for word in words:
+        if word == "--url":
+            next(words, None)
+        elif not word.startswith("-"):
+            return word
+    return "command"
 
 
 def _names_url(argv: list[str]) -> bool:
