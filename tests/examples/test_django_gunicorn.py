@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import signal
 import sqlite3
+import sys
 import time
 from collections import Counter
 from collections.abc import Callable, Iterator
@@ -47,7 +48,10 @@ TAKEOVER_WAIT_S = 20.0
 FINISH_WAIT_S = 40.0
 """Bound for every job to complete after the paused worker continues; reaching it fails."""
 
-pytestmark = pytest.mark.slow
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc (Linux)"),
+]
 
 
 @dataclass
