@@ -8,6 +8,7 @@ gunicorn -w 4 weftsite.wsgi                       # the same under gunicorn (gun
 curl -X POST localhost:8000/jobs/ -d pages=5      # -> {"id": "...", "status": "running"}
 curl localhost:8000/jobs/<id>/                    # -> status, pages done, who completed it
 python manage.py weft_sync claims                 # any weft-sync command, on this project's store
+python manage.py weft_sync maintain --once --handler reports.jobs:resume_report --type report
 python manage.py check                            # includes the weft_sync.E… checks
 
 PostgreSQL instead of SQLite: WEFTSITE_DATABASE_URL=postgresql://user:pass@host/db (both the

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import socket
+import sqlite3
 import subprocess
 import time
 import urllib.request
@@ -18,8 +19,10 @@ from weft_sync.workflows import Workflows
 PROJECT = EXAMPLES / "django_project"
 
 
-def manage(db: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    env = {**script_env(), "WEFTSITE_SQLITE_PATH": str(db)}
+def manage(
+    db: Path, *args: str, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    env = {**script_env(), "WEFTSITE_SQLITE_PATH": str(db), **(env or {})}
     return subprocess.run(
         script_command("django_project/manage.py", *args),
         cwd=PROJECT,
@@ -29,6 +32,14 @@ def manage(db: Path, *args: str) -> subprocess.CompletedProcess[str]:
         timeout=WAIT_S,
         check=False,
     )
+
+
+def _sqlite_rows(db: Path, sql: str) -> list[tuple[object, ...]]:
+    conn = sqlite3.connect(db)
+    try:
+        return list(conn.execute(sql).fetchall())
+    finally:
+        conn.close()
 
 
 @pytest.fixture
@@ -70,6 +81,42 @@ def test_manage_py_weft_sync_runs_cli_commands_on_the_project_database(db: Path)
     assert "report-1" in listing.stdout
     claims = manage(db, "weft_sync", "claims", "--json")
     assert [c["workflow_id"] for c in json.loads(claims.stdout)] == ["report-1"]
+
+
+def test_manage_py_weft_sync_maintain_resumes_an_abandoned_report_with_its_handler(
+    db: Path,
+) -> None:
+    abandon(f"sqlite:///{db}", "report-1", "report", input={"pages": 2})
+    abandon(f"sqlite:///{db}", "import-1", "import")
+    env = {"WEFTSITE_STEP_SECONDS": "0.01"}
+
+    done = manage(
+        db,
+        "weft_sync",
+        "maintain",
+        "--once",
+        "--handler",
+        "reports.jobs:resume_report",
+        "--type",
+        "report",
+        env=env,
+    )
+
+    assert done.returncode == 0, done.stdout + done.stderr
+    store = open_storage(f"sqlite:///{db}")
+    try:
+        ledger = Workflows(store)
+        outcome = ledger.get_outcome("report-1")
+        assert outcome is not None and outcome.status == "completed"
+        assert (outcome.result["pages"], outcome.result["resumed_after"]) == (2, 0)
+        # Written by the command's engine, under the epoch its takeover minted.
+        history = json.loads(ledger.load_checkpoint("report-1") or b"[]")
+        assert [(page, epoch) for page, _, epoch in history] == [(1, 2), (2, 2)]
+        assert ledger.get("import-1").status == "running"  # type: ignore[union-attr]
+    finally:
+        store.close()
+    rows = _sqlite_rows(db, "SELECT kind FROM reports_reportevent WHERE job_id = 'report-1'")
+    assert sorted(rows) == [("completed",), ("resumed",)]
 
 
 def test_manage_py_weft_sync_reports_a_bad_url_without_a_traceback(db: Path) -> None:
