@@ -28,7 +28,7 @@ from weft_sync.storage import SUPPORTED_SCHEMES
 __all__ = [
     "SETTING",
     "Problem",
-    "WeftSyncConfig",
+    "WeftSyncSettings",
     "find_problems",
     "load_config",
 ]
@@ -66,7 +66,7 @@ class Problem:
 
 
 @dataclass(frozen=True, slots=True)
-class WeftSyncConfig:
+class WeftSyncSettings:
     """``settings.WEFT_SYNC`` validated: where the store is and how to open it."""
 
     url: str = field(repr=False)
@@ -93,10 +93,10 @@ class WeftSyncConfig:
         return handlers
 
     def __repr__(self) -> str:
-        return f"WeftSyncConfig(url={redact_url(self.url)!r}, source={self.source!r})"
+        return f"WeftSyncSettings(url={redact_url(self.url)!r}, source={self.source!r})"
 
 
-def load_config() -> WeftSyncConfig:
+def load_config() -> WeftSyncSettings:
     """Validate ``settings.WEFT_SYNC`` and return it.
 
     :raises ImproperlyConfigured: the setting is missing or wrong (the message says how).
@@ -120,7 +120,7 @@ def find_problems(*, import_handlers: bool = True) -> list[Problem]:
     return problems
 
 
-def _parse() -> tuple[WeftSyncConfig | None, list[Problem]]:
+def _parse() -> tuple[WeftSyncSettings | None, list[Problem]]:
     raw = getattr(settings, SETTING, None)
     if raw is None:
         return None, [
@@ -149,6 +149,23 @@ def _parse() -> tuple[WeftSyncConfig | None, list[Problem]]:
     url, source = _store_url(raw, problems)
     options = _options(raw.get("OPTIONS"), problems)
     handler_paths = _handler_paths(raw.get("HANDLERS"), problems)
+    background, open_on_request, max_claims = _switches(raw, problems)
+    if problems or url is None or options is None or handler_paths is None:
+        return None, problems
+    config = WeftSyncSettings(
+        url=url,
+        source=source,
+        options=options,
+        handler_paths=handler_paths,
+        background=background,
+        open_on_request=open_on_request,
+        max_claims=max_claims,
+    )
+    return config, problems
+
+
+def _switches(raw: Mapping[str, Any], problems: list[Problem]) -> tuple[str, bool, int | None]:
+    """``BACKGROUND``, ``OPEN_ON_REQUEST`` and ``MAX_CLAIMS``, with their defaults."""
     background = raw.get("BACKGROUND", "thread")
     if background not in _BACKGROUNDS:
         problems.append(
@@ -178,18 +195,7 @@ def _parse() -> tuple[WeftSyncConfig | None, list[Problem]]:
                 "use None (no limit) or a whole number of claims of at least 1",
             )
         )
-    if problems or url is None or options is None or handler_paths is None:
-        return None, problems
-    config = WeftSyncConfig(
-        url=url,
-        source=source,
-        options=options,
-        handler_paths=handler_paths,
-        background=str(background),
-        open_on_request=bool(open_on_request),
-        max_claims=max_claims,
-    )
-    return config, problems
+    return str(background), bool(open_on_request), max_claims
 
 
 def _store_url(raw: Mapping[str, Any], problems: list[Problem]) -> tuple[str | None, str]:

@@ -23,7 +23,7 @@ from django.db import connections
 from weft_sync import Ownership, ReclaimedWorkflow, WorkflowHandler
 from weft_sync.redaction import redact_url
 
-from .conf import WeftSyncConfig, load_config
+from .conf import WeftSyncSettings, load_config
 
 __all__ = ["close_ownership", "get_ownership", "is_open"]
 
@@ -93,7 +93,7 @@ def close_ownership() -> None:
         ownership.close()
 
 
-def _open(config: WeftSyncConfig) -> Ownership:
+def _open(config: WeftSyncSettings) -> Ownership:
     handlers = {
         workflow_type: _closing_db_connections(handler)
         for workflow_type, handler in config.import_handlers().items()
