@@ -387,3 +387,50 @@ def _postgres_in_transaction(url: str) -> bool:
             "AND now() - state_change > interval '40 milliseconds'"
         ).fetchone()
     return bool(row and row[0])
+
+
+def test_a_graceful_restart_releases_every_claim_and_the_next_server_finishes_the_jobs(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "site.sqlite3"
+    site = _migrated(
+        Site(
+            env={"WEFTSITE_SQLITE_PATH": str(path)},
+            store_url=f"sqlite:///{path}",
+            query=lambda sql: _sqlite_query(path, sql),
+            busy=lambda pid: bool(write_locks_held(pid)),
+        )
+    )
+    env = {
+        **site.env,
+        "WEFTSITE_CLAIM_TTL": CLAIM_TTL,
+        "WEFTSITE_RENEW_INTERVAL": RENEW_INTERVAL,
+        "WEFTSITE_STEP_SECONDS": str(STEP_S),
+    }
+    serve = {"workers": 2, "env": env, "ready_path": "/jobs/", "cwd": PROJECT}
+    with open_storage(site.store_url) as store:
+        ledger = Workflows(store)
+        with run_gunicorn("weftsite.wsgi", log_path=tmp_path / "first.log", **serve) as first:
+            jobs = [first.request("POST", "/jobs/", {"pages": 10})[1]["id"] for _ in range(6)]
+        first_log = first.log()
+        # SIGTERM: each worker stopped its jobs between pages and released their claims.
+        assert first.process.returncode == 0, first_log
+        assert {ledger.get(job).status for job in jobs} == {"running"}  # type: ignore[union-attr]
+        assert [_holder(store, job) for job in jobs] == [None] * len(jobs)
+
+        with run_gunicorn("weftsite.wsgi", log_path=tmp_path / "second.log", **serve) as second:
+            stranded = _wait_until_finished(ledger, dict.fromkeys(jobs, 0))
+        second_log = second.log()
+
+        assert stranded == []
+        for job in jobs:
+            history = _history(ledger, job)
+            assert [page for page, _, _ in history] == list(range(1, 11)), (job, history)
+    resumed = site.query("SELECT count(*) FROM reports_reportevent WHERE kind = 'resumed'")
+    assert resumed == [(len(jobs),)]
+    assert "Traceback" not in first_log + second_log, first_log + second_log
+
+
+def _holder(store: Storage, job: str) -> str | None:
+    holder = decode_holder(store.get(workflow_owner_holder(job)))
+    return None if holder is None else holder.engine_id

@@ -17,10 +17,8 @@ from __future__ import annotations
 import json
 import logging
 import os
-import threading
 import time
 import uuid
-from concurrent.futures import ThreadPoolExecutor
 
 from django.conf import settings
 from django.db import connections
@@ -29,6 +27,7 @@ from django.db.models import F
 from weft_sync import EngineDeposedError, Ownership, ReclaimedWorkflow
 from weft_sync.django import fenced_atomic, get_ownership
 
+from . import runner
 from .models import Report, ReportEvent
 
 __all__ = ["JOB_TYPE", "drive_report", "resume_report", "start_report"]
@@ -37,11 +36,6 @@ _log = logging.getLogger(__name__)
 
 JOB_TYPE = "report"
 MAX_PAGES = 1000
-
-# _lock guards _pool and _pool_pid.
-_lock = threading.Lock()
-_pool: ThreadPoolExecutor | None = None
-_pool_pid: int | None = None
 
 
 def start_report(pages: int) -> str:
@@ -52,7 +46,7 @@ def start_report(pages: int) -> str:
     # The row first: whoever drives the workflow, now or after a takeover, finds it.
     Report.objects.create(job_id=job_id, pages=pages)
     get_ownership().workflows.start(job_id, JOB_TYPE, input={"pages": pages})
-    _report_threads().submit(_drive_on_report_thread, job_id)
+    runner.submit(job_id, _drive_on_report_thread, settings.REPORT_THREADS)
     return job_id
 
 
@@ -82,7 +76,10 @@ def drive_report(ownership: Ownership, job_id: str) -> None:
     page = done
     try:
         for page in range(done + 1, pages + 1):
-            time.sleep(settings.REPORT_STEP_SECONDS)
+            if runner.STOPPING.wait(settings.REPORT_STEP_SECONDS):
+                # This process is exiting: its Ownership's close releases the claim, and
+                # another process resumes the report from this checkpoint.
+                return
             history.append([page, os.getpid(), registry.current_epoch(job_id)])
             workflows.save_checkpoint(job_id, json.dumps(history).encode())
             # The project's own row, fenced too: refused once another process took over.
@@ -128,12 +125,3 @@ def _drive_on_report_thread(job_id: str) -> None:
             _log.exception("report %s: could not release its claim", job_id)
     finally:
         connections.close_all()
-
-
-def _report_threads() -> ThreadPoolExecutor:
-    global _pool, _pool_pid
-    with _lock:
-        if _pool is None or _pool_pid != os.getpid():
-            _pool = ThreadPoolExecutor(settings.REPORT_THREADS, thread_name_prefix="report")
-            _pool_pid = os.getpid()
-        return _pool
