@@ -2,8 +2,10 @@
 
 Every ``weft-sync`` subcommand works (``claims``, ``workflows``, ``show``, ``maintain``,
 ``metrics``, ``doctor``, ``cancel``, …); the store is the one ``settings.WEFT_SYNC`` names unless
-``--url`` is given. Errors become a ``CommandError`` with the command line's exit code, so
-``manage.py`` prints one line and no traceback.
+``--url`` is given. The command line's output and messages stream through Django's
+``stdout``/``stderr`` as they come (passwords masked); a non-zero exit becomes a ``CommandError``
+carrying that exit code, so ``manage.py`` shows the command line's error, one ``CommandError``
+line and no traceback.
 """
 
 from __future__ import annotations
