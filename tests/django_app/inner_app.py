@@ -10,6 +10,7 @@ from __future__ import annotations
 import io
 import json
 import os
+import sqlite3
 import threading
 import uuid
 from collections.abc import Iterator
@@ -52,6 +53,7 @@ def _fresh_store() -> Iterator[None]:
         "STORAGE": {**settings.WEFT_SYNC.get("STORAGE", {}), "table": table},
     }
     site_handlers.HANDLED.clear()
+    site_handlers.CONNECTIONS.clear()
     with override_settings(WEFT_SYNC=config):
         yield
     close_ownership()
@@ -313,6 +315,18 @@ def test_a_reclaimed_workflow_is_driven_by_the_handler_of_its_type(url: str) -> 
     # No handler for "import": this engine does not take it over.
     assert ownership.workflows.get("import-4").status == "running"  # type: ignore[union-attr]
     assert stored_epoch(ownership.storage, "import-4") == 1
+    # Like a request's, the handler's Django connection was closed when it returned.
+    assert [_is_closed(raw) for raw in site_handlers.CONNECTIONS] == [True]
+
+
+def _is_closed(raw: Any) -> bool:
+    if connection.vendor != "sqlite":
+        return bool(raw.closed)
+    try:
+        raw.execute("SELECT 1")
+    except sqlite3.ProgrammingError:
+        return True
+    return False
 
 
 # -- manage.py weft_sync ---------------------------------------------------------------------

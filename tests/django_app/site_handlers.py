@@ -9,7 +9,9 @@ from django.db import connection
 
 HANDLED: list[tuple[str, str, int, str]] = []
 """(workflow id, type, epoch, thread name) of every call of :func:`finish_report`."""
-_lock = threading.Lock()  # guards HANDLED
+CONNECTIONS: list[Any] = []
+"""The DBAPI connection each call of :func:`finish_report` queried through."""
+_lock = threading.Lock()  # guards HANDLED and CONNECTIONS
 
 NOT_CALLABLE = 42
 
@@ -19,6 +21,7 @@ def finish_report(workflow: Any) -> None:
     with connection.cursor() as cursor:
         cursor.execute("SELECT 1")
     with _lock:
+        CONNECTIONS.append(connection.connection)
         HANDLED.append(
             (workflow.workflow_id, workflow.type, workflow.epoch, threading.current_thread().name)
         )
