@@ -10,7 +10,7 @@ Target: each survivor between 20 % and 50 %.
 
 A second scenario repeats it with survivors that hold nothing of their own (``--idle`` rows):
 the holder scan cannot see an engine that holds no claims, so the first survivor to run a pass
-believes it is alone and takes everything. Short settings: TTL 900 ms, renew interval 300 ms.
+believes it is alone and takes everything. Short settings: TTL 1,500 ms, renew interval 500 ms.
 
     python bench/fair_takeover.py [--quick] [--repeats N] [--backend sqlite|postgres|both]
         [--workflows N] [--log-dir DIR]
@@ -45,8 +45,8 @@ from bench.common import (
 )
 from weft_sync import Ownership, OwnershipOptions, ReclaimedWorkflow
 
-TTL_MS = 900
-RENEW_MS = 300
+TTL_MS = 1_500
+RENEW_MS = 500
 OPTIONS = OwnershipOptions(claim_ttl=TTL_MS, claim_renew_interval=RENEW_MS)
 SURVIVORS = ("survivor-1", "survivor-2", "survivor-3")
 OWN_WORK = 5

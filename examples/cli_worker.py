@@ -29,6 +29,7 @@ import argparse
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 from typing import TextIO
@@ -36,6 +37,16 @@ from typing import TextIO
 from weft_sync import Ownership, OwnershipOptions, ReclaimedWorkflow, WorkflowHandler
 
 ITEM_TYPE = "work-item"
+
+# Handlers run on several maintenance threads at once; one line is printed at a time.
+_print_lock = threading.Lock()
+
+
+def say(line: str) -> None:
+    """Print ``line`` whole, even when other threads print too."""
+    with _print_lock:
+        sys.stdout.write(line + "\n")
+        sys.stdout.flush()
 
 
 def seed(url: str, count: int, steps: int, out: TextIO) -> int:
@@ -58,12 +69,12 @@ def make_handler(name: str, step_s: float) -> WorkflowHandler:
         steps = int(job.get("steps", 1))
         checkpoint = workflows.load_checkpoint(item_id)
         done = int(checkpoint.split(b"/")[0]) if checkpoint else 0
-        print(f"{name} started {item_id} at step {done + 1}", flush=True)
+        say(f"{name} started {item_id} at step {done + 1}")
         for step in range(done + 1, steps + 1):
             time.sleep(step_s)  # the work of one step
             workflows.save_checkpoint(item_id, f"{step}/{steps} by {name}".encode())
         workflows.complete(item_id, result={"worker": name})
-        print(f"{name} processed {item_id}", flush=True)
+        say(f"{name} processed {item_id}")
 
     return process_item
 
@@ -99,7 +110,7 @@ def work(
                 print(f"{name}: {left} items stay held elsewhere; giving up", file=sys.stderr)
                 return 1
             time.sleep(0.05)
-    print(f"{name}: no items left", flush=True)
+    say(f"{name}: no items left")
     return 0
 
 
@@ -145,8 +156,8 @@ def main(argv: list[str] | None = None) -> int:
     work_cmd.add_argument(
         "--concurrency", type=int, default=2, help="items this worker drives at once (default 2)"
     )
-    work_cmd.add_argument("--ttl", default="1500ms", help="claim TTL (default 1500ms)")
-    work_cmd.add_argument("--renew", default="300ms", help="renew interval (default 300ms)")
+    work_cmd.add_argument("--ttl", default="3s", help="claim TTL (default 3s)")
+    work_cmd.add_argument("--renew", default="500ms", help="renew interval (default 500ms)")
     work_cmd.add_argument(
         "--idle-timeout", type=float, default=60.0, help="seconds to wait on items held elsewhere"
     )

@@ -227,7 +227,8 @@ def test_claim_with_wait_raises_unavailable_once_the_wait_runs_out(
             pytest.fail("the block must not run")
         assert caught.value.held_by == "engine-a"
         assert holder_engine(storage, "leader") == "engine-a"
-    assert waiter.metrics.snapshot().attempts["lost_race"] >= 2
+    # How many retries fit in the wait depends on the machine; the delays are tested below.
+    assert waiter.metrics.snapshot().attempts["lost_race"] >= 1
 
 
 def test_claim_with_wait_stops_when_the_ownership_closes(

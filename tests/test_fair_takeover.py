@@ -123,6 +123,38 @@ def test_three_survivors_taking_turns_each_drive_a_third_of_a_dead_engines_work(
         assert len(survivor.registry.list_held_workflow_ids()) == 12
 
 
+def test_workflows_nobody_here_can_drive_do_not_use_up_the_share(
+    make_ownership: MakeOwnership, clock: ManualClock, storage: Storage
+) -> None:
+    old = make_ownership("engine-old")
+    for n in range(100):
+        old.workflows.start(f"other-{n:03d}", "other")  # a type no survivor has a handler for
+    driven = Driven()
+    survivors = [make_ownership(f"engine-{n}", handlers={JOB: driven}) for n in "bcd"]
+    for survivor in survivors:
+        _own_work(survivor, 2)
+    clock.advance(PAST_GRACE_MS)
+    for survivor in survivors:
+        _renew_own(survivor)
+    for _ in range(3):  # long enough for every survivor to have checked every one of them
+        for survivor in survivors:
+            survivor.run_maintenance()
+        clock.advance(RENEW_MS)
+    assert driven.counts() == {}
+    stranded = _dead_engine_with(make_ownership, 30)
+    clock.advance(PAST_GRACE_MS)
+    for survivor in survivors:
+        _renew_own(survivor)
+    clock.advance(1)
+
+    for survivor in survivors:
+        survivor.run_maintenance()
+
+    assert driven.counts() == {"engine-b": 10, "engine-c": 10, "engine-d": 10}
+    assert driven.all_ids() == stranded
+    assert holder_engine(storage, "other-000") == "engine-old"
+
+
 def test_a_lone_survivor_takes_everything_in_one_pass(
     make_ownership: MakeOwnership, clock: ManualClock
 ) -> None:

@@ -23,7 +23,9 @@ Config keys (defaults set with ``setdefault`` by :meth:`WeftSync.init_app`):
   (``{"claim_ttl": "30s", "claim_renew_interval": "5s"}``); default ``{}``.
 - ``WEFT_SYNC_BACKGROUND``: ``"thread"`` (default) or ``"manual"``.
 
-Processes: nothing opens at import or in ``init_app``. ``weft.ownership`` opens the ``Ownership``
+Processes: nothing opens at import or in ``init_app`` (do not touch ``weft.ownership`` while
+the app is being created either: under ``gunicorn --preload`` that runs in the master, which
+would then reclaim and drive workflows itself). ``weft.ownership`` opens the ``Ownership``
 in the process that first uses it, so a pre-forking server (gunicorn, with or without
 ``--preload``) gives every worker its own engine; a forked child that inherited an open one
 opens a fresh one on first use. Each process closes what it opened at interpreter exit; under
@@ -46,7 +48,6 @@ import threading
 import weakref
 from collections.abc import Callable, Mapping, Sequence
 from typing import Final, TypeVar
-from urllib.parse import urlsplit, urlunsplit
 
 try:
     import click
@@ -61,6 +62,7 @@ from .errors import ClosedError
 from .ledger.records import validate_name
 from .options import BACKGROUND_MODES, OwnershipOptions
 from .ownership import Ownership, ReclaimedWorkflow, WorkflowHandler
+from .redaction import redact_url
 
 __all__ = ["EXTENSION_KEY", "WeftSync", "close_all", "gunicorn_worker_exit"]
 
@@ -150,14 +152,17 @@ class WeftSync:
                 )
             with self._lock:
                 existing = self._handlers.get(workflow_type)
-                if existing is not None and existing is not fn:
-                    raise ValueError(
-                        f"workflow type {workflow_type!r} already has the handler {existing!r}"
-                    )
-                self._handlers[workflow_type] = fn
+                if existing is None:
+                    self._handlers[workflow_type] = fn
                 states = list(self._states)
+            if existing is fn:
+                return fn
+            if existing is not None:
+                raise ValueError(
+                    f"workflow type {workflow_type!r} already has the handler {existing!r:.80}"
+                )
             for state in states:
-                state.add_handler(workflow_type, fn)
+                state.sync_handlers()
             return fn
 
         return register
@@ -261,6 +266,8 @@ class _AppState:
             if keep:
                 self._ownership = ownership
                 _OPEN.add(self)
+                # Handlers registered while it was opening.
+                self._sync_handlers(ownership)
         event.set()
         if not keep:
             ownership.close()
@@ -288,15 +295,22 @@ class _AppState:
             background=self.background,  # type: ignore[arg-type]
         )
 
-    def add_handler(self, workflow_type: str, fn: WorkflowHandler) -> None:
-        """Add a handler registered after this process opened its ``Ownership``."""
+    def sync_handlers(self) -> None:
+        """Give the open ``Ownership`` (if any) the handlers registered since it opened."""
         with self._lock:
             self._adopt_process()
-            ownership = self._ownership
+            if self._ownership is not None:
+                self._sync_handlers(self._ownership)
+
+    def _sync_handlers(self, ownership: Ownership) -> None:
+        # Called with _lock held, so the opener and a late registration never both add one
+        # type; registering touches no storage.
         app = self._app_ref()
-        if ownership is None or app is None:
+        if app is None or ownership.closed:
             return
-        ownership.handler(workflow_type)(_in_app_context(app, fn))
+        for workflow_type, fn in self._extension.handlers().items():
+            if ownership.handlers.get(workflow_type) is None:
+                ownership.handler(workflow_type)(_in_app_context(app, fn))
 
     def close(self) -> None:
         with self._lock:
@@ -354,19 +368,6 @@ def _in_app_context(app: Flask, fn: WorkflowHandler) -> WorkflowHandler:
 # ----------------------------------------------------------------------------------------
 # Config
 # ----------------------------------------------------------------------------------------
-
-
-def redact_url(url: str) -> str:
-    """``url`` with any password replaced by ``***``."""
-    try:
-        parts = urlsplit(url)
-        if parts.password is None:
-            return url
-        netloc = parts.netloc.rpartition("@")
-        user = netloc[0].partition(":")[0]
-        return urlunsplit(parts._replace(netloc=f"{user}:***@{netloc[2]}"))
-    except ValueError:
-        return "<unparseable URL>"
 
 
 def _config_url(value: object) -> str:
@@ -445,7 +446,8 @@ def _delegating_command(name: str, help_text: str) -> click.Command:
     # Options and --help go to weft-sync's own parser untouched.
     @click.command(
         name,
-        help=f"{help_text} (weft-sync {name} --help for its options)",
+        help=f"{help_text} (flask weft {name} --help lists its options)",
+        short_help=help_text,
         context_settings={"ignore_unknown_options": True, "allow_extra_args": True},
         add_help_option=False,
     )
@@ -468,7 +470,7 @@ def _delegating_command(name: str, help_text: str) -> click.Command:
 # Every app state of this process; weak, so an app that is gone can be collected.
 _STATES: weakref.WeakSet[_AppState] = weakref.WeakSet()
 # The states with an Ownership open in this process: held strongly, so one is closed at exit
-# even when its app is gone.
+# even when its app is gone. Single set operations (add, discard, copy) are atomic.
 _OPEN: set[_AppState] = set()
 
 

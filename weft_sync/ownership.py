@@ -9,6 +9,8 @@ Threading model:
 
 - Each ``Ownership`` has one lock guarding its lifecycle state, the live ``claim()`` handles and
   the ``on_lost`` callbacks. Registry calls, storage I/O, callbacks and logging happen outside it.
+- Workflow handlers (:mod:`weft_sync.handlers`) run on maintenance threads, after the reclaim
+  pass took the claim over; they must not call :meth:`Ownership.close`.
 - Lost claims are reported by the registry through a warning sink this object installs; the sink
   runs on whichever thread found the loss (usually a maintenance thread), marks the matching
   handle lost, calls the ``on_lost`` callbacks (their exceptions are logged, never raised into
@@ -17,7 +19,7 @@ Threading model:
   every live ``Ownership`` in a forked child. The child forgets the parent's claims without
   touching the store (the parent still owns them), has no timer or worker pool, and can no longer
   use the inherited object: it opens its own ``Ownership``. Every public method also compares the
-  process id, for forks that bypass the handlers.
+  process id, for forks that bypass the handlers (the ledger, registry and storages too).
 """
 
 from __future__ import annotations
@@ -235,7 +237,7 @@ class Ownership:
 
     @property
     def metrics(self) -> ClaimMetrics:
-        """Claim attempt, active-claim and renewal-failure counters."""
+        """Claim attempt, active-claim, renewal-failure and handler-failure counters."""
         return self._metrics
 
     @property
@@ -386,10 +388,7 @@ class Ownership:
         self._finish(handle, body_failed=False)
 
     def fenced(self, workflow_id: str, connection: object) -> AbstractContextManager[Any]:
-        """Run the host's statements on ``connection`` as one transaction with the epoch fence.
-
-        See :func:`weft_sync.fencing.fenced_transaction` (what it yields, raises and locks).
-        """
+        """Fence the host's statements on ``connection`` (:func:`~.fencing.fenced_transaction`)."""
         self._require_open("fenced()")
         return fenced_transaction(
             connection, workflow_id, self._storage, self._registry, warn=self._on_warning

@@ -27,7 +27,8 @@ worker dies, its claims expire and another worker's ``Ownership`` takes the jobs
 checkpoint on a thread of the new owner. A worker that was only paused and wakes up after the
 takeover has its next write refused by the store (``EngineDeposedError``) and drops the job.
 With ``JOBS_EVENTS_DIR`` set, every worker appends what happened (steps written, completions,
-refusals, resumptions) to ``events-<pid>.jsonl`` there.
+refusals, resumptions, with the time each write was issued and logged) to
+``events-<pid>.jsonl`` there.
 """
 
 from __future__ import annotations
@@ -168,11 +169,14 @@ class Jobs:
                 if self._stop.wait(self.step_s):
                     return  # shutting down: the claim is released, another worker resumes it
                 history.append([step, pid, epoch or 0])
+                # When the write was issued: a write issued after a takeover must be refused.
+                issued = time.time()
                 workflows.save_checkpoint(job_id, json.dumps(history).encode())
-                self.events.record("step", job_id, pid=pid, epoch=epoch, step=step)
+                self.events.record("step", job_id, pid=pid, epoch=epoch, step=step, issued=issued)
             step = steps + 1
+            issued = time.time()
             workflows.complete(job_id, result={"steps": steps, "pid": pid, "epoch": epoch})
-            self.events.record("completed", job_id, pid=pid, epoch=epoch)
+            self.events.record("completed", job_id, pid=pid, epoch=epoch, issued=issued)
         except EngineDeposedError:
             # Another worker took the job over while this one was stalled: the store refused.
             self.events.record("refused", job_id, pid=pid, epoch=epoch, step=step)

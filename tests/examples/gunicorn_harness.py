@@ -75,7 +75,7 @@ class GunicornServer:
 
     def worker_pids(self) -> list[int]:
         """The pids of the master's live worker processes, ascending."""
-        return sorted(pid for pid in _children(self.master_pid) if _alive(pid))
+        return sorted(pid for pid in _children(self.master_pid) if alive(pid))
 
     def wait_for_workers(
         self, count: int, *, exclude: Sequence[int] = (), timeout: float = 30.0
@@ -100,20 +100,29 @@ class GunicornServer:
         elif sig == signal.SIGCONT:
             self.stopped.discard(pid)
 
-    def stop_outside(self, pid: int, is_busy: Callable[[int], bool], *, attempts: int = 100) -> int:
+    def stop_outside(self, pid: int, is_busy: Callable[[int], bool]) -> int:
         """SIGSTOP ``pid`` at a moment ``is_busy(pid)`` says it is not inside a critical section.
 
         A process stopped while it holds a lock others need stalls them as well; a test of a
-        paused worker wants it paused between writes. Returns how many stops it took.
+        paused worker usually wants it paused between writes. Returns how many stops it took.
+        """
+        return self.stop_when(pid, lambda p: not is_busy(p))
+
+    def stop_when(self, pid: int, accept: Callable[[int], bool], *, attempts: int = 200) -> int:
+        """SIGSTOP ``pid``, continuing and retrying until ``accept(pid)`` holds while it is stopped.
+
+        Returns how many stops it took.
         """
         for attempt in range(1, attempts + 1):
             self.signal(pid, signal.SIGSTOP)
             _wait_stopped(pid)
-            if not is_busy(pid):
+            if accept(pid):
                 return attempt
             self.signal(pid, signal.SIGCONT)
-            time.sleep(0.01 * (attempt % 5 + 1))
-        raise GunicornError(f"worker {pid} was inside a critical section at {attempts} stops")
+            time.sleep(0.003 * (attempt % 7 + 1))
+        raise GunicornError(
+            f"worker {pid} was never stopped in the wanted state ({attempts} stops)"
+        )
 
     def close(self) -> None:
         """Continue stopped workers, stop the master, kill whatever is left; idempotent."""
@@ -236,7 +245,8 @@ def _state(pid: int) -> str:
         return "X"
 
 
-def _alive(pid: int) -> bool:
+def alive(pid: int) -> bool:
+    """Whether ``pid`` runs (a zombie or a gone process does not)."""
     return _state(pid) not in ("Z", "X")
 
 

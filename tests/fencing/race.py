@@ -30,6 +30,7 @@ from weft_sync import ManualClock, Ownership, OwnershipOptions
 from weft_sync.errors import StorageError
 
 WAIT_LIMIT_S = 10.0
+READY_LIMIT_S = 60.0
 SQLITE_PAUSE_S = 0.1
 """How long B is given to (wrongly) finish while A's SQLite transaction is open."""
 
@@ -140,6 +141,7 @@ def holder_process(config: HolderConfig, pipe: Pipe) -> None:
     options = OwnershipOptions(claim_ttl=TTL_MS, claim_renew_interval=RENEW_MS)
     with Ownership.open(config.storage_url, background="manual", clock=clock, options=options) as a:
         conn = env.connect()
+        pipe.send("ready")
         try:
             while (wid := pipe.recv()) is not None:
                 assert a.registry.acquire(wid).status == "acquired"
@@ -169,6 +171,8 @@ def race_processes(env: HostEnv, iterations: int) -> Counter[str]:
     child.start()
     counts: Counter[str] = Counter()
     try:
+        # A spawned interpreter starts slowly on a loaded machine.
+        assert _recv(ours, READY_LIMIT_S) == "ready"
         for i in range(iterations):
             wid = f"race-p-{i}"
             ours.send(wid)
@@ -192,8 +196,8 @@ def race_processes(env: HostEnv, iterations: int) -> Counter[str]:
     return counts
 
 
-def _recv(pipe: Pipe) -> Any:
-    if not pipe.poll(WAIT_LIMIT_S):
+def _recv(pipe: Pipe, limit_s: float = WAIT_LIMIT_S) -> Any:
+    if not pipe.poll(limit_s):
         raise TimeoutError("the holder process did not answer")
     return pipe.recv()
 

@@ -51,12 +51,8 @@ def test_takeover_gives_up_waiting_and_succeeds_later(raw_env: HostEnv) -> None:
     """A takeover blocked by a fenced transaction fails after the store's bound, then retries."""
     env = raw_env
     owner = env.ownership()
-    if env.backend == "sqlite":
-        rival_store = open_storage(_with_param(env.storage_url, "busy_timeout_ms", 150))
-    else:
-        from weft_sync.storage.postgres import PostgresStorage
-
-        rival_store = PostgresStorage(env.db_url, table=store_table(env), lock_timeout=0.15)
+    bound = ("busy_timeout_ms", 150) if env.backend == "sqlite" else ("lock_timeout", 0.15)
+    rival_store = open_storage(_with_param(env.storage_url, *bound))
     try:
         rival = env.ownership(storage=rival_store)
         assert owner.registry.acquire("wf-1").status == "acquired"
@@ -196,3 +192,48 @@ def test_ledger_write_inside_a_fenced_block_fails_instead_of_hanging(raw_env: Ho
     finally:
         own.close()
         store.close()
+
+
+def test_bad_lock_timeout_in_a_url_names_the_value(postgres_base_url: str) -> None:
+    with pytest.raises(ValueError, match=r"lock_timeout='soon'.*seconds"):
+        open_storage(_with_param(postgres_base_url, "lock_timeout", "soon"))
+    with pytest.raises(ValueError, match=r"lock_timeout must be a positive number.*-1"):
+        open_storage(_with_param(postgres_base_url, "lock_timeout", "-1"))
+
+
+@pytest.mark.postgres_only
+def test_takeover_waiting_on_the_fence_blocks_no_renewal(
+    postgres_base_url: str, tmp_path: object
+) -> None:
+    """A batched takeover stuck on a fenced epoch row holds no holder row: renewals go on."""
+    from pathlib import Path
+
+    from tests.fencing.hosts import make_env
+
+    env = make_env("postgres", "psycopg", Path(str(tmp_path)), postgres_base_url)
+    try:
+        owner, rival = env.ownership(), env.ownership()
+        ids = ["wf-0", "wf-1", "wf-2"]
+        for wid in ids:
+            assert owner.registry.acquire(wid).status == "acquired"
+        env.clock.advance(PAST_EXPIRY_MS)  # every claim looks dead to the rival
+        conn = env.connect()
+        results: list[object] = []
+        with owner.fenced("wf-1", conn):
+            env.write(conn, "wf-1", "A")
+            batch = threading.Thread(
+                target=lambda: results.extend(rival.registry.takeover_many(ids)), daemon=True
+            )
+            batch.start()
+            attempt = TakeoverAttempt(batch)
+            wait_until_blocked(env, attempt, store_table(env))
+            assert not attempt.done()
+            # The owner renews every claim while the rival's batch waits on wf-1's epoch row.
+            renewed = owner.registry.renew_many(ids)
+            assert [r.status for r in renewed] == ["renewed"] * 3
+        batch.join(30)
+        assert [getattr(r, "status", None) for r in results] == ["lost-race"] * 3
+        assert sorted(owner.registry.list_held_workflow_ids()) == ids
+        assert env.rows() == {"wf-1": "A"}
+    finally:
+        env.close()

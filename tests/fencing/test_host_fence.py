@@ -17,6 +17,7 @@ from weft_sync.errors import (
     WorkflowClaimLostWarning,
 )
 from weft_sync.fencing import core
+from weft_sync.storage import open_storage
 
 
 def _take_over(env: HostEnv, wid: str) -> Any:
@@ -362,3 +363,84 @@ def test_postgres_other_cluster_is_refused_naming_both(
 
 def store_table_of(env: HostEnv) -> str:
     return env.storage_url.rsplit("table=", 1)[1]
+
+
+def test_store_without_a_fence_target_is_refused(raw_env: HostEnv) -> None:
+    from tests.reliability.faulty import FaultyStorage
+
+    inner = open_storage(raw_env.storage_url)
+    try:
+        own = raw_env.ownership(storage=FaultyStorage(inner, rate=0.0))
+        own.registry.acquire("wf-1")
+        conn = raw_env.connect()
+        with pytest.raises(StorageCapabilityError) as err, own.fenced("wf-1", conn):
+            pytest.fail("fenced through a store that cannot describe its table")
+        assert err.value.capability == "host_fence"
+        assert "FaultyStorage" in str(err.value)
+        own.close()
+    finally:
+        inner.close()
+
+
+def test_fenced_after_close_is_a_closed_error(raw_env: HostEnv) -> None:
+    from weft_sync.errors import ClosedError
+
+    own = raw_env.ownership()
+    own.close()
+    with pytest.raises(ClosedError, match=r"fenced\(\)"):
+        own.fenced("wf-1", raw_env.connect())
+
+
+@pytest.mark.postgres_only
+def test_repeatable_read_snapshot_older_than_a_takeover_fails_closed(
+    postgres_base_url: str, tmp_path: Path
+) -> None:
+    from tests.fencing.hosts import make_env
+    from weft_sync.errors import StorageError
+
+    env = make_env("postgres", "psycopg", tmp_path, postgres_base_url)
+    try:
+        own = env.ownership()
+        own.registry.acquire("wf-1")
+        conn = env.connect()
+        conn.isolation_level = psycopg.IsolationLevel.REPEATABLE_READ
+        env.write(conn, "before", "snapshot taken")  # the transaction's snapshot starts here
+        _take_over(env, "wf-1")
+        with pytest.raises(StorageError, match="serialize"), own.fenced("wf-1", conn):
+            pytest.fail("fenced on a stale snapshot")
+        conn.rollback()
+        assert env.rows() == {}
+    finally:
+        env.close()
+
+
+@pytest.mark.postgres_only
+@pytest.mark.parametrize("driver", ["psycopg", "psycopg2"])
+def test_autocommit_driver_connection_still_runs_one_transaction(
+    postgres_base_url: str, tmp_path: Path, driver: str
+) -> None:
+    import psycopg2.extensions
+
+    from tests.fencing.hosts import make_env
+
+    env = make_env("postgres", driver, tmp_path, postgres_base_url)
+    try:
+        own = env.ownership()
+        own.registry.acquire("wf-1")
+        conn = env.connect()
+        conn.autocommit = True
+        with own.fenced("wf-1", conn):
+            env.write(conn, "a", "1")
+            if driver == "psycopg":
+                assert conn.info.transaction_status == psycopg.pq.TransactionStatus.INTRANS
+            else:
+                status = conn.get_transaction_status()
+                assert status == psycopg2.extensions.TRANSACTION_STATUS_INTRANS
+            assert env.rows() == {}  # not committed statement by statement
+        assert env.rows() == {"a": "1"}
+        with pytest.raises(KeyError), own.fenced("wf-1", conn):
+            env.write(conn, "b", "2")
+            raise KeyError
+        assert env.rows() == {"a": "1"}
+    finally:
+        env.close()

@@ -103,3 +103,26 @@ def test_nested_session_block_is_a_savepoint(orm_env: HostEnv) -> None:
         ):
             pytest.fail("ran without a claim")
     assert orm_env.rows() == {"outer": "1", "inner": "2"}
+
+
+@pytest.mark.postgres_only
+def test_autocommit_engine_is_refused(postgres_base_url: str, tmp_path: Path) -> None:
+    import sqlalchemy
+
+    env = make_env("postgres", "sqlalchemy-connection", tmp_path, postgres_base_url)
+    try:
+        own = env.ownership()
+        own.registry.acquire("wf-1")
+        url = env.db_url.replace("postgresql://", "postgresql+psycopg://", 1)
+        engine = sqlalchemy.create_engine(url, isolation_level="AUTOCOMMIT")
+        try:
+            for make in (engine.connect, lambda: Session(engine)):
+                with make() as conn:  # type: ignore[attr-defined]
+                    with pytest.raises(ValueError, match="AUTOCOMMIT"), own.fenced("wf-1", conn):
+                        pytest.fail("fenced on an autocommit connection")
+                    assert not conn.in_transaction()
+        finally:
+            engine.dispose()
+        assert env.rows() == {}
+    finally:
+        env.close()

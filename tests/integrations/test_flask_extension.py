@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 import threading
@@ -17,7 +18,12 @@ from tests.examples.helpers import REPO_ROOT, abandon
 from tests.workflows.helpers import holder_engine
 from weft_sync import Ownership, OwnershipOptions, ReclaimedWorkflow
 from weft_sync.errors import ClosedError
-from weft_sync.flask import EXTENSION_KEY, WeftSync, close_all, gunicorn_worker_exit
+from weft_sync.flask import (
+    EXTENSION_KEY,
+    WeftSync,
+    close_all,
+    gunicorn_worker_exit,
+)
 from weft_sync.storage import Storage
 from weft_sync.workflows import Workflows
 
@@ -271,6 +277,10 @@ def test_flask_weft_lists_every_weft_sync_subcommand(weft: WeftSync, tmp_path: P
     assert result.exit_code == 0
     for name in ("claims", "workflows", "show", "maintain", "metrics", "doctor", "cancel"):
         assert f"  {name} " in result.output
+    # A subcommand's --help is weft-sync's own.
+    shown = app.test_cli_runner().invoke(args=["weft", "show", "--help"])
+    assert shown.exit_code == 0
+    assert "weft-sync show" in shown.output and "workflow_id" in shown.output
 
 
 def test_flask_weft_claims_and_show_read_the_apps_store(weft: WeftSync, storage_url: str) -> None:
@@ -289,7 +299,7 @@ def test_flask_weft_claims_and_show_read_the_apps_store(weft: WeftSync, storage_
     assert '"workflow_id": "job-7"' in claims.output
     assert ownership.engine_id in claims.output
     assert shown.exit_code == 0
-    assert "status    running" in shown.output
+    assert re.search(r"^status\s+running$", shown.output, re.M), shown.output
     assert missing.exit_code == 3
     assert usage.exit_code == 2
 
@@ -366,6 +376,60 @@ def test_a_handler_registered_after_open_is_used_by_the_open_ownership(
     def resume_late(ctx: ReclaimedWorkflow) -> None:
         ctx.workflows.complete(ctx.workflow_id)
 
+    weft.handler("late")(resume_late)  # the same handler again changes nothing
     ownership.run_maintenance()
 
     assert Workflows(storage).get("late-1").status == "completed"  # type: ignore[union-attr]
+
+
+@pytest.mark.parametrize(
+    "args",
+    [["claims"], ["workflows", "--json"], ["show", "job-1"], ["metrics"], ["doctor"]],
+    ids=lambda args: args[0],
+)
+def test_flask_weft_runs_each_read_command_on_the_apps_store(
+    weft: WeftSync, storage_url: str, args: list[str]
+) -> None:
+    app = make_app(storage_url, WEFT_SYNC_OPTIONS=FAST)
+    weft.init_app(app)
+    weft.get_ownership(app).workflows.start("job-1", "report")
+
+    result = app.test_cli_runner().invoke(args=["weft", *args])
+
+    assert result.exit_code == 0, result.output
+    assert result.output.strip()
+
+
+def test_the_constructor_form_initialises_the_app(tmp_path: Path) -> None:
+    app = make_app(f"sqlite:///{tmp_path / 'ctor.db'}", WEFT_SYNC_BACKGROUND="manual")
+    weft = WeftSync(app)
+    try:
+        with app.app_context():
+            assert weft.ownership is weft.get_ownership(app)
+            assert weft.ownership.workflows.list() == []
+    finally:
+        weft.close(app)
+
+
+def test_a_bad_url_is_reported_without_its_password() -> None:
+    with pytest.raises(ValueError) as raised:
+        WeftSync(make_app("mysql://root:s3cret@db/app"))
+
+    assert "s3cret" not in str(raised.value)
+    assert "mysql://root:***@db/app" in str(raised.value)
+
+
+def test_the_readme_flask_example_builds_an_app_that_opens_nothing() -> None:
+    readme = (REPO_ROOT / "README.md").read_text()
+    (block,) = [b for b in re.findall(r"```python\n(.*?)```", readme, re.S) if "WeftSync" in b]
+    namespace: dict[str, object] = {"__name__": "__main__"}
+    threads_before = set(threading.enumerate())
+
+    exec(compile(block, "README.md", "exec"), namespace)
+    app = namespace["create_app"]()  # type: ignore[operator]
+
+    state = app.extensions[EXTENSION_KEY]
+    assert state.url == "postgresql://app@db/app"
+    assert state.options == OwnershipOptions(claim_ttl="30s", claim_renew_interval="5s")
+    assert list(namespace["weft"].handlers()) == ["report"]  # type: ignore[attr-defined]
+    assert set(threading.enumerate()) == threads_before

@@ -17,10 +17,12 @@ a newer one a concurrent acquire or takeover installed.
 from __future__ import annotations
 
 import logging
+import os
 from collections.abc import Container, Iterable
 from typing import cast
 
 from .. import keys
+from .._fork import process_bound_class
 from ..clock import Clock
 from ..codec import decode_epoch, decode_holder
 from ..keys import validate_workflow_id
@@ -83,11 +85,13 @@ def _workflow_ids(workflow_ids: Iterable[str], tracked: Container[str] = ()) -> 
     return [w if type(w) is str and w in tracked else validate_workflow_id(w) for w in workflow_ids]
 
 
+@process_bound_class
 class ClaimRegistry:
     """Acquires, renews, releases and takes over per-workflow claims for one engine.
 
     No method raises on a lost compare-and-swap: contention is reported in the result. Storage
-    errors propagate (``release_all`` excepted).
+    errors propagate (``release_all`` excepted). In a child process that inherited the registry
+    across ``os.fork()`` every method raises :class:`~weft_sync.errors.ClosedError`.
 
     :param storage: the shared store; it must declare the ``conditional_batch`` capability.
     :param engine_id: this engine's id, written into every holder record it creates.
@@ -125,6 +129,7 @@ class ClaimRegistry:
         self._renew_interval_ms = _positive_int("claim_renew_interval_ms", claim_renew_interval_ms)
         self._storage = storage
         self._engine_id = engine_id
+        self._fork_pid = os.getpid()  # see process_bound_class
         self._clock = clock
         # The table's lock is the registry's one lock (see the module docstring).
         self._table = ClaimTable(self._renew_interval_ms)

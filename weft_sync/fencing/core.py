@@ -18,15 +18,18 @@ engine keeps renewing the workflow — and every other claim it holds — while 
 is open. A waiting takeover locks epoch rows only (they sort before every holder row, and rows are
 locked in key order), so it never blocks a renewal either.
 
-Waits are bounded on both sides. The fenced transaction runs with ``SET LOCAL lock_timeout`` (the
-claim's renew interval by default), so the fence's own lock and the host's statements do not wait
-for a lock longer than that; and with ``SET LOCAL idle_in_transaction_session_timeout`` (the claim
-TTL by default), so the server ends the session of a host that stalls inside the block (a
-stopped process, a forgotten transaction): its writes roll back, its commit fails, and the
-takeover goes ahead. A store's own statements give up waiting for a row lock after the store's
-``lock_timeout`` (see :class:`~weft_sync.storage.PostgresStorage`), so a takeover held up by a
-long host transaction fails with ``StorageError`` and is retried by a later reclaim pass instead
-of stalling that pass.
+A host transaction at REPEATABLE READ or SERIALIZABLE whose snapshot predates a change of the
+epoch row fails that read with a serialization error (``StorageError``): it fails closed.
+
+Waits are bounded on both sides. The locking read itself sets, for the rest of the transaction
+(``set_config(…, true)``, as ``SET LOCAL``), ``lock_timeout`` (the claim's renew interval by
+default), so neither the fence's lock nor the host's later statements wait for a lock longer than
+that, and ``idle_in_transaction_session_timeout`` (the claim TTL by default), so the server ends
+the session of a host that stalls inside the block (a stopped process, a forgotten transaction):
+its writes roll back, its commit fails, and the takeover goes ahead. A store's own statements
+give up waiting for a row lock after the store's ``lock_timeout`` (see
+:class:`~weft_sync.storage.PostgresStorage`), so a takeover held up by a long host transaction
+fails with ``StorageError`` and is retried by a later reclaim pass instead of stalling that pass.
 
 **SQLite.** The fenced transaction holds SQLite's database write lock from its first statement
 (``BEGIN IMMEDIATE``, or a no-op ``UPDATE`` of the epoch row inside a transaction already open,
@@ -70,7 +73,7 @@ from ..storage.fence_target import FenceBinding, FenceTarget
 from .adapters import adapt
 from .base import HostTransaction, as_value
 
-__all__ = ["FEATURE", "fenced_transaction"]
+__all__ = ["FEATURE", "ForeignDatabaseError", "fenced_transaction"]
 
 _log = logging.getLogger(__name__)
 
@@ -96,13 +99,32 @@ def _target(storage: Storage) -> FenceTarget:
     return target
 
 
+class ForeignDatabaseError(StorageCapabilityError):
+    """The host connection is not on the store's database (a :class:`StorageCapabilityError`
+    with capability ``"same_database"``).
+
+    :param connection: the type name of the host's connection.
+    :param where: the database the connection is on.
+    :param store: the store's database.
+    """
+
+    def __init__(self, connection: str, where: str, store: str) -> None:
+        super().__init__(FEATURE, "same_database")
+        self.where = where
+        self.store = store
+        message = (
+            f"{FEATURE} refused: the connection ({connection}) is on {where}, but the store is "
+            f"{store}; the host's tables must be in the store's database, so that the fence and "
+            f"the host's writes are one transaction"
+        )
+        self.args = (message,)
+
+    def __str__(self) -> str:
+        return str(self.args[0])
+
+
 def _refuse(host: HostTransaction, target: FenceTarget, where: str) -> NoReturn:
-    raise StorageCapabilityError(
-        FEATURE,
-        "same_database",
-        f"the connection ({type(host.result).__name__}) is on {where}, but the store is "
-        f"{target.location}; a fenced transaction must run on the store's own database",
-    )
+    raise ForeignDatabaseError(type(host.result).__name__, where, target.location)
 
 
 def _binding(host: HostTransaction, target: FenceTarget) -> FenceBinding:

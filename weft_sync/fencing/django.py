@@ -77,8 +77,17 @@ def fenced_atomic(
     :raises StorageCapabilityError: the alias is not on the store's database.
     """
     if ownership is None:
-        from weft_sync.django import get_ownership  # type: ignore[import-not-found,unused-ignore]
-
+        try:
+            from weft_sync.django import (  # type: ignore[import-not-found,unused-ignore]
+                get_ownership,
+            )
+        except ModuleNotFoundError as exc:
+            if exc.name != "weft_sync.django":
+                raise
+            raise ImportError(
+                "fenced_atomic() without ownership= needs the weft_sync.django app "
+                '(INSTALLED_APPS += ["weft_sync.django"]); pass ownership=<an Ownership> instead'
+            ) from exc
         ownership = get_ownership()
     assert ownership is not None
     with transaction.atomic(using=using), ownership.fenced(workflow_id, AtomicTransaction(using)):

@@ -33,6 +33,21 @@ def _begin_immediate(connection: Connection) -> bool:
     return True
 
 
+def _refuse_autocommit(connection: Connection) -> None:
+    """Refuse a PostgreSQL connection whose driver commits every statement on its own.
+
+    Under ``isolation_level="AUTOCOMMIT"`` SQLAlchemy's ``begin()`` sends no ``BEGIN``: the epoch
+    row's lock would end with the statement that took it.
+    """
+    dbapi = connection.connection.dbapi_connection
+    if getattr(dbapi, "autocommit", False) is True:
+        raise ValueError(
+            "cannot fence a SQLAlchemy connection with isolation_level='AUTOCOMMIT': its "
+            "statements commit one by one, so the fence's lock would not cover them; use a "
+            "connection without AUTOCOMMIT (e.g. engine.connect() on a default engine)"
+        )
+
+
 def _query(connection: Connection, sql: str, params: Sequence[object]) -> list[tuple[Any, ...]]:
     result = connection.exec_driver_sql(sql, tuple(params) if params else None)
     return [tuple(row) for row in result.fetchall()] if result.returns_rows else []
@@ -55,6 +70,8 @@ class ConnectionTransaction:
         return self._conn
 
     def begin(self) -> bool:
+        if self.family == "postgresql":
+            _refuse_autocommit(self._conn)
         if self._conn.in_transaction():
             self._tx = self._conn.begin_nested()
             return self.family != "sqlite"
@@ -90,11 +107,18 @@ class SessionTransactionAdapter:
         return self._session
 
     def begin(self) -> bool:
-        if self._session.in_transaction():
-            self._tx = self._session.begin_nested()
-            return self.family != "sqlite"
-        self._tx = self._session.begin()
-        return self.family != "sqlite" or _begin_immediate(self._session.connection())
+        nested = self._session.in_transaction()
+        tx = self._session.begin_nested() if nested else self._session.begin()
+        if self.family == "postgresql":
+            try:
+                _refuse_autocommit(self._session.connection())
+            except ValueError:
+                tx.rollback()
+                raise
+        self._tx = tx
+        if self.family != "sqlite":
+            return True
+        return not nested and _begin_immediate(self._session.connection())
 
     def query(self, sql: str, params: Sequence[object]) -> list[tuple[Any, ...]]:
         return _query(self._session.connection(), sql, params)

@@ -14,7 +14,9 @@ survivor alone (``n == 1``) takes everything at once.
 A stranded workflow left over by the other engines (seen stranded by this engine for
 :data:`FAIR_SHARE_WINDOW_INTERVALS` renew intervals) is taken regardless of the share: engines
 that hold claims but reclaim nothing still count in ``n``, and they must not be able to delay a
-takeover for longer than that window. ``max_claims`` caps everything.
+takeover for longer than that window. Candidates the reclaim target already found ineligible
+(no handler here) are left out of the share, so a heap of workflows nobody here can drive never
+uses it up. ``max_claims`` caps everything.
 
 The limits: the holder scan sees only engines that hold claims, so a survivor holding nothing is
 invisible to the others until its first takeover.

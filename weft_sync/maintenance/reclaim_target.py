@@ -105,12 +105,15 @@ class ReclaimTargetHandle:
         self._metrics = metrics
         self._on_reclaimed = on_reclaimed
         self._is_eligible = is_eligible
-        # _lock guards _pending_redrive, _disposing, _first_seen and the completed flag of
-        # every plan.
+        # _lock guards _pending_redrive, _disposing, _first_seen, _ineligible and the completed
+        # flag of every plan.
         self._lock = threading.Lock()
         self._pending_redrive: dict[str, int] = {}
         # Stranded candidate -> when this engine first saw it stranded (its clock, ms).
         self._first_seen: dict[str, int] = {}
+        # Candidates whose record the last check found ineligible: still attempted every pass
+        # (a handler may be added), but left out of the fair share they would otherwise use up.
+        self._ineligible: set[str] = set()
         self._disposing = False
 
     @property
@@ -159,15 +162,18 @@ class ReclaimTargetHandle:
         now = self._registry.clock()
         window = FAIR_SHARE_WINDOW_INTERVALS * self._registry.claim_renew_interval_ms
         with self._lock:
-            seen = {wid: self._first_seen.get(wid, now) for wid in discovery.stranded}
+            self._ineligible.intersection_update(discovery.stranded)
+            known_ineligible = [wid for wid in discovery.stranded if wid in self._ineligible]
+            shared = [wid for wid in discovery.stranded if wid not in self._ineligible]
+            seen = {wid: self._first_seen.get(wid, now) for wid in shared}
             self._first_seen = seen
         if self._fair_share:
             overdue = {wid for wid, first in seen.items() if now - first >= window}
         else:
-            overdue = set(discovery.stranded)
+            overdue = set(shared)
         chosen = select_takeovers(
             engine_id=self._registry.engine_id,
-            stranded=discovery.stranded,
+            stranded=shared,
             overdue=overdue,
             held=len(held),
             live_claims=discovery.live_claims,
@@ -175,14 +181,17 @@ class ReclaimTargetHandle:
         )
         if discovery.stranded:
             _log.debug(
-                "reclaim pass takes %d of %d stranded workflows (%d overdue, %d other engines)",
+                "reclaim pass takes %d of %d stranded workflows (%d overdue, %d ineligible "
+                "before, %d other engines)",
                 len(chosen),
-                len(discovery.stranded),
+                len(shared),
                 len(overdue),
+                len(known_ineligible),
                 len(discovery.live_claims),
             )
         stranded = set(discovery.stranded)
-        return chosen + [wid for wid in discovery.candidates if wid not in stranded]
+        rest = [wid for wid in discovery.candidates if wid not in stranded]
+        return chosen + known_ineligible + rest
 
     def _capacity_left(self) -> int | None:
         """How many more claims ``max_claims`` allows now; ``None`` without a limit."""
@@ -294,11 +303,21 @@ class ReclaimTargetHandle:
                 # Attempted alone, the candidate asks the predicate again and fails by itself.
                 _log.debug("eligibility check of %r raised %r; attempting alone", wid, exc)
                 continue
+            self._note_eligibility(wid, ok)
             if ok:
                 eligible.append(wid)
             else:
                 plans[wid] = ReclaimPlan(wid, final=_NOT_ELIGIBLE)
         return eligible
+
+    def _note_eligibility(self, workflow_id: str, eligible: bool) -> None:
+        if not self._fair_share and self._max_claims is None:
+            return  # only the limited selection reads it (and prunes it every pass)
+        with self._lock:
+            if eligible:
+                self._ineligible.discard(workflow_id)
+            else:
+                self._ineligible.add(workflow_id)
 
     def _first_attempts(self, eligible: list[str], plans: dict[str, ReclaimPlan]) -> None:
         """Attempt ``eligible`` in one ``takeover_many``; a failed id is attempted alone later."""
@@ -340,12 +359,11 @@ class ReclaimTargetHandle:
         """
         if first is None and self._capacity_left() == 0:
             return _NOT_ELIGIBLE
-        if (
-            first is None
-            and self._is_eligible is not None
-            and not self._check_eligible(self._read_record(workflow_id))
-        ):
-            return _NOT_ELIGIBLE
+        if first is None and self._is_eligible is not None:
+            eligible = self._check_eligible(self._read_record(workflow_id))
+            self._note_eligibility(workflow_id, eligible)
+            if not eligible:
+                return _NOT_ELIGIBLE
         for attempt in range(TAKEOVER_MAX_ATTEMPTS):
             if attempt == 0 and first is not None:
                 result = first

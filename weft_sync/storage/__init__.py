@@ -45,7 +45,7 @@ __all__ = [
 
 SUPPORTED_SCHEMES = ("sqlite", "postgresql", "postgres")
 _SQLITE_PARAMS = ("table", "busy_timeout_ms", "synchronous")
-_POSTGRES_PARAMS = ("table", "min_size", "max_size", "timeout")
+_POSTGRES_PARAMS = ("table", "min_size", "max_size", "timeout", "lock_timeout")
 
 
 def __getattr__(name: str) -> Any:
@@ -170,14 +170,15 @@ def _open_postgres(url: str, read_only: bool) -> Storage:
         value = _int_param(url, params, name)
         if value is not None:
             kwargs[name] = value
-    if "timeout" in params:
-        try:
-            kwargs["timeout"] = float(params["timeout"])
-        except ValueError:
-            raise ValueError(
-                f"parameter timeout={params['timeout']!r} in storage URL {redact_url(url)!r} "
-                f"must be a number of seconds"
-            ) from None
+    for name in ("timeout", "lock_timeout"):
+        if name in params:
+            try:
+                kwargs[name] = float(params[name])
+            except ValueError:
+                raise ValueError(
+                    f"parameter {name}={params[name]!r} in storage URL {redact_url(url)!r} "
+                    f"must be a number of seconds"
+                ) from None
     from .postgres import PostgresStorage
 
     storage: Storage = PostgresStorage(dsn, read_only=read_only, **kwargs)
