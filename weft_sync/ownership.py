@@ -26,6 +26,7 @@ import enum
 import logging
 import os
 import threading
+import uuid
 import warnings
 import weakref
 from collections.abc import Callable, Iterator
@@ -51,6 +52,7 @@ from .maintenance.reclaim_target import EligibilityPredicate
 from .maintenance.targets import PassResult
 from .maintenance.task import RenewalTask
 from .metrics import ClaimMetrics
+from .observability import build_instrumentation
 from .options import BACKGROUND_MODES, OwnershipOptions
 from .storage import Storage, open_storage
 from .workflows import Workflows
@@ -92,6 +94,7 @@ class Ownership:
         clock: Clock,
         warn: WarnSink | None,
         engine_id: str | None,
+        tracing: object = False,
     ) -> None:
         """Bootstrap on ``storage``; start nothing. Hosts call :meth:`open` instead."""
         self._storage = storage
@@ -105,7 +108,15 @@ class Ownership:
         self._lost_callbacks: list[LostCallback] = []
         # The renewal task needs the ledger's poll targets when the bootstrap builds it, and the
         # ledger needs the registry the bootstrap creates: the ledger is bound afterwards.
-        workflows = Workflows(storage, None, clock=clock, warn=self._on_warning)
+        engine_id = str(uuid.uuid4()) if engine_id is None else engine_id
+        instruments = build_instrumentation(options, engine_id, tracing)
+        workflows = Workflows(
+            storage,
+            None,
+            clock=clock,
+            warn=self._on_warning,
+            fence_observers=instruments.fence_observers,
+        )
         boot = bootstrap_workflow_lease_ownership(
             storage=storage,
             clock=clock,
@@ -117,6 +128,8 @@ class Ownership:
             is_workflow_type_registered=is_eligible,
             warn=self._on_warning,
             engine_id=engine_id,
+            metrics=instruments.metrics,
+            observers=instruments.pass_observers,
         )
         workflows.bind_registry(boot.registry)
         self._workflows = workflows
@@ -141,6 +154,7 @@ class Ownership:
         clock: Clock = system_clock,
         warn: WarnSink | None = None,
         engine_id: str | None = None,
+        tracing: object = False,
     ) -> Ownership:
         """Open a store, run the ownership gates and bootstrap this engine's claims.
 
@@ -156,6 +170,8 @@ class Ownership:
         :param warn: receives every warning after this object has handled it; default
             :func:`warnings.warn`.
         :param engine_id: this engine's id in holder records; a fresh UUID when omitted.
+        :param tracing: ``True`` for OpenTelemetry spans on the global tracer provider, or a
+            ``TracerProvider``; needs the ``otel`` extra (see :mod:`weft_sync.tracing`).
         :raises ValueError: ``background`` is not ``"thread"`` or ``"manual"``; a bad URL.
         :raises TypeError: ``options`` is not an ``OwnershipOptions``, a callback is not
             callable, or ``url_or_storage`` is neither a URL nor a ``Storage``.
@@ -191,6 +207,7 @@ class Ownership:
                 clock=clock,
                 warn=warn,
                 engine_id=engine_id,
+                tracing=tracing,
             )
         except BaseException:
             if owns_storage:

@@ -36,7 +36,7 @@ from __future__ import annotations
 import builtins
 import logging
 import threading
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any, Final
 
 from . import keys
@@ -47,6 +47,7 @@ from .errors import ClosedError, FencedWriteConflict, WorkflowClaimUnavailableEr
 from .ledger.external import EXTERNAL_MAX_ATTEMPTS, SUSPENDABLE_STATUSES, ExternalTransitions
 from .ledger.fencing import (
     Fence,
+    FenceObserver,
     WakeCheckStatus,
     checked_conditions,
     checked_host_operations,
@@ -105,6 +106,7 @@ class Workflows:
         :meth:`bind_registry`.
     :param clock: milliseconds since the Unix epoch, for record timestamps and key order.
     :param warn: receives claim-lost and wake-discarded warnings; default :func:`warnings.warn`.
+    :param fence_observers: told of every fenced commit (latency metrics, tracing).
     """
 
     def __init__(
@@ -114,6 +116,7 @@ class Workflows:
         *,
         clock: Clock = system_clock,
         warn: WarnSink | None = None,
+        fence_observers: Sequence[FenceObserver] = (),
     ) -> None:
         if not callable(clock):
             raise TypeError(f"clock must be a callable returning int milliseconds, got {clock!r}")
@@ -125,7 +128,9 @@ class Workflows:
         self._lock = threading.Lock()
         self._registry: ClaimRegistry | None = None
         self._closed = False
-        self._fence = Fence(storage, self._current_registry, warn or default_warn)
+        self._fence = Fence(
+            storage, self._current_registry, warn or default_warn, fence_observers
+        )
         self._signals = SignalBuffer(storage, self._fence, clock)
         self._updates = UpdateQueue(storage, self._fence, clock)
         self._external = ExternalTransitions(

@@ -13,9 +13,11 @@ from ..claims.renewal_target import create_renewal_target
 from ..clock import Clock
 from ..metrics import ClaimMetrics
 from ..storage.base import Storage
+from .instrumentation import MetricsPassObserver, metrics_bridge
+from .observer import PassObserver
 from .reclaim_target import EligibilityPredicate, ReclaimTargetHandle, create_reclaim_target
 from .scheduler import IntervalScheduler
-from .targets import PassResult, RenewalStatus, SignalPollTarget, UpdatePollTarget
+from .targets import SignalPollTarget, UpdatePollTarget
 from .task import PassCallback, RenewalTask, create_renewal_task
 
 __all__ = ["OwnershipBootstrap", "bootstrap_workflow_lease_ownership", "metrics_bridge"]
@@ -37,25 +39,6 @@ class OwnershipBootstrap:
     reclaim_target: ReclaimTargetHandle
 
 
-def metrics_bridge(
-    registry: ClaimRegistry, metrics: ClaimMetrics, then: PassCallback | None = None
-) -> PassCallback:
-    """Return a pass sink that counts failed renewals and sets the active-claims gauge.
-
-    :param then: another sink called afterwards with the same result.
-    """
-
-    def on_pass_complete(result: PassResult) -> None:
-        for outcome in result.outcomes:
-            if outcome.status is RenewalStatus.FAILED:
-                metrics.record_claim_renewal_failure()
-        metrics.set_active_claims(len(registry.list_held_workflow_ids()))
-        if then is not None:
-            then(result)
-
-    return on_pass_complete
-
-
 def bootstrap_workflow_lease_ownership(
     *,
     storage: Storage,
@@ -71,6 +54,8 @@ def bootstrap_workflow_lease_ownership(
     warn: WarnSink | None = None,
     engine_id: str | None = None,
     skip_live_holders: bool = False,
+    metrics: ClaimMetrics | None = None,
+    observers: tuple[PassObserver, ...] = (),
 ) -> OwnershipBootstrap:
     """Run the ownership gates, then build everything one engine needs; start nothing.
 
@@ -82,6 +67,9 @@ def bootstrap_workflow_lease_ownership(
     :param on_pass_complete: also receives every pass result, after the metrics bridge.
     :param engine_id: this engine's id; a fresh UUID when omitted.
     :param skip_live_holders: see :class:`~.reclaim_target.ReclaimTargetHandle`.
+    :param metrics: the engine's metrics; a fresh :class:`~weft_sync.metrics.ClaimMetrics` with
+        buckets for this timing when omitted.
+    :param observers: more observers of the renewal task's sub-passes (e.g. tracing).
     :raises ValueError: a duration is not a positive int, or ``engine_id`` is empty (checked
         before the store is touched).
     :raises TypeError: ``clock`` or ``warn`` is not callable (checked before the store is
@@ -101,7 +89,11 @@ def bootstrap_workflow_lease_ownership(
         warn=warn,
     )
     bootstrap_ownership_gates(storage, mode="workflow-lease", clock=clock)
-    metrics = ClaimMetrics()
+    if metrics is None:
+        metrics = ClaimMetrics(
+            claim_ttl_ms=claim_ttl_ms, claim_renew_interval_ms=claim_renew_interval_ms
+        )
+    renewal_target = create_renewal_target(registry, metrics)
     reclaim_target = create_reclaim_target(
         registry,
         storage,
@@ -111,15 +103,16 @@ def bootstrap_workflow_lease_ownership(
         skip_live_holders=skip_live_holders,
     )
     task = create_renewal_task(
-        target=create_renewal_target(registry, metrics),
+        target=renewal_target,
         clock=clock,
         interval_ms=claim_renew_interval_ms,
         scheduler=scheduler,
         reclaim_target=reclaim_target,
         signal_poll_target=signal_poll_target,
         update_poll_target=update_poll_target,
-        on_pass_complete=metrics_bridge(registry, metrics, on_pass_complete),
+        on_pass_complete=metrics_bridge(registry, metrics, on_pass_complete, renewal_target),
         before_stop=reclaim_target.mark_disposing,
+        observers=(MetricsPassObserver(metrics), *observers),
     )
     _log.info("bootstrapped workflow-lease ownership for engine %s", registry.engine_id)
     return OwnershipBootstrap(registry, task, metrics, reclaim_target)
