@@ -26,7 +26,11 @@ def test_readme_python_example_runs(tmp_path: Path, monkeypatch: pytest.MonkeyPa
         ledger = Workflows(store, None)
         record = ledger.get("payout-42")
         assert record is not None
-        assert (record.type, record.status, record.input) == ("payout", "completed", {"amount": 1200})
+        assert (record.type, record.status, record.input) == (
+            "payout",
+            "completed",
+            {"amount": 1200},
+        )
         outcome = ledger.get_outcome("payout-42")
         assert outcome is not None and outcome.result == {"ok": True}
         assert ledger.load_checkpoint("payout-42") == b"step-1 done"
