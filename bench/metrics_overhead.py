@@ -66,7 +66,7 @@ def measure(spec: StoreSpec, claims: int, repeats: int) -> tuple[dict[str, Sampl
         def with_metrics() -> None:
             for chunk in chunks:
                 measured.renew_workflow_claims(chunk)
-            measured.finish_pass(system_clock())
+            measured.finish_pass()
 
         variants = {"no metrics": without, "metrics": with_metrics}
         for fn in variants.values():

@@ -10,7 +10,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from weft_sync.metrics import (
     CLAIM_ATTEMPT_OUTCOMES,
-    LOSS_CAUSES,
+    CLAIM_LOSS_CAUSES,
     SUBPASSES,
     ClaimMetrics,
     register_prometheus,
@@ -53,7 +53,7 @@ def test_fresh_collector_is_all_zero() -> None:
     assert len(histograms) == 3 + len(SUBPASSES)
     assert all(h is not None and h.count == 0 and h.total == 0 for h in histograms)
     assert snap.expiry_margin_seconds is None
-    assert snap.lost == dict.fromkeys(LOSS_CAUSES, 0)
+    assert snap.lost == dict.fromkeys(CLAIM_LOSS_CAUSES, 0)
     assert (snap.reclaimed, snap.driven, snap.handler_failures) == ({}, {}, {})
     assert (snap.redrives, snap.reclaim_candidates, snap.reclaim_backlog) == (0, 0, 0)
     assert snap.skipped_ticks == dict.fromkeys(SUBPASSES, 0)
@@ -194,6 +194,26 @@ def test_all_zero_snapshot_still_prints_the_full_schema() -> None:
     assert not any(line.startswith("weft_workflow_claim_expiry_margin") for line in sample_lines)
 
 
+def test_handler_failures_are_counted_per_type_and_escaped_in_the_text() -> None:
+    metrics = ClaimMetrics()
+    metrics.record_handler_failure("payout")
+    metrics.record_handler_failure("payout")
+    metrics.record_handler_failure('odd "type"\\')
+
+    assert metrics.snapshot().handler_failures == {'odd "type"\\': 1, "payout": 2}
+    samples = _samples(serialize_prometheus(metrics.snapshot()))
+    family = "weft_workflow_claim_handler_failures_total"
+    assert samples[(family, (("type", "payout"),))] == 2
+    assert samples[(family, (("type", 'odd "type"\\'),))] == 1
+    metrics.reset()
+    assert metrics.snapshot().handler_failures == {}
+
+
+def test_handler_failure_needs_a_type_name() -> None:
+    with pytest.raises(TypeError, match="workflow_type must be a str, got int 3"):
+        ClaimMetrics().record_handler_failure(3)  # type: ignore[arg-type]
+
+
 def test_prometheus_text_parses_with_the_official_parser() -> None:
     metrics = ClaimMetrics()
     metrics.record_claim_attempt("lost_race")
@@ -211,6 +231,7 @@ def test_prometheus_client_collector_exposes_the_same_sample_values() -> None:
     metrics.record_claim_attempt("backoff_skipped")
     metrics.set_active_claims(6)
     metrics.record_claim_renewal_failure()
+    metrics.record_handler_failure("payout")
     registry = CollectorRegistry()
     register_prometheus(metrics, registry)
 

@@ -8,10 +8,13 @@ from __future__ import annotations
 
 __all__ = [
     "ClosedError",
+    "CorruptEpochError",
     "CorruptOwnershipMarkerError",
     "EngineDeposedError",
     "FencedWriteConflict",
+    "MissingStoreError",
     "OwnershipModeMismatchError",
+    "ReadOnlyStorageError",
     "StorageCapabilityError",
     "StorageError",
     "StoreIdentityError",
@@ -19,6 +22,7 @@ __all__ = [
     "WorkflowClaimLostError",
     "WorkflowClaimLostWarning",
     "WorkflowClaimUnavailableError",
+    "WorkflowExistsError",
     "WorkflowWakeDiscardedWarning",
 ]
 
@@ -29,6 +33,14 @@ class WeftError(Exception):
 
 class StorageError(WeftError):
     """A storage backend failed; the driver's exception is kept as ``__cause__``."""
+
+
+class ReadOnlyStorageError(StorageError):
+    """A write was attempted on a store opened read-only (``open_storage(url, read_only=True)``)."""
+
+
+class MissingStoreError(StorageError):
+    """A store opened read-only does not exist (no SQLite file or no table); none was created."""
 
 
 class StoreIdentityError(StorageError):
@@ -77,6 +89,29 @@ class StorageCapabilityError(WeftError):
         super().__init__(message)
 
 
+class CorruptEpochError(WeftError):
+    """A workflow's epoch key holds bytes that do not decode as an epoch.
+
+    No epoch is minted over it: a fresh epoch 1 (or any guess) might equal one handed out before
+    and let a stale owner's fenced writes match again. Acquire, takeover and external rotation
+    refuse the workflow until an operator repairs the key with
+    :func:`weft_sync.claims.epochs.repair_corrupt_epoch`.
+
+    :param workflow_id: the workflow whose epoch is corrupt.
+    :param key: the epoch key.
+    """
+
+    def __init__(self, workflow_id: str, key: str) -> None:
+        self.workflow_id = workflow_id
+        self.key = key
+        super().__init__(
+            f"the epoch key {key!r} of workflow {workflow_id!r} does not decode as an epoch, so "
+            f"no new epoch is minted for it (it could repeat one handed out before); repair it "
+            f"with weft_sync.claims.epochs.repair_corrupt_epoch(storage, {workflow_id!r}), "
+            f"which sets it above any epoch handed out and deposes the current holder"
+        )
+
+
 class CorruptOwnershipMarkerError(WeftError):
     """The ownership-mode marker exists but does not decode as a valid record."""
 
@@ -118,6 +153,33 @@ class WorkflowClaimUnavailableError(WeftError):
             f"check whether the holder crashed (its claim becomes takeover-eligible once it "
             f"expires)"
         )
+
+
+class WorkflowExistsError(WorkflowClaimUnavailableError):
+    """``start()`` was given the id of a workflow that already exists.
+
+    A subclass of :class:`WorkflowClaimUnavailableError`, so callers catching that still catch
+    it; waiting does not help here, since the record stays until it is purged.
+
+    :param workflow_id: the id that is taken.
+    :param status: the existing workflow's status (``"running"``, ``"completed"``, ...).
+    :param held_by: the engine id of the current holder, when known.
+    """
+
+    def __init__(self, workflow_id: str, status: str, held_by: str | None = None) -> None:
+        self.workflow_id = workflow_id
+        self.held_by = held_by
+        self.status = status
+        holder = f", claimed by {held_by!r}" if held_by else ""
+        # Skips the parent's message, which advises waiting for a crashed holder.
+        WeftError.__init__(
+            self,
+            f"workflow {workflow_id!r} already exists with status {status!r}{holder}; start "
+            f"it under a new id, or purge the old one first",
+        )
+
+    def __reduce__(self) -> tuple[type[WorkflowExistsError], tuple[str, str, str | None]]:
+        return (type(self), (self.workflow_id, self.status, self.held_by))
 
 
 class EngineDeposedError(WeftError):
@@ -163,14 +225,29 @@ class WorkflowClaimLostError(WeftError):
 
 
 class WorkflowClaimLostWarning(UserWarning):
-    """Emitted once per lost claim: this engine's renewal or fenced write found it deposed.
+    """Emitted once per lost claim: this engine found it deposed or gave it up locally.
 
     :param workflow_id: the workflow whose claim was lost.
+    :param cause: why: ``"deposed"`` (a renewal or fenced write found another writer's epoch or
+        holder), ``"deadline"`` (no renewal succeeded within the local renew deadline) or
+        ``"store_identity"`` (the store was replaced under this engine).
     """
 
-    def __init__(self, workflow_id: str) -> None:
+    def __init__(self, workflow_id: str, cause: str = "deposed") -> None:
         self.workflow_id = workflow_id
-        super().__init__(f"lost the ownership claim on workflow {workflow_id!r}")
+        self.cause = cause
+        reason = _LOSS_REASONS.get(cause, cause)
+        super().__init__(f"lost the ownership claim on workflow {workflow_id!r}{reason}")
+
+
+_LOSS_REASONS = {
+    "deposed": "",
+    "deadline": (
+        ": no renewal succeeded within the local renew deadline (claim TTL minus renew "
+        "interval), so another engine may take it over soon"
+    ),
+    "store_identity": ": the store was replaced or deleted under this engine",
+}
 
 
 class WorkflowWakeDiscardedWarning(UserWarning):

@@ -30,15 +30,15 @@ if TYPE_CHECKING:
 
 __all__ = [
     "CLAIM_ATTEMPT_OUTCOMES",
-    "LOSS_CAUSES",
+    "CLAIM_LOSS_CAUSES",
+    "ClaimLossCause",
     "MAX_TYPE_LABELS",
     "SUBPASSES",
     "ClaimAttemptOutcome",
     "ClaimMetrics",
     "ClaimMetricsCollector",
     "Family",
-    "LossCause",
-    "MetricsSnapshot",
+        "MetricsSnapshot",
     "Subpass",
     "metric_families",
     "register_prometheus",
@@ -59,8 +59,8 @@ Subpass = Literal["renewal", "reclaim", "signal_poll", "update_poll"]
 SUBPASSES: Final[tuple[Subpass, ...]] = ("renewal", "reclaim", "signal_poll", "update_poll")
 """The maintenance sub-passes (and interval-mode slots), in pass order."""
 
-LossCause = Literal["deposed", "deadline", "store_identity"]
-LOSS_CAUSES: Final[tuple[LossCause, ...]] = ("deposed", "deadline", "store_identity")
+ClaimLossCause = Literal["deposed", "deadline", "store_identity"]
+CLAIM_LOSS_CAUSES: Final[tuple[ClaimLossCause, ...]] = ("deposed", "deadline", "store_identity")
 """Why a claim was lost locally: another owner took the epoch, renewals failed past the local
 renew deadline, or the store was replaced under the engine."""
 
@@ -104,7 +104,7 @@ class MetricsSnapshot:
     :param takeover_delay_seconds: our takeover minus the dead holder's expiry.
     :param expiry_margin_seconds: the smallest remaining expiry among held claims after the last
         renewal pass; ``None`` before the first pass or while nothing is held.
-    :param lost: claims lost locally, per cause of :data:`LOSS_CAUSES`.
+    :param lost: claims lost locally, per cause of :data:`CLAIM_LOSS_CAUSES`.
     :param reclaimed: driven: handler_failures: per workflow type.
     :param redrives: drives attempted again after a failed one.
     :param reclaim_candidates: reclaim_backlog: what the last reclaim pass found, and how many of
@@ -174,7 +174,7 @@ class ClaimMetrics:
         self._fenced = Histogram(self._latency_bounds)
         self._delay = Histogram(self._delay_bounds)
         self._margin: float | None = None
-        self._lost: dict[str, int] = dict.fromkeys(LOSS_CAUSES, 0)
+        self._lost: dict[str, int] = dict.fromkeys(CLAIM_LOSS_CAUSES, 0)
         self._by_type: dict[str, dict[str, int]] = {"reclaimed": {}, "driven": {}, "failed": {}}
         self._redrives = 0
         self._candidates = 0
@@ -206,14 +206,15 @@ class ClaimMetrics:
         with self._lock:
             self._renewal_failures += 1
 
-    def record_claim_lost(self, cause: LossCause) -> None:
-        """Count one claim lost locally, by ``cause`` (one of :data:`LOSS_CAUSES`).
+    def record_claims_lost(self, cause: ClaimLossCause, count: int = 1) -> None:
+        """Count ``count`` claims lost locally, by ``cause`` (one of :data:`CLAIM_LOSS_CAUSES`).
 
-        :raises ValueError: an unknown cause.
+        :raises ValueError: an unknown cause, or ``count`` is not a whole number.
         """
-        _check_choice("loss cause", cause, LOSS_CAUSES)
+        _check_choice("loss cause", cause, CLAIM_LOSS_CAUSES)
+        _check_count("lost claims", count)
         with self._lock:
-            self._lost[cause] += 1
+            self._lost[cause] += count
 
     def record_reclaimed(self, workflow_type: str) -> None:
         """Count one workflow of ``workflow_type`` this engine took over or acquired ownerless."""
@@ -323,7 +324,10 @@ class ClaimMetrics:
 
     def _count_type(self, family: str, workflow_type: str) -> None:
         if not isinstance(workflow_type, str):
-            raise TypeError(f"workflow type must be a str, got {workflow_type!r:.80}")
+            raise TypeError(
+                f"workflow_type must be a str, got {type(workflow_type).__name__} "
+                f"{workflow_type!r:.80}"
+            )
         with self._lock:
             counts = self._by_type[family]
             if workflow_type not in counts and len(counts) >= MAX_TYPE_LABELS:
@@ -436,7 +440,7 @@ def metric_families(snapshot: MetricsSnapshot) -> list[Family]:
             "counter",
             "Claims this engine lost locally, by cause",
             ("cause",),
-            tuple(((c,), snapshot.lost.get(c, 0)) for c in LOSS_CAUSES),
+            tuple(((c,), snapshot.lost.get(c, 0)) for c in CLAIM_LOSS_CAUSES),
         ),
         Family(
             RECLAIMED_FAMILY,

@@ -25,7 +25,7 @@ import contextlib
 from collections.abc import Iterator
 from typing import Any
 
-__all__ = ["OTEL_MISSING", "Tracing", "resolve_tracing"]
+__all__ = ["OTEL_MISSING", "Tracing", "resolve_tracing", "validate_tracing"]
 
 OTEL_MISSING = (
     "tracing needs the OpenTelemetry API; install the 'otel' extra: pip install \"weft_sync[otel]\""
@@ -93,6 +93,20 @@ class Tracing:
         span.end(end_time=started_ns + int(seconds * 1e9))
 
 
+def validate_tracing(tracing: object) -> object:
+    """Return ``tracing`` if ``Ownership.open`` accepts it (see :func:`resolve_tracing`).
+
+    :raises TypeError: it is not ``None``, a bool, or an object with ``get_tracer``.
+    """
+    if tracing is None or isinstance(tracing, bool):
+        return tracing
+    if callable(getattr(tracing, "get_tracer", None)):
+        return tracing
+    raise TypeError(
+        f"tracing must be True, False or an OpenTelemetry TracerProvider, got {tracing!r:.80}"
+    )
+
+
 def resolve_tracing(tracing: object, engine_id: str) -> Tracing | None:
     """Turn ``Ownership.open``'s ``tracing`` argument into a :class:`Tracing` (or ``None``).
 
@@ -101,12 +115,7 @@ def resolve_tracing(tracing: object, engine_id: str) -> Tracing | None:
     :raises TypeError: anything else.
     :raises ImportError: tracing is on and OpenTelemetry is not installed.
     """
+    validate_tracing(tracing)
     if tracing is None or tracing is False:
         return None
-    if tracing is True:
-        return Tracing(engine_id)
-    if callable(getattr(tracing, "get_tracer", None)):
-        return Tracing(engine_id, tracing)
-    raise TypeError(
-        f"tracing must be True, False or an OpenTelemetry TracerProvider, got {tracing!r:.80}"
-    )
+    return Tracing(engine_id, None if tracing is True else tracing)

@@ -35,15 +35,27 @@ from __future__ import annotations
 
 import builtins
 import logging
+import os
 import threading
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any, Final
 
 from . import keys
+from ._fork import process_bound, process_bound_class
 from .claims.registry import ClaimRegistry, WarnSink
 from .clock import Clock, system_clock
-from .codec import WorkflowRecord, decode_holder, encode_workflow_record
-from .errors import ClosedError, FencedWriteConflict, WorkflowClaimUnavailableError
+from .codec import (
+    WorkflowRecord,
+    decode_holder,
+    encode_workflow_record,
+    try_decode_workflow_record,
+)
+from .errors import (
+    ClosedError,
+    FencedWriteConflict,
+    WorkflowClaimUnavailableError,
+    WorkflowExistsError,
+)
 from .ledger.external import EXTERNAL_MAX_ATTEMPTS, SUSPENDABLE_STATUSES, ExternalTransitions
 from .ledger.fencing import (
     Fence,
@@ -75,6 +87,7 @@ from .ledger.records import (
 from .ledger.signals import SignalBuffer
 from .ledger.updates import UpdateHandler, UpdateQueue, WorkflowUpdate
 from .maintenance.targets import ParkedSignalWait
+from .metrics import ClaimMetrics
 from .storage.base import Condition, Delete, Operation, Put, Storage, storage_conditional_batch
 
 __all__ = [
@@ -97,8 +110,12 @@ START_MAX_ATTEMPTS: Final = 3
 _RESUMABLE: Final = frozenset({"running", "suspended"})
 
 
+@process_bound_class
 class Workflows:
     """The workflow ledger of one engine (reached as ``Ownership.workflows``).
+
+    In a child that inherited it across ``os.fork()`` every method but :meth:`close` raises
+    :class:`~weft_sync.errors.ClosedError` (it would write under the parent's engine id).
 
     :param storage: the shared store; it must be the registry's own store, since acquire and
         release fragments are committed in the ledger's writes.
@@ -106,6 +123,8 @@ class Workflows:
         :meth:`bind_registry`.
     :param clock: milliseconds since the Unix epoch, for record timestamps and key order.
     :param warn: receives claim-lost and wake-discarded warnings; default :func:`warnings.warn`.
+    :param metrics: counts every claim ``start`` and ``resume`` acquire as an ``acquired``
+        attempt.
     :param fence_observers: told of every fenced commit (latency metrics, tracing).
     """
 
@@ -116,6 +135,7 @@ class Workflows:
         *,
         clock: Clock = system_clock,
         warn: WarnSink | None = None,
+        metrics: ClaimMetrics | None = None,
         fence_observers: Sequence[FenceObserver] = (),
     ) -> None:
         if not callable(clock):
@@ -124,6 +144,8 @@ class Workflows:
             raise TypeError(f"warn must be a callable taking a Warning, or None, got {warn!r}")
         self._storage = storage
         self._clock = clock
+        self._fork_pid = os.getpid()  # see process_bound_class
+        self._metrics = metrics
         # _lock guards _registry and _closed.
         self._lock = threading.Lock()
         self._registry: ClaimRegistry | None = None
@@ -150,6 +172,7 @@ class Workflows:
         return self._storage
 
     @property
+    @process_bound
     def registry(self) -> ClaimRegistry | None:
         """The bound claim registry, or ``None``."""
         return self._current_registry()
@@ -212,20 +235,29 @@ class Workflows:
         The write is conditioned on the record being absent and on the acquire fragment (holder
         absent, epoch as read); it also clears related records a purge may have left behind.
 
-        :raises WorkflowClaimUnavailableError: the id exists or its claim is held (``held_by``
-            names the holder when one is readable); nothing was written.
+        :raises WorkflowExistsError: a workflow with this id exists (its ``status`` says in
+            which state); nothing was written. A :class:`WorkflowClaimUnavailableError`.
+        :raises WorkflowClaimUnavailableError: a claim without a record (``Ownership.claim()``)
+            holds the id (``held_by`` names the holder when one is readable); nothing was
+            written.
         :raises ValueError: bad id or type, or ``input`` is not MessagePack-encodable.
         """
         wid = keys.validate_workflow_id(workflow_id)
         validate_name("workflow type", type)
         registry = self._fence.registry()
+        # In flight for the registry's close(): it waits for this start before releasing all.
+        with registry.operation("Workflows.start()"):
+            return self._start(registry, wid, type, input)
+
+    def _start(self, registry: ClaimRegistry, wid: str, type: str, input: Any) -> WorkflowRecord:
         now = self._clock()
         record = WorkflowRecord(wid, type, "running", input, now, now)
         record_bytes = encode_workflow_record(record)
         record_key = keys.workflow(wid)
         for _ in range(START_MAX_ATTEMPTS):
-            if self._storage.get(record_key) is not None:
-                raise WorkflowClaimUnavailableError(wid, self._holder_engine(wid))
+            existing = self._storage.get(record_key)
+            if existing is not None:
+                raise self._exists_error(wid, existing)
             leftovers = [Delete(key) for key, _ in self._storage.scan(related_prefix(wid))]
             prep = registry.prepare_acquire_fragment(wid)
             conditions = [Condition(record_key, None), *prep.fragment.conditions]
@@ -237,16 +269,26 @@ class Workflows:
             ]
             if storage_conditional_batch(self._storage, conditions, operations):
                 registry.record_folded_acquire(wid, prep)
+                if self._metrics is not None:
+                    self._metrics.record_claim_attempt("acquired")
                 _log.info("started workflow %r (%s) at epoch %d", wid, type, prep.epoch)
                 return record
+            existing = self._storage.get(record_key)
+            if existing is not None:
+                raise self._exists_error(wid, existing)
             holder = self._storage.get(keys.workflow_owner_holder(wid))
-            if holder is not None or self._storage.get(record_key) is not None:
+            if holder is not None:
                 decoded = decode_holder(holder)
                 raise WorkflowClaimUnavailableError(
                     wid, None if decoded is None else decoded.engine_id
                 )
             _log.debug("start of workflow %r: only the epoch moved; preparing again", wid)
         raise WorkflowClaimUnavailableError(wid, None)
+
+    def _exists_error(self, wid: str, record_bytes: bytes) -> WorkflowExistsError:
+        record = try_decode_workflow_record(record_bytes)
+        status = "unreadable" if record is None else record.status
+        return WorkflowExistsError(wid, status, self._holder_engine(wid))
 
     def get(self, workflow_id: str) -> WorkflowRecord | None:
         """The workflow's record, or ``None``.
@@ -388,16 +430,17 @@ class Workflows:
         """
         wid = keys.validate_workflow_id(workflow_id)
         registry = self._fence.registry()
-        _raw, record = self._require_record(wid)
-        if record.status not in _RESUMABLE:
-            raise WorkflowStateError(wid, record.status, "resume", _RESUMABLE)
-        epoch = self._acquire_standalone(registry, wid)
-        try:
-            return self._mark_running(wid)
-        except (WorkflowStateError, WorkflowNotFoundError):
-            # Finished or purged between the check and the acquire: give the claim back.
-            registry.release(wid, expected_epoch=epoch)
-            raise
+        with registry.operation("Workflows.resume()"):
+            _raw, record = self._require_record(wid)
+            if record.status not in _RESUMABLE:
+                raise WorkflowStateError(wid, record.status, "resume", _RESUMABLE)
+            epoch = self._acquire_standalone(registry, wid)
+            try:
+                return self._mark_running(wid)
+            except (WorkflowStateError, WorkflowNotFoundError):
+                # Finished or purged between the check and the acquire: give the claim back.
+                registry.release(wid, expected_epoch=epoch)
+                raise
 
     def _acquire_standalone(self, registry: ClaimRegistry, wid: str) -> int:
         epoch = registry.current_epoch(wid)
@@ -417,6 +460,8 @@ class Workflows:
         result = registry.acquire(wid)
         if result.status != "acquired" or result.epoch is None:
             raise WorkflowClaimUnavailableError(wid, result.held_by)
+        if self._metrics is not None:
+            self._metrics.record_claim_attempt("acquired")
         return result.epoch
 
     def _mark_running(self, wid: str) -> WorkflowRecord:

@@ -217,7 +217,7 @@ def test_the_exposition_with_every_family_parses(engine: Ownership) -> None:
     engine.run_maintenance()
     metrics = engine.metrics
     metrics.record_reclaimed('odd "type"\nwith\\escapes')
-    metrics.record_claim_lost("deadline")
+    metrics.record_claims_lost("deadline")
     samples = _samples(serialize_prometheus(metrics.snapshot()))
     assert samples[("weft_workflow_claim_renewal_seconds_count", ())] == 1
     assert samples[("weft_workflow_claim_pass_seconds_count", (("subpass", "reclaim"),))] == 1

@@ -26,6 +26,7 @@ from ..claims.registry import ClaimRegistry, WarnSink
 from ..codec import decode_epoch, decode_holder
 from ..errors import (
     EngineDeposedError,
+    StoreIdentityError,
     WeftError,
     WorkflowClaimLostWarning,
     WorkflowWakeDiscardedWarning,
@@ -220,6 +221,8 @@ class Fence:
         :raises EngineDeposedError: the registry holds no epoch (no storage round trip), or the
             CAS failed and the epoch key is now absent, different, corrupt or unreadable.
         :raises StorageError: the commit itself failed.
+        :raises StoreIdentityError: the store was replaced; every claim of this engine has been
+            lost locally (cause ``store_identity``).
         """
         if not self._observers:
             return self._commit(workflow_id, conditions, operations)
@@ -251,8 +254,13 @@ class Fence:
         fence = self.fence_bytes(workflow_id)
         epoch_key = keys.workflow_owner_epoch(workflow_id)
         fenced = [*conditions, Condition(epoch_key, fence)]
-        if storage_conditional_batch(self._storage, fenced, operations):
-            return True
+        try:
+            if storage_conditional_batch(self._storage, fenced, operations):
+                return True
+        except StoreIdentityError as exc:
+            # Another store now sits at this location: nothing this engine holds is vouched for.
+            self.registry().lose_store(exc)
+            raise
         try:
             observed = self._storage.get(epoch_key)
         except Exception as exc:

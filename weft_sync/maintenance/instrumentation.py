@@ -32,7 +32,7 @@ _SETTLED = frozenset(
 class PassMarginSource(Protocol):
     """What tracks the smallest expiry of a renewal pass (the registry's renewal target)."""
 
-    def finish_pass(self, now: int) -> None:
+    def finish_pass(self) -> None:
         """Publish the pass's expiry margin and start a new pass."""
 
 
@@ -87,7 +87,7 @@ def metrics_bridge(
                 metrics.record_claim_renewal_failure()
         metrics.set_active_claims(len(registry.list_held_workflow_ids()))
         if margins is not None and result.kind in (PassKind.FULL, PassKind.RENEWAL):
-            margins.finish_pass(result.finished_at)
+            margins.finish_pass()
         if result.reclaim is not None:
             metrics.set_reclaim_backlog(*reclaim_backlog(result.reclaim))
         if then is not None:

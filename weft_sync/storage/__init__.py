@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
+from ..redaction import redact_url
 from .base import (
     Batch,
     Condition,
@@ -44,7 +45,7 @@ __all__ = [
 
 SUPPORTED_SCHEMES = ("sqlite", "postgresql", "postgres")
 _SQLITE_PARAMS = ("table", "busy_timeout_ms", "synchronous")
-_POSTGRES_PARAMS = ("table", "min_size", "max_size", "timeout")
+_POSTGRES_PARAMS = ("table", "min_size", "max_size", "timeout", "lock_timeout")
 
 
 def __getattr__(name: str) -> Any:
@@ -56,7 +57,7 @@ def __getattr__(name: str) -> Any:
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
-def open_storage(url: str) -> Storage:
+def open_storage(url: str, *, read_only: bool = False) -> Storage:
     """Open the store a URL names.
 
     - ``sqlite:///relative/path.db`` or ``sqlite:////absolute/path.db``, with optional query
@@ -65,6 +66,12 @@ def open_storage(url: str) -> Storage:
       ``min_size``, ``max_size`` and ``timeout`` (seconds to wait for a pooled connection);
       every other query parameter is passed to libpq.
 
+    With ``read_only`` the store must already exist and nothing is ever created or written: the
+    SQLite file is opened with ``mode=ro`` (no writer thread, no lock file, no table), the
+    PostgreSQL table is checked, not created; every write raises
+    :class:`~weft_sync.errors.ReadOnlyStorageError`. Error messages show the URL with its
+    password masked.
+
     :raises ValueError: unknown scheme, a missing path, or an unknown or malformed parameter.
     """
     if not isinstance(url, str):
@@ -72,12 +79,12 @@ def open_storage(url: str) -> Storage:
     scheme, sep, _ = url.partition("://")
     if not sep or scheme.lower() not in SUPPORTED_SCHEMES:
         raise ValueError(
-            f"unsupported storage URL {url!r}: the scheme must be one of "
+            f"unsupported storage URL {redact_url(url)!r}: the scheme must be one of "
             f"{', '.join(s + '://' for s in SUPPORTED_SCHEMES)}"
         )
     if scheme.lower() == "sqlite":
-        return _open_sqlite(url)
-    return _open_postgres(url)
+        return _open_sqlite(url, read_only)
+    return _open_postgres(url, read_only)
 
 
 def _split_params(
@@ -88,14 +95,16 @@ def _split_params(
     for key, value in parse_qsl(query, keep_blank_values=True):
         if key in ours:
             if key in mine:
-                raise ValueError(f"storage URL {url!r} gives the parameter {key!r} twice")
+                raise ValueError(
+                    f"storage URL {redact_url(url)!r} gives the parameter {key!r} twice"
+                )
             mine[key] = value
         elif pass_through:
             rest.append((key, value))
         else:
             raise ValueError(
-                f"unknown parameter {key!r} in storage URL {url!r}; valid parameters are "
-                f"{', '.join(ours)}"
+                f"unknown parameter {key!r} in storage URL {redact_url(url)!r}; valid "
+                f"parameters are {', '.join(ours)}"
             )
     return mine, rest
 
@@ -108,30 +117,32 @@ def _int_param(url: str, params: dict[str, str], name: str) -> int | None:
         return int(raw)
     except ValueError:
         raise ValueError(
-            f"parameter {name}={raw!r} in storage URL {url!r} must be a whole number"
+            f"parameter {name}={raw!r} in storage URL {redact_url(url)!r} must be a whole number"
         ) from None
 
 
-def _open_sqlite(url: str) -> Storage:
+def _open_sqlite(url: str, read_only: bool) -> Storage:
     rest = url.split("://", 1)[1]
     location, _, query = rest.partition("?")
     if not location.startswith("/"):
         raise ValueError(
-            f"storage URL {url!r} names a host; SQLite URLs take a path: "
+            f"storage URL {redact_url(url)!r} names a host; SQLite URLs take a path: "
             f"sqlite:///relative/path.db or sqlite:////absolute/path.db"
         )
     path = location[1:]
     if not path:
         raise ValueError(
-            f"storage URL {url!r} has no file path; use sqlite:///relative/path.db or "
+            f"storage URL {redact_url(url)!r} has no file path; use sqlite:///relative/path.db or "
             f"sqlite:////absolute/path.db"
         )
     if "\x00" in path:
-        raise ValueError(f"storage URL {url!r} has a NUL character in its path")
+        raise ValueError(f"storage URL {redact_url(url)!r} has a NUL character in its path")
     try:
         path.encode("utf-8")
     except UnicodeEncodeError:
-        raise ValueError(f"storage URL {url!r} has a path that is not valid Unicode") from None
+        raise ValueError(
+            f"storage URL {redact_url(url)!r} has a path that is not valid Unicode"
+        ) from None
     params, _ = _split_params(url, query, _SQLITE_PARAMS, pass_through=False)
     kwargs: dict[str, Any] = {}
     if "table" in params:
@@ -141,15 +152,15 @@ def _open_sqlite(url: str) -> Storage:
         kwargs["busy_timeout_ms"] = timeout
     if "synchronous" in params:
         kwargs["synchronous"] = params["synchronous"]
-    storage: Storage = SqliteStorage(path, **kwargs)
+    storage: Storage = SqliteStorage(path, read_only=read_only, **kwargs)
     return storage
 
 
-def _open_postgres(url: str) -> Storage:
+def _open_postgres(url: str, read_only: bool) -> Storage:
     try:
         parts = urlsplit(url)
     except ValueError as exc:
-        raise ValueError(f"malformed storage URL {url!r}: {exc}") from None
+        raise ValueError(f"malformed storage URL {redact_url(url)!r}: {exc}") from None
     params, rest = _split_params(url, parts.query, _POSTGRES_PARAMS, pass_through=True)
     dsn = urlunsplit((parts.scheme, parts.netloc, parts.path, urlencode(rest), parts.fragment))
     kwargs: dict[str, Any] = {}
@@ -159,15 +170,16 @@ def _open_postgres(url: str) -> Storage:
         value = _int_param(url, params, name)
         if value is not None:
             kwargs[name] = value
-    if "timeout" in params:
-        try:
-            kwargs["timeout"] = float(params["timeout"])
-        except ValueError:
-            raise ValueError(
-                f"parameter timeout={params['timeout']!r} in storage URL {url!r} must be a "
-                f"number of seconds"
-            ) from None
+    for name in ("timeout", "lock_timeout"):
+        if name in params:
+            try:
+                kwargs[name] = float(params[name])
+            except ValueError:
+                raise ValueError(
+                    f"parameter {name}={params[name]!r} in storage URL {redact_url(url)!r} "
+                    f"must be a number of seconds"
+                ) from None
     from .postgres import PostgresStorage
 
-    storage: Storage = PostgresStorage(dsn, **kwargs)
+    storage: Storage = PostgresStorage(dsn, read_only=read_only, **kwargs)
     return storage

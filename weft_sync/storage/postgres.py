@@ -23,7 +23,9 @@ except ImportError as exc:  # pragma: no cover - depends on the installed extras
         f"'pip install weft_sync[postgres]'"
     ) from exc
 
-from ..errors import ClosedError, StorageError
+from .._fork import inherited_error, pin, process_bound_class, register_at_fork
+from ..errors import ClosedError, MissingStoreError, ReadOnlyStorageError, StorageError
+from ..redaction import redact_text
 from .base import (
     Batch,
     Condition,
@@ -38,6 +40,7 @@ from .base import (
     validate_table_name,
 )
 from .cas import CasRow, cas_batches, validate_cas_rows
+from .fence_target import PostgresFenceTarget, PostgresIdentity, quote_identifier
 from .postgres_sql import Plan, Queries, advisory_key, disjoint, renewal_keys
 from .reads import validate_keys
 
@@ -52,25 +55,23 @@ _CAPABILITIES: Final = StorageCapabilities(
 )
 # Written into a key that a batch requires absent but does not write; deleted before commit.
 _PLACEHOLDER: Final = b""
-# Pools inherited across os.fork() are never closed in the child (closing would end the parent's
-# sessions); keeping them referenced here keeps their finalisers from running in the child.
-_INHERITED: list[object] = []
+_SERVER_TIME: Final = "SELECT (extract(epoch FROM clock_timestamp()) * 1000)::bigint"
 _LIVE: weakref.WeakSet[PostgresStorage] = weakref.WeakSet()
 
 
 def _after_fork_in_child() -> None:
     for store in list(_LIVE):
-        store._reset_lock_after_fork()
+        store._abandon_in_child()
 
 
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_after_fork_in_child)
+register_at_fork(after_in_child=_after_fork_in_child)
 
 
 class _Refused(Exception):
     """A conditional batch failed after it had written; its transaction or savepoint rolls back."""
 
 
+@process_bound_class
 class PostgresStorage:
     """Store keys in one PostgreSQL table, safely across threads, processes and hosts.
 
@@ -95,8 +96,9 @@ class PostgresStorage:
     Connections come from a ``psycopg_pool.ConnectionPool`` (autocommit sessions) that checks each
     connection before lending it, so calls succeed again once a restarted server is back. A
     connection lost during COMMIT leaves the outcome unknown: ``StorageError`` is raised and the
-    caller must re-read. After ``os.fork()`` the child leaves the inherited pool alone and opens
-    its own on first use.
+    caller must re-read. In a child that inherited this instance across ``os.fork()`` it raises
+    :class:`~weft_sync.errors.ClosedError`; the inherited pool is left alone, never closed (that
+    would end the parent's sessions, which share its sockets): the child opens its own storage.
 
     :param dsn: a libpq connection string or ``postgresql://`` URL. ``connect_timeout`` defaults
         to ``timeout`` when it does not set one.
@@ -104,6 +106,14 @@ class PostgresStorage:
     :param min_size: connections the pool keeps open.
     :param max_size: connections the pool may open at most.
     :param timeout: seconds a call waits for a pooled connection before raising ``StorageError``.
+    :param lock_timeout: seconds a statement of this store waits for a row lock before failing
+        with ``StorageError`` (the session's ``lock_timeout``), or ``None`` for no bound. Our own
+        transactions hold row locks for milliseconds; the bound matters when a host's fenced
+        transaction (:mod:`weft_sync.fencing`) holds an epoch row: a takeover waiting for it fails
+        and is retried by a later pass instead of stalling its maintenance pass.
+    :param read_only: use an existing table for reading only: it is checked, never created, and
+        every session runs with ``default_transaction_read_only``, so the server itself refuses
+        writes (raised as :class:`~weft_sync.errors.ReadOnlyStorageError`).
     :raises ValueError: a bad table name, pool size or timeout, or a malformed ``dsn``.
     :raises StorageError: the server cannot be reached, or the table exists with another key
         collation.
@@ -117,6 +127,8 @@ class PostgresStorage:
         min_size: int = 1,
         max_size: int = 16,
         timeout: float = 30.0,
+        lock_timeout: float | None = 10.0,
+        read_only: bool = False,
     ) -> None:
         if not isinstance(dsn, str):
             raise TypeError(f"dsn must be a connection string, got {type(dsn).__name__}")
@@ -128,16 +140,22 @@ class PostgresStorage:
         self._min_size = min_size
         self._max_size = max_size
         self._timeout = float(timeout)
+        self._lock_timeout_ms = _lock_timeout_ms(lock_timeout)
+        self._read_only = bool(read_only)
         self._connect_kwargs = _connect_kwargs(dsn, self._timeout)
         self._q = Queries(self._table)
-        self._lock = threading.Lock()  # guards _pool, _pool_pid and _closed
+        self._lock = threading.Lock()  # guards _pool and _closed
         # Per thread: whether the connection being borrowed skips the pool's check (see _read).
         self._lending = threading.local()
         self._pool: ConnectionPool[_Conn] | None = None
-        self._pool_pid = os.getpid()
+        self._fork_pid = os.getpid()
         self._closed = False
+        self._fence_target: PostgresFenceTarget | None = None
         with self._translate("table setup"):
-            self._ensure_table()
+            if self._read_only:
+                self._check_table()
+            else:
+                self._ensure_table()
         pool = self._new_pool()
         try:
             with self._translate("connection pool start"):
@@ -175,6 +193,21 @@ class PostgresStorage:
                 f"choose another table name"
             )
 
+    def _check_table(self) -> None:
+        """Check that the table exists, on a direct read-only connection; create nothing."""
+        with psycopg.connect(self._dsn, **self._connect_kwargs) as conn:
+            ident = sql.Identifier(self._table).as_string(conn)
+            row = conn.execute("SELECT to_regclass(%s) IS NOT NULL", [ident]).fetchone()
+        if row is None or not row[0]:
+            raise MissingStoreError(
+                f"PostgreSQL database has no table {self._table!r} (opened read-only, so it is "
+                f"not created)"
+            )
+
+    @staticmethod
+    def _configure_read_only(conn: _Conn) -> None:
+        conn.execute("SET default_transaction_read_only = on")
+
     def _new_pool(self) -> ConnectionPool[_Conn]:
         return ConnectionPool(
             self._dsn,
@@ -183,45 +216,40 @@ class PostgresStorage:
             max_size=self._max_size,
             open=False,
             check=self._check_lent,
+            configure=self._configure,
             name=f"weft-pg[{self._table}]",
             timeout=self._timeout,
         )
 
     # -- connections -------------------------------------------------------------------------
 
-    def _reset_lock_after_fork(self) -> None:
+    def _abandon_in_child(self) -> None:
+        """In a forked child: keep the inherited pool referenced and unused, never closed."""
         # Another parent thread may have held the lock at fork(); the child has only this thread.
         self._lock = threading.Lock()
+        pool, self._pool = self._pool, None
+        if pool is not None:
+            pin(pool)
+        self._closed = True
+        _LIVE.discard(self)
 
     def _check_open(self) -> None:
+        if self._fork_pid != os.getpid():
+            raise inherited_error(self, self._fork_pid)
         with self._lock:
             closed = self._closed
         if closed:
             raise self._closed_error()
 
     def _current_pool(self) -> ConnectionPool[_Conn]:
-        """Return this process's pool, abandoning one inherited across ``fork()``."""
-        pid = os.getpid()
+        """Return the pool, unless this instance is closed or was inherited across a fork."""
+        if self._fork_pid != os.getpid():
+            raise inherited_error(self, self._fork_pid)
         with self._lock:
-            if self._closed:
-                raise self._closed_error()
-            if self._pool is not None and self._pool_pid == pid:
-                return self._pool
-            if self._pool is not None:
-                _INHERITED.append(self._pool)
-                self._pool = None
-        fresh = self._new_pool()
-        fresh.open(wait=False)
-        with self._lock:
-            current, closed = self._state()
-            if current is None and not closed:
-                self._pool, self._pool_pid = fresh, pid
-                _log.debug("PostgresStorage(%r) opened a new pool in process %d", self._table, pid)
-                return fresh
-        fresh.close()
-        if current is None:
+            pool, closed = self._state()
+        if closed or pool is None:
             raise self._closed_error()
-        return current
+        return pool
 
     def _state(self) -> tuple[ConnectionPool[_Conn] | None, bool]:
         return self._pool, self._closed
@@ -234,8 +262,13 @@ class PostgresStorage:
         except psycopg.Error as exc:
             if isinstance(exc, PoolClosed) and self._closed:
                 raise self._closed_error() from None
+            if isinstance(exc, psycopg.errors.ReadOnlySqlTransaction) and self._read_only:
+                raise ReadOnlyStorageError(
+                    f"PostgresStorage for table {self._table!r} was opened read-only; "
+                    f"{action} refused"
+                ) from exc
             raise StorageError(
-                f"PostgreSQL {action} on table {self._table!r} failed: {exc}"
+                f"PostgreSQL {action} on table {self._table!r} failed: {redact_text(str(exc))}"
             ) from exc
 
     def _closed_error(self) -> ClosedError:
@@ -260,6 +293,12 @@ class PostgresStorage:
                     yield conn
             finally:
                 pool.putconn(conn)
+
+    def _configure(self, conn: _Conn) -> None:
+        """Set up a new pooled session: bound its row-lock waits; read-only when asked."""
+        conn.execute("SELECT set_config('lock_timeout', %s, false)", [f"{self._lock_timeout_ms}ms"])
+        if self._read_only:
+            self._configure_read_only(conn)
 
     def _check_lent(self, conn: _Conn) -> None:
         """The pool's check of a connection it is about to lend (skipped for retried reads)."""
@@ -290,6 +329,20 @@ class PostgresStorage:
     @property
     def capabilities(self) -> StorageCapabilities:
         return _CAPABILITIES
+
+    def server_time_ms(self) -> int:
+        """The database server's clock: milliseconds since the Unix epoch (one round trip).
+
+        ``clock_timestamp()`` is read when the statement runs, not at transaction start, so a
+        caller that notes its own clock before and after the call bounds the server's reading.
+        """
+        rows = self._read("server clock read", _SERVER_TIME, [])
+        return int(rows[0][0])
+
+    @property
+    def read_only(self) -> bool:
+        """Whether the store was opened read-only."""
+        return self._read_only
 
     def get(self, key: str) -> bytes | None:
         validate_key(key)
@@ -388,6 +441,19 @@ class PostgresStorage:
         with self._connection("conditional_batches") as conn, conn.transaction():
             return [self._run(conn, plan, savepoint=True) for plan in plans]
 
+    def fence_target(self) -> PostgresFenceTarget:
+        """Where this store's table is, for :mod:`weft_sync.fencing` (read once, then cached).
+
+        See :class:`~weft_sync.storage.fence_target.SupportsHostFence`.
+        """
+        target = self._fence_target
+        if target is None:
+            rows = self._read("fence identity", self._q.identity, [quote_identifier(self._table)])
+            sysid, database, oid, schema = rows[0]
+            identity = PostgresIdentity(str(sysid), str(database), int(oid), str(schema))
+            target = self._fence_target = PostgresFenceTarget(self._table, identity)
+        return target
+
     def compare_and_set_many(self, rows: Sequence[CasRow]) -> list[bool]:
         """Set each ``(key, expected, new)`` row's key to ``new`` if it holds ``expected``.
 
@@ -404,19 +470,20 @@ class PostgresStorage:
         return self.conditional_batches(cas_batches(checked))
 
     def close(self) -> None:
+        """Close the pool; idempotent. In a forked child it only lets go of the inherited one."""
+        if self._fork_pid != os.getpid():
+            if not self._closed:
+                self._abandon_in_child()
+            return
         with self._lock:
             if self._closed:
                 return
             self._closed = True
-            pool, owned = self._pool, self._pool_pid == os.getpid()
+            pool = self._pool
             self._pool = None
         _LIVE.discard(self)
-        if pool is None:
-            return
-        if owned:
+        if pool is not None:
             pool.close()
-        else:
-            _INHERITED.append(pool)
 
     def __enter__(self) -> PostgresStorage:
         return self
@@ -541,11 +608,29 @@ def _check_pool_sizes(min_size: object, max_size: object) -> None:
         )
 
 
+def _lock_timeout_ms(lock_timeout: object) -> int:
+    """``lock_timeout`` seconds as the session setting's milliseconds (0: no bound)."""
+    if lock_timeout is None:
+        return 0
+    if (
+        isinstance(lock_timeout, bool)
+        or not isinstance(lock_timeout, (int, float))
+        or not 0 < lock_timeout < 86_400
+    ):
+        raise ValueError(
+            f"lock_timeout must be a positive number of seconds below one day, or None, got "
+            f"{lock_timeout!r}"
+        )
+    return max(1, math.ceil(lock_timeout * 1000))
+
+
 def _connect_kwargs(dsn: str, timeout: float) -> dict[str, Any]:
     try:
         params = conninfo_to_dict(dsn)
     except psycopg.ProgrammingError as exc:
-        raise ValueError(f"invalid PostgreSQL connection string: {exc}") from None
+        raise ValueError(
+            f"invalid PostgreSQL connection string {redact_text(dsn)!r}: {redact_text(str(exc))}"
+        ) from None
     kwargs: dict[str, Any] = {"autocommit": True}
     if "connect_timeout" not in params:
         kwargs["connect_timeout"] = max(2, math.ceil(timeout))

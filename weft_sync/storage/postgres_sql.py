@@ -79,6 +79,11 @@ class Queries:
             "WHERE {t}.key = u.k AND {t}.value = u.e RETURNING {t}.key"
         ).format(t=t)
         self.scan = sql.SQL("SELECT key, value FROM {t}").format(t=t)
+        self.identity = sql.SQL(
+            "SELECT s.system_identifier::text, current_database(), c.oid::bigint, n.nspname "
+            "FROM pg_control_system() AS s, pg_class AS c "
+            "JOIN pg_namespace AS n ON n.oid = c.relnamespace WHERE c.oid = to_regclass(%s)"
+        )
 
 
 def advisory_key(table: str) -> int:
