@@ -119,6 +119,7 @@ class Ownership:
             on_reclaimed=settings.on_reclaimed,
             is_eligible=settings.is_eligible,
             metrics=metrics,
+            tracing=instruments.tracing,
         )
         clock = settings.clock
         workflows = Workflows(

@@ -92,20 +92,27 @@ def test_a_slow_store_moves_the_renewal_histogram_and_shrinks_the_margin(
     assert slow.expiry_margin_seconds == pytest.approx((TTL_MS - 800) / 1000, abs=0.001)
 
 
-def test_failing_renewals_drain_the_margin_toward_zero(
+def test_failing_renewals_drain_the_margin_until_the_deadline_gives_the_claim_up(
     engine: Ownership, gated: GatedStorage, clock: ManualClock
 ) -> None:
     engine.workflows.start("wf-1", "job")
     engine.run_maintenance()
-    margins = []
-    for _ in range(2):
-        clock.advance(RENEW_MS)
-        gated.raise_on_next_cas(StorageError("store unreachable"))
-        engine.run_maintenance()
-        margins.append(engine.metrics.snapshot().expiry_margin_seconds)
+    clock.advance(RENEW_MS)
+    gated.raise_on_next_cas(StorageError("store unreachable"))
+    engine.run_maintenance()
     # The record still expires where the last successful renewal put it.
-    assert margins == [pytest.approx((TTL_MS - RENEW_MS) / 1000), pytest.approx(1.0)]
-    assert engine.metrics.snapshot().renewal_failures == 2
+    snap = engine.metrics.snapshot()
+    assert snap.expiry_margin_seconds == pytest.approx((TTL_MS - RENEW_MS) / 1000)
+    assert (snap.renewal_failures, snap.lost["deadline"]) == (1, 0)
+
+    clock.advance(RENEW_MS)
+    gated.raise_on_next_cas(StorageError("store unreachable"))
+    engine.run_maintenance()
+    # TTL - renew interval without a successful renewal: lost locally, so nothing is held.
+    snap = engine.metrics.snapshot()
+    assert snap.lost["deadline"] == 1
+    assert snap.expiry_margin_seconds is None
+    assert engine.registry.list_held_workflow_ids() == []
 
 
 def test_the_margin_is_unknown_while_nothing_is_held(engine: Ownership) -> None:
@@ -244,3 +251,68 @@ def test_histogram_buckets_follow_the_configured_timing(engine: Ownership) -> No
     assert RENEW_MS / 1000 in bounds and (TTL_MS - RENEW_MS) / 1000 in bounds
     # Takeovers are allowed two renew intervals after the expiry.
     assert 2 * RENEW_MS / 1000 in snap.takeover_delay_seconds.bounds
+
+
+def _strand(storage: Storage, clock: ManualClock, workflow_id: str, workflow_type: str) -> int:
+    """A running workflow whose owner died; returns its holder's expiry."""
+    with Ownership.open(
+        storage, options=OPTIONS, clock=clock, background="manual", engine_id="dead"
+    ) as dead:
+        dead.workflows.start(workflow_id, workflow_type)
+        expires_at = dead.registry.tracked_expires_at(workflow_id)
+        dead.registry.forget_local_claim(workflow_id)
+    assert expires_at is not None
+    return expires_at
+
+
+def test_a_takeover_observes_its_delay_and_counts_the_drive_by_type(
+    storage: Storage, clock: ManualClock
+) -> None:
+    expires_at = _strand(storage, clock, "wf-1", "payout")
+    clock.advance(TTL_MS + 3 * RENEW_MS)
+    driven: list[int] = []
+    with Ownership.open(
+        storage,
+        options=OPTIONS,
+        clock=clock,
+        background="manual",
+        engine_id="survivor",
+        handlers={"payout": lambda ctx: driven.append(ctx.epoch)},
+    ) as survivor:
+        survivor.run_maintenance()
+        snap = survivor.metrics.snapshot()
+    assert driven == [2]
+    assert snap.takeover_delay_seconds is not None
+    assert snap.takeover_delay_seconds.count == 1
+    assert snap.takeover_delay_seconds.total == pytest.approx((clock() - expires_at) / 1000)
+    assert (snap.reclaimed, snap.driven) == ({"payout": 1}, {"payout": 1})
+    assert (snap.handler_failures, snap.redrives) == ({}, 0)
+
+
+def test_a_failed_drive_counts_a_failure_then_a_redrive(
+    storage: Storage, clock: ManualClock
+) -> None:
+    _strand(storage, clock, "wf-1", "payout")
+    clock.advance(TTL_MS + 3 * RENEW_MS)
+    calls: list[int] = []
+
+    def flaky(ctx: Any) -> None:
+        calls.append(ctx.epoch)
+        if len(calls) == 1:
+            raise RuntimeError("payment gateway down")
+
+    with Ownership.open(
+        storage,
+        options=OPTIONS,
+        clock=clock,
+        background="manual",
+        engine_id="survivor",
+        handlers={"payout": flaky},
+    ) as survivor:
+        survivor.run_maintenance()
+        clock.advance(RENEW_MS)
+        survivor.run_maintenance()
+        snap = survivor.metrics.snapshot()
+    assert calls == [2, 2]
+    assert snap.reclaimed == {"payout": 1}  # one takeover, driven twice
+    assert (snap.handler_failures, snap.redrives, snap.driven) == ({"payout": 1}, 1, {"payout": 1})

@@ -119,3 +119,36 @@ def test_without_tracing_nothing_imports_opentelemetry(storage_url: str) -> None
     )
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip() == "[]"
+
+
+def test_a_takeover_drive_is_a_span_with_workflow_id_type_and_epoch(
+    storage: Storage, exporter: InMemorySpanExporter
+) -> None:
+    clock = ManualClock(1_700_000_000_000)
+    with Ownership.open(
+        storage, options=OPTIONS, clock=clock, background="manual", engine_id="dead"
+    ) as dead:
+        dead.workflows.start("wf-1", "payout")
+        dead.registry.forget_local_claim("wf-1")
+    clock.advance(10_000)
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    with Ownership.open(
+        storage,
+        options=OPTIONS,
+        clock=clock,
+        background="manual",
+        engine_id="survivor",
+        handlers={"payout": lambda ctx: None},
+        tracing=provider,
+    ) as survivor:
+        survivor.run_maintenance()
+    provider.shutdown()
+    (span,) = _named(exporter.get_finished_spans(), "weft_sync.takeover")
+    assert span.attributes is not None
+    assert dict(span.attributes) == {
+        "weft_sync.engine_id": "survivor",
+        "weft_sync.workflow_id": "wf-1",
+        "weft_sync.workflow_type": "payout",
+        "weft_sync.epoch": 2,
+    }
