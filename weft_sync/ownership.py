@@ -180,7 +180,7 @@ class Ownership:
         ):
             if value is not None and not callable(value):
                 raise TypeError(f"{name} must be callable or None, got {value!r}")
-        storage, owns_storage = _resolve_storage(url_or_storage)
+        storage, owns_storage = _resolve_storage(url_or_storage, options.claim_renew_interval_ms)
         try:
             ownership = cls(
                 storage,
@@ -545,9 +545,10 @@ class Ownership:
         )
 
 
-def _resolve_storage(url_or_storage: str | Storage) -> tuple[Storage, bool]:
+def _resolve_storage(url_or_storage: str | Storage, renew_ms: int) -> tuple[Storage, bool]:
     if isinstance(url_or_storage, str):
-        return open_storage(url_or_storage), True
+        # PostgreSQL derives its statement, lock and pool timeouts from the renew interval.
+        return open_storage(url_or_storage, renew_interval_ms=renew_ms), True
     if isinstance(url_or_storage, Storage):
         return url_or_storage, False
     raise TypeError(

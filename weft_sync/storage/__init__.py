@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
-from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
+from urllib.parse import parse_qsl, quote, urlencode, urlsplit, urlunsplit
 
 from .base import (
     Batch,
@@ -44,7 +44,15 @@ __all__ = [
 
 SUPPORTED_SCHEMES = ("sqlite", "postgresql", "postgres")
 _SQLITE_PARAMS = ("table", "busy_timeout_ms", "synchronous")
-_POSTGRES_PARAMS = ("table", "min_size", "max_size", "timeout")
+_POSTGRES_PARAMS = (
+    "table",
+    "min_size",
+    "max_size",
+    "timeout",
+    "renew_interval_ms",
+    "statement_timeout",
+    "lock_timeout",
+)
 
 
 def __getattr__(name: str) -> Any:
@@ -56,16 +64,22 @@ def __getattr__(name: str) -> Any:
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
-def open_storage(url: str) -> Storage:
+def open_storage(url: str, *, renew_interval_ms: int | None = None) -> Storage:
     """Open the store a URL names.
 
     - ``sqlite:///relative/path.db`` or ``sqlite:////absolute/path.db``, with optional query
       parameters ``table``, ``busy_timeout_ms`` and ``synchronous`` (``FULL`` or ``NORMAL``);
     - ``postgresql://…`` or ``postgres://…`` (any libpq URL), with optional ``table``,
-      ``min_size``, ``max_size`` and ``timeout`` (seconds to wait for a pooled connection);
-      every other query parameter is passed to libpq.
+      ``min_size``, ``max_size``, ``timeout`` (seconds to wait for a pooled connection),
+      ``renew_interval_ms``, ``statement_timeout`` and ``lock_timeout`` (milliseconds or a
+      duration such as ``5s``; see :class:`~weft_sync.storage.postgres.PostgresStorage`); every
+      other query parameter is passed to libpq, percent-encoded as libpq decodes it.
 
-    :raises ValueError: unknown scheme, a missing path, or an unknown or malformed parameter.
+    :param renew_interval_ms: the claim renew interval PostgreSQL's waits are derived from
+        (``Ownership.open`` passes its options'); a ``renew_interval_ms`` URL parameter wins.
+        SQLite ignores it.
+    :raises ValueError: unknown scheme, a missing path, or an unknown or malformed parameter
+        (negative, infinite, NaN or not a number), named in the message.
     """
     if not isinstance(url, str):
         raise TypeError(f"open_storage() needs a URL string, got {type(url).__name__} {url!r}")
@@ -77,7 +91,7 @@ def open_storage(url: str) -> Storage:
         )
     if scheme.lower() == "sqlite":
         return _open_sqlite(url)
-    return _open_postgres(url)
+    return _open_postgres(url, renew_interval_ms)
 
 
 def _split_params(
@@ -145,28 +159,36 @@ def _open_sqlite(url: str) -> Storage:
     return storage
 
 
-def _open_postgres(url: str) -> Storage:
+def _open_postgres(url: str, renew_interval_ms: int | None) -> Storage:
+    from .postgres_settings import (
+        check_connect_timeout,
+        parse_duration_param,
+        parse_seconds_param,
+    )
+
     try:
         parts = urlsplit(url)
     except ValueError as exc:
         raise ValueError(f"malformed storage URL {url!r}: {exc}") from None
     params, rest = _split_params(url, parts.query, _POSTGRES_PARAMS, pass_through=True)
-    dsn = urlunsplit((parts.scheme, parts.netloc, parts.path, urlencode(rest), parts.fragment))
-    kwargs: dict[str, Any] = {}
+    for key, raw in rest:
+        if key == "connect_timeout":
+            check_connect_timeout(url, raw)
+    # libpq decodes %XX but not "+", so spaces (as in options=-c x=1) must go out as %20.
+    query = urlencode(rest, quote_via=quote)
+    dsn = urlunsplit((parts.scheme, parts.netloc, parts.path, query, parts.fragment))
+    kwargs: dict[str, Any] = {"renew_interval_ms": renew_interval_ms}
     if "table" in params:
         kwargs["table"] = validate_table_name(params["table"])
-    for name in ("min_size", "max_size"):
-        value = _int_param(url, params, name)
-        if value is not None:
-            kwargs[name] = value
+    for name in ("min_size", "max_size", "renew_interval_ms"):
+        number = _int_param(url, params, name)
+        if number is not None:
+            kwargs[name] = number
+    for name in ("statement_timeout", "lock_timeout"):
+        if name in params:
+            kwargs[f"{name}_ms"] = parse_duration_param(url, name, params[name])
     if "timeout" in params:
-        try:
-            kwargs["timeout"] = float(params["timeout"])
-        except ValueError:
-            raise ValueError(
-                f"parameter timeout={params['timeout']!r} in storage URL {url!r} must be a "
-                f"number of seconds"
-            ) from None
+        kwargs["timeout"] = parse_seconds_param(url, "timeout", params["timeout"])
     from .postgres import PostgresStorage
 
     storage: Storage = PostgresStorage(dsn, **kwargs)

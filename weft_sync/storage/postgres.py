@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 import logging
-import math
 import os
 import threading
 import weakref
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any, Final
 
@@ -38,6 +37,9 @@ from .base import (
     validate_table_name,
 )
 from .cas import CasRow, cas_batches, validate_cas_rows
+from .isolation import Judged, RowLockedError
+from .postgres_locked import judge_disjoint_skip_locked, renewal_rows, update_rows_skip_locked
+from .postgres_settings import ReplicationSettings, WaitBounds, derive_wait_bounds, merged_options
 from .postgres_sql import Plan, Queries, advisory_key, disjoint, renewal_keys
 from .reads import validate_keys
 
@@ -98,13 +100,28 @@ class PostgresStorage:
     caller must re-read. After ``os.fork()`` the child leaves the inherited pool alone and opens
     its own on first use.
 
+    Every wait is bounded (see :mod:`~weft_sync.storage.postgres_settings`): each session runs
+    with a ``statement_timeout`` and a ``lock_timeout``, and the pool wait is bounded, all derived
+    from ``renew_interval_ms`` unless given. A call that hits a bound raises ``StorageError`` and
+    writes nothing; a connection the server dropped is discarded when it is returned, and the pool
+    checks every connection it lends, so the next call gets a live one.
+
     :param dsn: a libpq connection string or ``postgresql://`` URL. ``connect_timeout`` defaults
-        to ``timeout`` when it does not set one.
+        to ``timeout`` (rounded up) when it does not set one; a ``statement_timeout`` or
+        ``lock_timeout`` set in its ``options`` wins over the derived one.
     :param table: the table name (letters, digits, underscores).
     :param min_size: connections the pool keeps open.
     :param max_size: connections the pool may open at most.
-    :param timeout: seconds a call waits for a pooled connection before raising ``StorageError``.
-    :raises ValueError: a bad table name, pool size or timeout, or a malformed ``dsn``.
+    :param timeout: seconds a call waits for a pooled connection before raising ``StorageError``;
+        default one renew interval.
+    :param renew_interval_ms: the claim renew interval the bounds are derived from; default
+        5000 (``OwnershipOptions``'s default).
+    :param statement_timeout_ms: the session's ``statement_timeout``; default one renew
+        interval; ``0`` disables it.
+    :param lock_timeout_ms: the session's ``lock_timeout``; default half a renew interval; ``0``
+        disables it.
+    :raises ValueError: a bad table name, pool size or bound (negative, infinite, NaN), or a
+        malformed ``dsn``.
     :raises StorageError: the server cannot be reached, or the table exists with another key
         collation.
     """
@@ -116,19 +133,26 @@ class PostgresStorage:
         table: str = "weft_kv",
         min_size: int = 1,
         max_size: int = 16,
-        timeout: float = 30.0,
+        timeout: float | None = None,
+        renew_interval_ms: int | None = None,
+        statement_timeout_ms: int | None = None,
+        lock_timeout_ms: int | None = None,
     ) -> None:
         if not isinstance(dsn, str):
             raise TypeError(f"dsn must be a connection string, got {type(dsn).__name__}")
         self._table = validate_table_name(table)
         _check_pool_sizes(min_size, max_size)
-        if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not timeout > 0:
-            raise ValueError(f"timeout must be a positive number of seconds, got {timeout!r}")
+        self._bounds = derive_wait_bounds(
+            renew_interval_ms=renew_interval_ms,
+            statement_timeout_ms=statement_timeout_ms,
+            lock_timeout_ms=lock_timeout_ms,
+            timeout=timeout,
+        )
         self._dsn = dsn
         self._min_size = min_size
         self._max_size = max_size
-        self._timeout = float(timeout)
-        self._connect_kwargs = _connect_kwargs(dsn, self._timeout)
+        self._timeout = self._bounds.pool_timeout_s
+        self._connect_kwargs = _connect_kwargs(dsn, self._bounds)
         self._q = Queries(self._table)
         self._lock = threading.Lock()  # guards _pool, _pool_pid and _closed
         # Per thread: whether the connection being borrowed skips the pool's check (see _read).
@@ -403,6 +427,88 @@ class PostgresStorage:
             return self._update_rows(checked, "compare_and_set_many")
         return self.conditional_batches(cas_batches(checked))
 
+    def compare_and_set_many_isolated(self, rows: Sequence[CasRow]) -> list[Judged]:
+        """:meth:`compare_and_set_many`, isolating rows another session holds locked.
+
+        See :class:`~weft_sync.storage.isolation.SupportsIsolatedBatches`: the rows it can lock
+        at once commit in one statement, the others are retried in a second one that waits for
+        their locks (within ``lock_timeout``). Rows repeating a key run as
+        :meth:`compare_and_set_many` does.
+        """
+        checked = validate_cas_rows(rows)
+        if not checked:
+            self._check_open()
+            return []
+        if len({row[0] for row in checked}) != len(checked):
+            return list(self.conditional_batches(cas_batches(checked)))
+        with self._connection("compare_and_set_many") as conn:
+            results = update_rows_skip_locked(conn, self._q, checked)
+        return self._retry_locked(
+            results, lambda locked: self._update_rows([checked[i] for i in locked], "retry")
+        )
+
+    def conditional_batches_isolated(self, batches: Sequence[Batch]) -> list[Judged]:
+        """:meth:`conditional_batches`, isolating batches on rows another session holds locked.
+
+        See :class:`~weft_sync.storage.isolation.SupportsIsolatedBatches`. Renewal-shaped lists
+        and batches on disjoint keys are isolated; any other list runs as
+        :meth:`conditional_batches` does (in one transaction, failing as a whole).
+        """
+        checked = [validate_batch(*check_batch_shape(item)) for item in batches]
+        if not checked:
+            self._check_open()
+            return []
+        if renewal_keys(checked) is not None:
+            return self.compare_and_set_many_isolated(renewal_rows(checked))
+        plans = [Plan.build(conds, ops) for conds, ops in checked]
+        if not disjoint(plans):
+            return list(self.conditional_batches(checked))
+        with self._connection("conditional_batches") as conn, conn.transaction():
+            results, puts, deletes = judge_disjoint_skip_locked(conn, self._q, plans)
+            self._write(conn, [k for k, _ in puts], [v for _, v in puts], deletes)
+        return self._retry_locked(
+            results, lambda locked: self.conditional_batches([checked[i] for i in locked])
+        )
+
+    def _retry_locked(
+        self, results: list[Judged], retry: Callable[[list[int]], list[bool]]
+    ) -> list[Judged]:
+        """Retry the slots reported locked together, waiting for their locks (``lock_timeout``).
+
+        A lock held for a moment (another engine's write in flight) then gives the real result;
+        when the retry fails, every retried slot keeps its ``RowLockedError``, with the failure
+        as its cause. So a call waits for locks one ``lock_timeout`` at most.
+        """
+        locked = [i for i, slot in enumerate(results) if isinstance(slot, RowLockedError)]
+        if not locked:
+            return results
+        try:
+            retried = retry(locked)
+        except StorageError as exc:
+            for slot in results:
+                if isinstance(slot, RowLockedError):
+                    slot.__cause__ = exc
+            return results
+        for i, ok in zip(locked, retried, strict=True):
+            results[i] = ok
+        return results
+
+    @property
+    def wait_bounds(self) -> WaitBounds:
+        """The statement, lock and pool bounds every call of this storage runs under."""
+        return self._bounds
+
+    def replication_settings(self) -> ReplicationSettings:
+        """Read how the server replicates commits (see :class:`ReplicationSettings`)."""
+        rows = self._read(
+            "replication settings",
+            "SELECT current_setting('synchronous_commit'), "
+            "current_setting('synchronous_standby_names'), pg_is_in_recovery()",
+            [],
+        )
+        commit, standbys, standby = rows[0]
+        return ReplicationSettings(str(commit), str(standbys), bool(standby))
+
     def close(self) -> None:
         with self._lock:
             if self._closed:
@@ -430,12 +536,7 @@ class PostgresStorage:
         self, batches: Sequence[tuple[list[Condition], list[Operation]]], action: str
     ) -> list[bool]:
         """Apply renewal-shaped batches on distinct keys with one UPDATE (atomic by itself)."""
-        rows = [
-            (conds[0].key, conds[0].expected, ops[0].value)
-            for conds, ops in batches
-            if conds[0].expected is not None and isinstance(ops[0], Put)
-        ]
-        return self._update_rows(rows, action)
+        return self._update_rows(renewal_rows(batches), action)
 
     def _update_rows(self, rows: list[CasRow], action: str) -> list[bool]:
         """Apply compare-and-set rows on distinct keys with one ``UPDATE … FROM unnest(…)``.
@@ -541,12 +642,9 @@ def _check_pool_sizes(min_size: object, max_size: object) -> None:
         )
 
 
-def _connect_kwargs(dsn: str, timeout: float) -> dict[str, Any]:
+def _connect_kwargs(dsn: str, bounds: WaitBounds) -> dict[str, Any]:
     try:
         params = conninfo_to_dict(dsn)
     except psycopg.ProgrammingError as exc:
         raise ValueError(f"invalid PostgreSQL connection string: {exc}") from None
-    kwargs: dict[str, Any] = {"autocommit": True}
-    if "connect_timeout" not in params:
-        kwargs["connect_timeout"] = max(2, math.ceil(timeout))
-    return kwargs
+    return merged_options(params, bounds)

@@ -1,0 +1,83 @@
+"""PostgreSQL batched writes that skip rows another session holds locked.
+
+Internal to :mod:`weft_sync.storage.postgres` (see :mod:`weft_sync.storage.isolation` for the
+contract). Each function runs its statements on a connection the caller lent and, for
+:func:`judge_disjoint_skip_locked`, inside the caller's transaction.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from .base import Condition, Operation, Put
+from .cas import CasRow
+from .isolation import Judged, RowLockedError
+from .postgres_sql import Plan, Queries
+
+__all__ = ["judge_disjoint_skip_locked", "renewal_rows", "update_rows_skip_locked"]
+
+
+def renewal_rows(batches: Sequence[tuple[list[Condition], list[Operation]]]) -> list[CasRow]:
+    """The ``(key, expected, new)`` rows of renewal-shaped batches (see ``renewal_keys``)."""
+    rows: list[CasRow] = []
+    for conds, ops in batches:
+        cond, op = conds[0], ops[0]
+        if cond.expected is not None and isinstance(op, Put):
+            rows.append((cond.key, cond.expected, op.value))
+    return rows
+
+
+def update_rows_skip_locked(conn: Any, queries: Queries, rows: list[CasRow]) -> list[Judged]:
+    """Apply compare-and-set rows on distinct keys with one statement, skipping locked rows.
+
+    The rows are sent in key order, as the waiting variant sends them.
+    """
+    ordered = sorted(rows, key=lambda row: row[0])
+    cur = conn.execute(
+        queries.renew_skip_locked,
+        [[r[0] for r in ordered], [r[1] for r in ordered], [r[2] for r in ordered]],
+    )
+    judged = {str(k): (bool(applied), bool(locked)) for k, applied, locked in cur.fetchall()}
+    results: list[Judged] = []
+    for key, _, _ in rows:
+        applied, locked = judged[key]
+        results.append(RowLockedError(key) if locked else applied)
+    return results
+
+
+def judge_disjoint_skip_locked(
+    conn: Any, queries: Queries, plans: list[Plan]
+) -> tuple[list[Judged], list[tuple[str, bytes]], list[str]]:
+    """Lock what can be locked at once and judge each plan (pairwise disjoint keys) against it.
+
+    A plan naming a row another session holds is reported locked and left out. Runs inside the
+    caller's transaction, which must then write the returned puts and deletes (in key order).
+
+    :returns: each plan's result, the puts and the deletes of the plans that hold.
+    """
+    lock_keys = sorted(key for plan in plans for key in plan.lock_keys)
+    rows = conn.execute(queries.lock_skip_locked, [lock_keys, lock_keys], binary=True).fetchall()
+    found: dict[str, bytes] = {}
+    busy: set[str] = set()
+    for key, value, locked in rows:
+        if locked:
+            busy.add(str(key))
+        else:
+            found[str(key)] = bytes(value)
+    results: list[Judged] = []
+    puts: list[tuple[str, bytes]] = []
+    deletes: list[str] = []
+    for plan in plans:
+        held = next((k for k in plan.lock_keys if k in busy), None)
+        if held is not None:
+            results.append(RowLockedError(held))
+            continue
+        ok = plan.holds(found)
+        results.append(ok)
+        if ok:
+            puts += zip(plan.put_keys, plan.put_values, strict=True)
+            deletes += plan.delete_keys
+    puts.sort(key=lambda put: put[0])
+    deletes.sort()
+    return results, puts, deletes
