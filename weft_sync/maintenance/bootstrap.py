@@ -120,6 +120,7 @@ def bootstrap_workflow_lease_ownership(
         update_poll_target=update_poll_target,
         on_pass_complete=metrics_bridge(registry, metrics, on_pass_complete),
         before_stop=reclaim_target.mark_disposing,
+        verify_store=getattr(storage, "verify_identity", None),
     )
     _log.info("bootstrapped workflow-lease ownership for engine %s", registry.engine_id)
     return OwnershipBootstrap(registry, task, metrics, reclaim_target)

@@ -62,6 +62,7 @@ def create_renewal_task(
     on_pass_complete: PassCallback | None = None,
     executor_workers: int = RENEWAL_CONCURRENCY,
     before_stop: Callable[[], None] | None = None,
+    verify_store: Callable[[], None] | None = None,
 ) -> RenewalTask:
     """Build a renewal task; it does nothing until ``run_once()`` or ``start()`` is called.
 
@@ -76,6 +77,9 @@ def create_renewal_task(
     :param executor_workers: size of the worker pool renewal and reclaim fan out over.
     :param before_stop: called first by every ``stop()`` (and so by ``close()``), even before
         ``start()``; the bootstrap passes the reclaim target's ``mark_disposing`` here.
+    :param verify_store: called at the start of every pass that renews (the store's
+        ``verify_identity``, when it has one); a failure it raises is left for the renewal's own
+        writes to meet and report.
     :raises TypeError: a target lacks its methods, or ``clock``, ``on_pass_complete`` or
         ``before_stop`` is not callable.
     :raises ValueError: ``interval_ms`` or ``executor_workers`` is not a positive integer.
@@ -118,6 +122,7 @@ def create_renewal_task(
         on_pass_complete=on_pass_complete,
         executor_workers=executor_workers,
         before_stop=before_stop,
+        verify_store=verify_store,
     )
 
 
@@ -137,8 +142,10 @@ class RenewalTask:
         on_pass_complete: PassCallback | None,
         executor_workers: int,
         before_stop: Callable[[], None] | None = None,
+        verify_store: Callable[[], None] | None = None,
     ) -> None:
         self._target = target
+        self._verify_store = verify_store
         self._clock = clock
         self._interval_ms = interval_ms
         self._scheduler = scheduler
@@ -238,6 +245,7 @@ class RenewalTask:
 
     def _run_full_pass(self) -> PassResult:
         started_at = self._clock()
+        self._check_store()
         held = list(self._target.list_held_workflow_ids())
         pool = self._executor()
         renewal = run_renewal_subpass(self._target, held, executor=pool)
@@ -365,8 +373,19 @@ class RenewalTask:
         finally:
             self._pass_finished(kind)
 
+    def _check_store(self) -> None:
+        if self._verify_store is None:
+            return
+        try:
+            self._verify_store()
+        except Exception as exc:
+            # The store keeps failing every call from now on: the renewal's writes meet the
+            # same error and the registry acts on it there.
+            _log.debug("weft_sync: the store identity check failed: %s", exc)
+
     def _renewal_slot(self) -> PassResult:
         started_at = self._clock()
+        self._check_store()
         held = list(self._target.list_held_workflow_ids())
         renewal = run_renewal_subpass(self._target, held, executor=self._executor())
         return PassResult(

@@ -28,6 +28,7 @@ from .base import (
 )
 from .cas import CasRow, validate_cas_rows
 from .reads import validate_keys
+from .sqlite_identity import StoreIdentity, ensure_store_id
 from .sqlite_writer import (
     RenewalRow,
     RequestQueue,
@@ -148,9 +149,12 @@ class SqliteStorage:
         # state in a forked child.
         self._lock = threading.Lock()
         self._closed = False
+        self._identity = StoreIdentity(self._path, self._connect)
         self._init_process_state()
         try:
             self._create_schema()
+            with self._translate("open"):
+                self._identity.open()
         except BaseException:
             self._file_lock.close()
             raise
@@ -176,6 +180,7 @@ class SqliteStorage:
             _INHERITED.extend(conn for _, conn in self._readers)
             if self._writer is not None and self._writer.connection is not None:
                 _INHERITED.append(self._writer.connection)
+            _INHERITED.append(self._identity.reopen_in_child())
             # Closing a duplicated descriptor never releases the parent's flock.
             self._file_lock.close()
             # The parent's lock may have been held by a thread that does not exist here.
@@ -213,6 +218,7 @@ class SqliteStorage:
                         f'CREATE TABLE IF NOT EXISTS "{self._table}" '
                         f"(key TEXT PRIMARY KEY, value BLOB)"
                     )
+                    ensure_store_id(conn)
             finally:
                 conn.close()
 
@@ -242,6 +248,7 @@ class SqliteStorage:
     def _check_open(self) -> None:
         if self._closed:
             raise ClosedError(f"SqliteStorage({self._path!r}) is closed")
+        self._identity.raise_if_failed()
 
     @contextlib.contextmanager
     def _translate(self, what: str) -> Iterator[None]:
@@ -415,6 +422,7 @@ class SqliteStorage:
                     connect=self._connect,
                     translate=self._translate,
                     file_lock=self._file_lock,
+                    before_commit=self._identity.check_files,
                 )
                 self._writer.start()
             writer = self._writer
@@ -426,6 +434,25 @@ class SqliteStorage:
         if fast:
             writer.commit_fast(request)
         return request.wait()
+
+    # -- identity ----------------------------------------------------------------------------
+
+    def verify_identity(self) -> None:
+        """Check that the file at the path is still the store this object opened.
+
+        Compares the device/inode of the database file, its ``-wal`` and ``-shm`` with the ones
+        recorded at open, and reads the store id back through a fresh connection (see
+        :mod:`~weft_sync.storage.sqlite_identity`). Every write transaction runs the file part
+        of this check before it commits; the maintenance task calls this once per pass.
+
+        :raises StoreIdentityError: the file was deleted, replaced or lost its WAL (now or
+            before); every later call of this storage raises it too.
+        :raises StorageError: the store id could not be read.
+        """
+        self._ensure_process()
+        self._check_open()
+        with self._translate("identity check"):
+            self._identity.verify()
 
     # -- views and lifecycle -----------------------------------------------------------------
 
@@ -484,6 +511,8 @@ class SqliteStorage:
         for _, conn in readers:
             with contextlib.suppress(sqlite3.Error):
                 conn.close()
+        if stopped:
+            self._identity.close()
 
     def __enter__(self) -> SqliteStorage:
         return self
