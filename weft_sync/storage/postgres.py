@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import os
 import threading
+import time
 import weakref
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
@@ -155,8 +156,6 @@ class PostgresStorage:
         self._connect_kwargs = _connect_kwargs(dsn, self._bounds)
         self._q = Queries(self._table)
         self._lock = threading.Lock()  # guards _pool, _pool_pid and _closed
-        # Per thread: whether the connection being borrowed skips the pool's check (see _read).
-        self._lending = threading.local()
         self._pool: ConnectionPool[_Conn] | None = None
         self._pool_pid = os.getpid()
         self._closed = False
@@ -206,7 +205,6 @@ class PostgresStorage:
             min_size=self._min_size,
             max_size=self._max_size,
             open=False,
-            check=self._check_lent,
             name=f"weft-pg[{self._table}]",
             timeout=self._timeout,
         )
@@ -269,26 +267,26 @@ class PostgresStorage:
     def _connection(self, action: str, *, check: bool = True) -> Iterator[_Conn]:
         """Borrow a pooled connection for the block (as ``pool.connection()`` does).
 
-        The pool checks a connection with a round trip before lending it, unless ``check`` is
-        false: only reads that run again after a failure (:meth:`_read`) skip it.
+        A connection is checked with a round trip before it is lent, unless ``check`` is false:
+        only reads that run again after a failure (:meth:`_read`) skip it. One that fails the
+        check goes back to the pool, which discards it and opens another, and the next one is
+        tried at once: after the server dropped every pooled session (a restart, a kill storm)
+        a call waits for one fresh connection, never for the pool's retry back-off. The whole
+        wait is bounded by the pool timeout.
         """
         pool = self._current_pool()
+        deadline = time.monotonic() + self._timeout
         with self._translate(action):
-            self._lending.unchecked = not check
-            try:
-                conn = pool.getconn()
-            finally:
-                self._lending.unchecked = False
+            while True:
+                conn = pool.getconn(timeout=max(0.0, deadline - time.monotonic()))
+                if not check or _alive(conn):
+                    break
+                pool.putconn(conn)
             try:
                 with conn:
                     yield conn
             finally:
                 pool.putconn(conn)
-
-    def _check_lent(self, conn: _Conn) -> None:
-        """The pool's check of a connection it is about to lend (skipped for retried reads)."""
-        if not getattr(self._lending, "unchecked", False):
-            ConnectionPool.check_connection(conn)
 
     def _read(self, action: str, query: Any, params: Sequence[object]) -> list[TupleRow]:
         """Fetch the rows of one read-only statement on a connection lent without a check.
@@ -628,6 +626,14 @@ class PostgresStorage:
             conn.execute(self._q.upsert_many, [put_keys, put_values])
         if delete_keys:
             conn.execute(self._q.delete_many, [delete_keys])
+
+
+def _alive(conn: _Conn) -> bool:
+    try:
+        ConnectionPool.check_connection(conn)
+    except psycopg.Error:
+        return False
+    return True
 
 
 def _check_pool_sizes(min_size: object, max_size: object) -> None:
