@@ -49,7 +49,8 @@ def test_open_storage_derives_the_bounds_from_the_renew_interval_it_is_given(
     with open_storage(url, renew_interval_ms=3000) as store:
         assert isinstance(store, PostgresStorage)
         assert _show(store, "statement_timeout") == "3s"
-        assert _show(store, "lock_timeout") == "1500ms"
+        # Half the interval, but never more than a second.
+        assert _show(store, "lock_timeout") == "1s"
         assert store.wait_bounds.pool_timeout_s == pytest.approx(3.0)
 
 

@@ -119,8 +119,8 @@ class PostgresStorage:
         5000 (``OwnershipOptions``'s default).
     :param statement_timeout_ms: the session's ``statement_timeout``; default one renew
         interval; ``0`` disables it.
-    :param lock_timeout_ms: the session's ``lock_timeout``; default half a renew interval; ``0``
-        disables it.
+    :param lock_timeout_ms: the session's ``lock_timeout``; default half a renew interval, at
+        most 1000; ``0`` disables it.
     :raises ValueError: a bad table name, pool size or bound (negative, infinite, NaN), or a
         malformed ``dsn``.
     :raises StorageError: the server cannot be reached, or the table exists with another key

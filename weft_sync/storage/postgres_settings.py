@@ -6,8 +6,9 @@ every wait of :class:`~weft_sync.storage.postgres.PostgresStorage` is bounded by
 interval unless the caller says otherwise:
 
 - ``statement_timeout``: one renew interval;
-- ``lock_timeout``: half a renew interval (a row or table lock held by another session fails
-  the call instead of stalling it);
+- ``lock_timeout``: half a renew interval, at most one second (a row or table lock held by
+  another session fails the call instead of stalling it; this store's own transactions hold
+  their locks for milliseconds, so a longer wait is someone else's);
 - the pool's wait for a connection: one renew interval;
 - libpq's ``connect_timeout``: the pool wait rounded up to whole seconds (libpq's minimum is 2).
 
@@ -41,6 +42,8 @@ __all__ = [
 DEFAULT_RENEW_INTERVAL_MS: Final = 5000
 """The renew interval assumed when the storage is opened without one (``OwnershipOptions``'s)."""
 
+# The longest derived lock wait: it also bounds what close() spends on each of its phases.
+_MAX_LOCK_TIMEOUT_MS: Final = 1000
 # libpq treats a connect_timeout of 1 as 2 seconds.
 _MIN_CONNECT_TIMEOUT_S: Final = 2
 
@@ -99,7 +102,8 @@ def derive_wait_bounds(
     else:
         interval = renew_interval_ms
     statement = interval if statement_timeout_ms is None else statement_timeout_ms
-    lock = max(1, interval // 2) if lock_timeout_ms is None else lock_timeout_ms
+    derived_lock = max(1, min(interval // 2, _MAX_LOCK_TIMEOUT_MS))
+    lock = derived_lock if lock_timeout_ms is None else lock_timeout_ms
     pool = interval / 1000.0 if timeout is None else timeout
     return WaitBounds(
         statement_timeout_ms=_check_ms("statement_timeout_ms", statement),
