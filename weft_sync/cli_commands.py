@@ -283,8 +283,25 @@ def doctor(url: str, out: TextIO) -> int:
             not skewed,
             f"clock sanity: {len(skewed)} of {len(future)} claims expire more than a day ahead",
         )
+        _report_replication(storage, report)
     out.write("no problems found\n" if problems == 0 else f"{problems} problem(s) found\n")
     return 0 if problems == 0 else 1
+
+
+def _report_replication(storage: object, report: Callable[[bool, str], None]) -> None:
+    """Print how the server replicates commits (PostgreSQL only): an asynchronous failover can
+    roll an epoch back and so hand a fence out twice. A standby cannot take writes at all."""
+    settings_of = getattr(storage, "replication_settings", None)
+    if not callable(settings_of):
+        return
+    settings = settings_of()
+    durability = "survive" if settings.failover_safe else "may be lost in"
+    report(
+        not settings.is_standby,
+        f"replication: synchronous_commit={settings.synchronous_commit}, "
+        f"synchronous_standby_names={settings.synchronous_standby_names!r}, "
+        f"standby={settings.is_standby}; acknowledged epochs {durability} a failover",
+    )
 
 
 def cancel(url: str, workflow_id: str, out: TextIO) -> int:
