@@ -7,7 +7,7 @@ import os
 import threading
 import time
 import weakref
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any, Final
 
@@ -38,9 +38,20 @@ from .base import (
     validate_table_name,
 )
 from .cas import CasRow, cas_batches, validate_cas_rows
-from .isolation import Judged, RowLockedError
-from .postgres_locked import judge_disjoint_skip_locked, renewal_rows, update_rows_skip_locked
-from .postgres_settings import ReplicationSettings, WaitBounds, derive_wait_bounds, merged_options
+from .isolation import Judged
+from .postgres_locked import (
+    judge_disjoint_skip_locked,
+    renewal_rows,
+    retry_locked,
+    update_rows_skip_locked,
+)
+from .postgres_settings import (
+    ReplicationSettings,
+    WaitBounds,
+    check_pool_sizes,
+    derive_wait_bounds,
+    merged_options,
+)
 from .postgres_sql import Plan, Queries, advisory_key, disjoint, renewal_keys
 from .reads import validate_keys
 
@@ -142,7 +153,7 @@ class PostgresStorage:
         if not isinstance(dsn, str):
             raise TypeError(f"dsn must be a connection string, got {type(dsn).__name__}")
         self._table = validate_table_name(table)
-        _check_pool_sizes(min_size, max_size)
+        check_pool_sizes(min_size, max_size)
         self._bounds = derive_wait_bounds(
             renew_interval_ms=renew_interval_ms,
             statement_timeout_ms=statement_timeout_ms,
@@ -441,7 +452,7 @@ class PostgresStorage:
             return list(self.conditional_batches(cas_batches(checked)))
         with self._connection("compare_and_set_many") as conn:
             results = update_rows_skip_locked(conn, self._q, checked)
-        return self._retry_locked(
+        return retry_locked(
             results, lambda locked: self._update_rows([checked[i] for i in locked], "retry")
         )
 
@@ -464,32 +475,9 @@ class PostgresStorage:
         with self._connection("conditional_batches") as conn, conn.transaction():
             results, puts, deletes = judge_disjoint_skip_locked(conn, self._q, plans)
             self._write(conn, [k for k, _ in puts], [v for _, v in puts], deletes)
-        return self._retry_locked(
+        return retry_locked(
             results, lambda locked: self.conditional_batches([checked[i] for i in locked])
         )
-
-    def _retry_locked(
-        self, results: list[Judged], retry: Callable[[list[int]], list[bool]]
-    ) -> list[Judged]:
-        """Retry the slots reported locked together, waiting for their locks (``lock_timeout``).
-
-        A lock held for a moment (another engine's write in flight) then gives the real result;
-        when the retry fails, every retried slot keeps its ``RowLockedError``, with the failure
-        as its cause. So a call waits for locks one ``lock_timeout`` at most.
-        """
-        locked = [i for i, slot in enumerate(results) if isinstance(slot, RowLockedError)]
-        if not locked:
-            return results
-        try:
-            retried = retry(locked)
-        except StorageError as exc:
-            for slot in results:
-                if isinstance(slot, RowLockedError):
-                    slot.__cause__ = exc
-            return results
-        for i, ok in zip(locked, retried, strict=True):
-            results[i] = ok
-        return results
 
     @property
     def wait_bounds(self) -> WaitBounds:
@@ -634,18 +622,6 @@ def _alive(conn: _Conn) -> bool:
     except psycopg.Error:
         return False
     return True
-
-
-def _check_pool_sizes(min_size: object, max_size: object) -> None:
-    for name, value in (("min_size", min_size), ("max_size", max_size)):
-        if type(value) is not int:
-            raise TypeError(f"{name} must be an int, got {type(value).__name__} {value!r}")
-    assert isinstance(min_size, int) and isinstance(max_size, int)
-    if not 1 <= min_size <= max_size:
-        raise ValueError(
-            f"pool sizes must satisfy 1 <= min_size <= max_size, got min_size={min_size} and "
-            f"max_size={max_size}"
-        )
 
 
 def _connect_kwargs(dsn: str, bounds: WaitBounds) -> dict[str, Any]:

@@ -7,15 +7,21 @@ contract). Each function runs its statements on a connection the caller lent and
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
+from ..errors import StorageError
 from .base import Condition, Operation, Put
 from .cas import CasRow
 from .isolation import Judged, RowLockedError
 from .postgres_sql import Plan, Queries
 
-__all__ = ["judge_disjoint_skip_locked", "renewal_rows", "update_rows_skip_locked"]
+__all__ = [
+    "judge_disjoint_skip_locked",
+    "renewal_rows",
+    "retry_locked",
+    "update_rows_skip_locked",
+]
 
 
 def renewal_rows(batches: Sequence[tuple[list[Condition], list[Operation]]]) -> list[CasRow]:
@@ -81,3 +87,27 @@ def judge_disjoint_skip_locked(
     puts.sort(key=lambda put: put[0])
     deletes.sort()
     return results, puts, deletes
+
+
+def retry_locked(results: list[Judged], retry: Callable[[list[int]], list[bool]]) -> list[Judged]:
+    """Retry the slots reported locked together, waiting for their locks (``lock_timeout``).
+
+    ``retry`` applies the batches at the given indexes with the waiting variant, in a
+    transaction of its own. A lock held for a moment (another engine's write in flight) then
+    gives the real result; when the retry fails, every retried slot keeps its
+    ``RowLockedError``, with the failure as its cause. So a call waits for locks one
+    ``lock_timeout`` at most.
+    """
+    locked = [i for i, slot in enumerate(results) if isinstance(slot, RowLockedError)]
+    if not locked:
+        return results
+    try:
+        retried = retry(locked)
+    except StorageError as exc:
+        for slot in results:
+            if isinstance(slot, RowLockedError):
+                slot.__cause__ = exc
+        return results
+    for i, ok in zip(locked, retried, strict=True):
+        results[i] = ok
+    return results

@@ -31,6 +31,7 @@ __all__ = [
     "DEFAULT_RENEW_INTERVAL_MS",
     "ReplicationSettings",
     "WaitBounds",
+    "check_pool_sizes",
     "check_connect_timeout",
     "check_seconds",
     "derive_wait_bounds",
@@ -139,6 +140,19 @@ def merged_options(dsn_params: dict[str, Any], bounds: WaitBounds) -> dict[str, 
     if "connect_timeout" not in dsn_params:
         kwargs["connect_timeout"] = max(_MIN_CONNECT_TIMEOUT_S, math.ceil(bounds.pool_timeout_s))
     return kwargs
+
+
+def check_pool_sizes(min_size: object, max_size: object) -> None:
+    """Refuse pool sizes that are not ints with ``1 <= min_size <= max_size``."""
+    for name, value in (("min_size", min_size), ("max_size", max_size)):
+        if type(value) is not int:
+            raise TypeError(f"{name} must be an int, got {type(value).__name__} {value!r}")
+    assert isinstance(min_size, int) and isinstance(max_size, int)
+    if not 1 <= min_size <= max_size:
+        raise ValueError(
+            f"pool sizes must satisfy 1 <= min_size <= max_size, got min_size={min_size} and "
+            f"max_size={max_size}"
+        )
 
 
 def parse_duration_param(url: str, name: str, raw: str) -> int:
