@@ -9,7 +9,8 @@
   passes that failed, claims lost, and the time from the storm's end until every claim was
   renewed again, against the renew interval.
 - ``sqlite-file``: the database (with -wal and -shm) deleted, or replaced by a copy, under a
-  running engine that keeps writing checkpoints: writes it accepted after the fault.
+  running engine that keeps writing checkpoints: writes it accepted after the fault; and what the
+  identity checks cost next to one durable ``put``.
 
     python bench/edges.py [--quick] [--backend sqlite|postgres|both]
 """
@@ -26,7 +27,17 @@ import uuid
 import warnings
 from collections.abc import Iterator
 
-from common import StoreSpec, bench_site, machine_note, parse_args, print_table, selected_backends
+from common import (
+    StoreSpec,
+    bench_site,
+    interleave,
+    machine_note,
+    parse_args,
+    print_table,
+    ratio,
+    selected_backends,
+    us,
+)
 
 from weft_sync import Ownership, OwnershipOptions
 from weft_sync.codec import decode_holder
@@ -242,6 +253,23 @@ def sqlite_file_fault(spec: StoreSpec, fault: str) -> list[object]:
     return [fault, refused_after, accepted_after, "0"]
 
 
+def identity_cost(spec: StoreSpec) -> list[object]:
+    from weft_sync.storage import SqliteStorage
+
+    assert spec.path is not None
+    with SqliteStorage(spec.path, table=spec.table) as store:
+        check = interleave(
+            {
+                "files": store._identity.check_files,
+                "verify": store.verify_identity,
+                "put": lambda: store.put("k", b"v"),
+            },
+            200,
+        )
+    files, verify, put = (check[k].median_wall for k in ("files", "verify", "put"))
+    return [us(files), us(verify), us(put), ratio(files, put)]
+
+
 def main() -> None:
     def configure(parser: argparse.ArgumentParser) -> None:
         parser.add_argument("--storm-seconds", type=float, default=None)
@@ -278,6 +306,11 @@ def main() -> None:
                 "SQLite file fault under a running engine writing checkpoints",
                 ["fault", "writes refused after", "accepted after", "target"],
                 [sqlite_file_fault(site.new_store("sqlite"), f) for f in ("deleted", "replaced")],
+            )
+            print_table(
+                "SQLite identity checks, median (files: before each commit; verify: each pass)",
+                ["files check", "verify_identity", "one put (FULL)", "files / put"],
+                [identity_cost(site.new_store("sqlite"))],
             )
 
 
