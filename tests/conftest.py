@@ -2,8 +2,12 @@
 
 PostgreSQL comes from ``WEFT_SYNC_TEST_POSTGRES_DSN`` (a ``postgresql://`` URL) or from a throwaway
 cluster started here (initdb + pg_ctl on a Unix socket in a temporary directory; through
-``runuser -u postgres`` when running as root). Under ``CI=true`` a PostgreSQL that cannot be started
-fails the run instead of skipping.
+``runuser -u postgres`` when running as root).
+
+Both backends are expected unless a developer asks for fewer with ``--backends=sqlite`` (or
+``WEFT_SYNC_TEST_BACKENDS=sqlite``): the PostgreSQL tests are then deselected and the summary says
+so. A PostgreSQL that was expected but cannot be started fails every test that needs it, never a
+skip. Under a truthy ``CI`` both backends are required and the switch is refused.
 """
 
 from __future__ import annotations
@@ -23,17 +27,90 @@ from weft_sync.storage import Storage, open_storage
 BACKENDS = ("sqlite", "postgres")
 
 
-def _in_ci() -> bool:
-    return os.environ.get("CI", "").lower() == "true"
+BACKENDS_ENV = "WEFT_SYNC_TEST_BACKENDS"
+_FALSE_WORDS = frozenset({"", "0", "false", "no", "off"})
+_PG_FIXTURES = frozenset({"postgres_base_url", "private_cluster"})
+# What the run did with the PostgreSQL half, for the terminal summary.
+_pg_report: dict[str, object] = {"deselected": 0, "error": None}
 
 
-def _start_cluster_or_skip() -> PostgresCluster:
+def in_ci() -> bool:
+    """Whether ``$CI`` is set to anything truthy (``true``, ``1``, ``yes``, …)."""
+    return os.environ.get("CI", "").strip().lower() not in _FALSE_WORDS
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--backends",
+        default=None,
+        help=(
+            "comma-separated storage backends to test: sqlite,postgres (default both; also "
+            f"${BACKENDS_ENV}); refused under CI, where both are required"
+        ),
+    )
+
+
+def selected_backends(config: pytest.Config) -> tuple[str, ...]:
+    """The backends this run tests, from ``--backends`` or ``$WEFT_SYNC_TEST_BACKENDS``."""
+    raw = config.getoption("--backends") or os.environ.get(BACKENDS_ENV) or ",".join(BACKENDS)
+    chosen = tuple(dict.fromkeys(part.strip() for part in raw.split(",") if part.strip()))
+    unknown = [name for name in chosen if name not in BACKENDS]
+    if unknown or not chosen:
+        raise pytest.UsageError(
+            f"--backends / ${BACKENDS_ENV}={raw!r}: use a comma-separated subset of "
+            f"{', '.join(BACKENDS)}"
+        )
+    if in_ci() and set(chosen) != set(BACKENDS):
+        raise pytest.UsageError(
+            f"--backends / ${BACKENDS_ENV}={raw!r} under CI={os.environ.get('CI')!r}: CI runs "
+            "both backends"
+        )
+    return chosen
+
+
+def _needs_postgres(item: pytest.Item) -> bool:
+    callspec = getattr(item, "callspec", None)
+    if callspec is not None and callspec.params.get("backend") == "postgres":
+        return True
+    if item.get_closest_marker("postgres_only") is not None:
+        return True
+    return bool(_PG_FIXTURES.intersection(getattr(item, "fixturenames", ())))
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if "postgres" in selected_backends(config):
+        return
+    dropped = [item for item in items if _needs_postgres(item)]
+    if dropped:
+        kept = [item for item in items if not _needs_postgres(item)]
+        config.hook.pytest_deselected(items=dropped)
+        items[:] = kept
+    _pg_report["deselected"] = len(dropped)
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    deselected, error = _pg_report["deselected"], _pg_report["error"]
+    if deselected:
+        terminalreporter.write_sep(
+            "!", f"PostgreSQL half NOT RUN: {deselected} tests deselected by --backends", red=True
+        )
+    elif error is not None:
+        terminalreporter.write_sep(
+            "!", f"PostgreSQL half FAILED: the server could not be started: {error}", red=True
+        )
+
+
+def _start_cluster_or_fail() -> PostgresCluster:
     try:
         return start_cluster()
     except Exception as exc:  # pragma: no cover - depends on the machine
-        if _in_ci():
-            pytest.fail(f"PostgreSQL could not be started under CI=true: {exc}")
-        pytest.skip(f"PostgreSQL is not available here: {exc}")
+        _pg_report["error"] = exc
+        pytest.fail(
+            f"PostgreSQL could not be started: {exc}. Install the PostgreSQL server, point "
+            f"WEFT_SYNC_TEST_POSTGRES_DSN at one, or run the SQLite half only with "
+            f"--backends=sqlite (outside CI)",
+            pytrace=False,
+        )
 
 
 @pytest.fixture(scope="session")
@@ -43,7 +120,7 @@ def postgres_base_url() -> Iterator[str]:
     if env:
         yield env
         return
-    cluster = _start_cluster_or_skip()
+    cluster = _start_cluster_or_fail()
     try:
         yield cluster.url
     finally:
@@ -53,7 +130,7 @@ def postgres_base_url() -> Iterator[str]:
 @pytest.fixture
 def private_cluster() -> Iterator[PostgresCluster]:
     """A PostgreSQL cluster of the test's own, which it may stop and restart."""
-    cluster = _start_cluster_or_skip()
+    cluster = _start_cluster_or_fail()
     try:
         yield cluster
     finally:

@@ -125,9 +125,28 @@ def test_workflows_ledger_claims_through_the_engine_registry(
 
 
 def test_run_maintenance_includes_the_ledger_polls(make_ownership: MakeOwnership) -> None:
-    result = make_ownership().run_maintenance()
-    assert result.signal_poll is not None
-    assert result.update_poll is not None
+    ownership = make_ownership()
+    ledger = ownership.workflows
+    ledger.start("wf-1", "job")
+    received: list[tuple[str, object]] = []
+    ledger.on_update("wf-1", lambda update: received.append((update.name, update.payload)))
+    ledger.submit_update("wf-1", "bump", 3)
+
+    result = ownership.run_maintenance()
+
+    # The update poll ran in this pass and drained the queued update into the owner's handler.
+    assert result.update_poll is not None and result.update_poll.status == "completed"
+    updates = result.update_poll.result
+    assert updates is not None
+    assert updates.drained_count == 1
+    assert [(o.workflow_id, o.status) for o in updates.outcomes] == [("wf-1", "drained")]
+    assert received == [("bump", 3)]
+    # The signal poll ran too; nothing was parked on a signal, so it woke nothing.
+    assert result.signal_poll is not None and result.signal_poll.status == "completed"
+    signals = result.signal_poll.result
+    assert signals is not None
+    assert signals.outcomes == ()
+    assert signals.woken_count == 0
 
 
 # -- background modes ----------------------------------------------------------------------------

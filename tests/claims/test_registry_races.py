@@ -5,7 +5,6 @@ from __future__ import annotations
 import functools
 import random
 import threading
-import time
 from collections import Counter
 from collections.abc import Callable
 
@@ -201,7 +200,8 @@ def test_release_all_releases_claims_concurrently(
 
 # -- stress -------------------------------------------------------------------------------
 
-STRESS_SECONDS = 2.0
+STRESS_OPERATIONS = 250
+"""Operations per thread: a fixed amount of work, whatever the machine's speed."""
 STRESS_IDS = [f"wf-{n}" for n in range(12)]
 
 
@@ -235,14 +235,13 @@ def test_random_concurrent_operations_never_leave_two_believers(
     clock = ManualClock(START_MS)
     sinks = [WarningSink() for _ in range(3)]
     registries = [new_registry(open_store(), clock, f"engine-{n}", sinks[n]) for n in range(3)]
-    deadline = time.monotonic() + STRESS_SECONDS
     start = threading.Barrier(8)
 
     def run(index: int) -> Counter[str]:
         rng = random.Random(index)
         seen: Counter[str] = Counter()
         start.wait()
-        while time.monotonic() < deadline:
+        for _ in range(STRESS_OPERATIONS):
             result = _random_operation(rng, registries, clock)()
             for item in result if isinstance(result, list) else [result]:
                 seen[str(getattr(item, "status", "other"))] += 1

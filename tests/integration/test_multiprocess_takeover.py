@@ -31,10 +31,8 @@ from weft_sync.storage import Condition, Put, Storage
 CLAIMS = 200
 TTL_MS = 900
 RENEW_MS = 300
-HANDOVER_BOUND_S = (TTL_MS + 2 * RENEW_MS + RENEW_MS) / 1000
-"""Worst case from the owner's death to a takeover: TTL, the grace, one reclaim interval."""
-SLACK_S = 1.5
-"""Room for taking over 200 claims and for a loaded machine."""
+HANG_GUARD_S = 60.0
+"""Fails a takeover that never completes; far above the bound (TTL + 2 renew + one interval)."""
 STARTUP_TIMEOUT_S = 60.0
 POLL_S = 0.02
 
@@ -124,7 +122,8 @@ def test_survivor_takes_over_every_claim_of_a_killed_owner_and_fences_it(
         owner.join(WAIT_S)
         assert owner.exitcode == -signal.SIGKILL
 
-        deadline = killed_at + HANDOVER_BOUND_S + SLACK_S + 5.0
+        # A hang guard only: the takeover time is measured by bench/takeover_latency.py.
+        deadline = killed_at + HANG_GUARD_S
         # Wait for the drives, not only the claims: stopping the survivor while a reclaim is
         # between its CAS and its drive would (rightly) release that claim undriven.
         while len(drives.calls) < CLAIMS:
@@ -132,8 +131,6 @@ def test_survivor_takes_over_every_claim_of_a_killed_owner_and_fences_it(
                 f"the survivor drove {len(drives.calls)} of {CLAIMS} workflows"
             )
             time.sleep(POLL_S)
-        elapsed = time.monotonic() - killed_at
-        assert elapsed <= HANDOVER_BOUND_S + SLACK_S, f"takeover of all claims took {elapsed:.3f} s"
     finally:
         if owner.is_alive():
             owner.kill()

@@ -14,6 +14,7 @@ from weft_sync.errors import (
     EngineDeposedError,
     FencedWriteConflict,
     StorageError,
+    WeftError,
     WorkflowClaimLostWarning,
 )
 from weft_sync.storage import Condition, Delete, Put, Storage
@@ -164,5 +165,6 @@ def test_checkpoints_are_saved_fenced_and_read_by_anyone(
 
 
 def test_a_client_cannot_write_fenced(client: Workflows) -> None:
-    with pytest.raises(Exception, match="no claim registry"):
+    with pytest.raises(WeftError, match="no claim registry") as raised:
         client.save_checkpoint(WF, b"x")
+    assert raised.type is WeftError  # misuse, not a storage failure or a lost fence

@@ -14,7 +14,7 @@ from tests.workflows.helpers import (
 from weft_sync import keys
 from weft_sync.claims.registry import ClaimRegistry
 from weft_sync.codec import WorkflowRecord
-from weft_sync.errors import StorageError, WorkflowClaimUnavailableError
+from weft_sync.errors import StorageError, WeftError, WorkflowClaimUnavailableError
 from weft_sync.ledger import listing
 from weft_sync.ledger.records import checkpoint_key, signal_prefix
 from weft_sync.workflows import Workflows
@@ -126,8 +126,9 @@ def test_start_after_purge_gets_a_larger_epoch_and_a_clean_slate(
 
 
 def test_client_without_registry_cannot_start(client: Workflows) -> None:
-    with pytest.raises(Exception, match="no claim registry"):
+    with pytest.raises(WeftError, match="no claim registry") as raised:
         client.start("wf-1", "import")
+    assert raised.type is WeftError  # misuse, not a storage failure or a lost race
 
 
 def test_get_of_an_unknown_id_is_none(ledger: Workflows) -> None:

@@ -1,0 +1,137 @@
+"""What the README promises about tuning constants and quiet operation holds for the code.
+
+Each number is read from the README's own sentence and checked against behaviour, so changing
+either the constant or the text alone fails here.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+import textwrap
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from tests.claims.gated import new_registry
+from weft_sync import keys
+from weft_sync.clock import ManualClock
+from weft_sync.codec import WorkflowRecord, encode_workflow_record
+from weft_sync.maintenance.reclaim_scan import list_reclaim_candidates
+from weft_sync.storage import Put, Storage
+from weft_sync.storage.cas import CasRow
+
+ROOT = Path(__file__).resolve().parent.parent
+README = (ROOT / "README.md").read_text()
+
+
+def _documented(pattern: str) -> int:
+    found = re.search(pattern, README.replace("\n", " "))
+    assert found, f"the README no longer says {pattern!r}"
+    return int(found.group(1).replace(",", ""))
+
+
+class _RowCounter:
+    """Delegates to a real store; records how many rows each ``compare_and_set_many`` carried."""
+
+    def __init__(self, inner: Storage) -> None:
+        self._inner = inner
+        self.calls: list[int] = []
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)
+
+    def compare_and_set_many(self, rows: Sequence[CasRow]) -> list[bool]:
+        self.calls.append(len(rows))
+        result: list[bool] = self._inner.compare_and_set_many(rows)  # type: ignore[attr-defined]
+        return result
+
+
+def test_renewal_writes_as_many_claims_per_transaction_as_the_readme_says(
+    storage: Storage,
+) -> None:
+    per_transaction = _documented(r"up to ([\d,]+) claims per transaction")
+    counter = _RowCounter(storage)
+    registry = new_registry(counter, ManualClock(1_000_000), "engine-a")  # type: ignore[arg-type]
+    ids = [f"wf-{n:05d}" for n in range(per_transaction + 1)]
+    for wid in ids:
+        assert registry.acquire(wid).status == "acquired"
+
+    results = registry.renew_many(ids)
+
+    assert [r.status for r in results] == ["renewed"] * len(ids)
+    assert counter.calls == [per_transaction, 1]
+
+
+def test_the_authoritative_window_reads_as_many_records_per_pass_as_the_readme_says(
+    storage: Storage,
+) -> None:
+    window = _documented(r"\(([\d,]+) records per pass, rotating\)")
+    # Running records that no index names and no holder covers: only the window finds them.
+    ids = [f"legacy-{n:05d}" for n in range(2 * window + 7)]
+    storage.batch(
+        [
+            Put(keys.workflow(wid), encode_workflow_record(WorkflowRecord(wid, "job", "running")))
+            for wid in ids
+        ]
+    )
+
+    passes = [list_reclaim_candidates(storage, set()) for _ in range(3)]
+
+    assert [len(found) for found in passes] == [window, window, 7]
+    assert sorted(passes[0] + passes[1] + passes[2]) == ids
+
+
+QUIET_SCRIPT = textwrap.dedent(
+    """
+    import json, logging, sys, warnings
+    root_before = list(logging.getLogger().handlers)
+    import weft_sync
+    from weft_sync import Ownership, OwnershipOptions
+    with Ownership.open(
+        sys.argv[1], options=OwnershipOptions(claim_ttl="3s", claim_renew_interval="1s"),
+        background="manual",
+    ) as ownership:
+        ledger = ownership.workflows
+        ledger.start("wf-1", "job", input={"n": 1})
+        ledger.save_checkpoint("wf-1", b"step-1")
+        ownership.run_maintenance()
+        ledger.complete("wf-1", result={"ok": True})
+        with ownership.claim("bare-1"):
+            ownership.run_maintenance()
+    loggers = {
+        name: [type(h).__name__ for h in logger.handlers]
+        for name, logger in logging.Logger.manager.loggerDict.items()
+        if name.startswith("weft_sync") and isinstance(logger, logging.Logger)
+    }
+    with open(sys.argv[2], "w") as out:
+        json.dump({
+            "root_changed": list(logging.getLogger().handlers) != root_before,
+            "loggers": loggers,
+        }, out)
+    """
+)
+
+
+def test_the_library_installs_no_log_handlers_and_never_prints(
+    storage_url: str, tmp_path: Path
+) -> None:
+    report = tmp_path / "report.json"
+    proc = subprocess.run(
+        [sys.executable, "-c", QUIET_SCRIPT, storage_url, str(report)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=ROOT,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr
+    # Nothing at all on either stream, warnings and log records included.
+    assert proc.stdout == ""
+    assert proc.stderr == ""
+    state = json.loads(report.read_text())
+    assert state["root_changed"] is False
+    assert state["loggers"], "no weft_sync logger was created: the check saw nothing"
+    assert all(handlers == [] for handlers in state["loggers"].values()), state["loggers"]
