@@ -32,6 +32,7 @@ from common import (
     bench_site,
     interleave,
     machine_note,
+    ms,
     parse_args,
     print_table,
     ratio,
@@ -43,6 +44,7 @@ from weft_sync import Ownership, OwnershipOptions
 from weft_sync.codec import decode_holder
 from weft_sync.errors import StorageError
 from weft_sync.keys import workflow_owner_holder
+from weft_sync.storage import Put
 
 FAST = OwnershipOptions(claim_ttl="3s", claim_renew_interval="1s")
 CLAIMS = 50
@@ -270,6 +272,38 @@ def identity_cost(spec: StoreSpec) -> list[object]:
     return [us(files), us(verify), us(put), ratio(files, put)]
 
 
+def isolation_cost(spec: StoreSpec, rows: int) -> list[object]:
+    from weft_sync.storage.postgres import PostgresStorage
+
+    store = spec.open()
+    assert isinstance(store, PostgresStorage)
+    keys = [f"wf-owner-holder:bench-{i:05d}" for i in range(rows)]
+    current = dict.fromkeys(keys, b"v-0")
+    store.batch([Put(k, v) for k, v in current.items()])
+    step = [0]
+
+    def renew(method: str) -> None:
+        step[0] += 1
+        new = b"v-%d" % step[0]
+        batch = [(k, current[k], new) for k in keys]
+        results = getattr(store, method)(batch)
+        assert all(r is True for r in results)
+        current.update(dict.fromkeys(keys, new))
+
+    try:
+        samples = interleave(
+            {
+                "plain": lambda: renew("compare_and_set_many"),
+                "isolated": lambda: renew("compare_and_set_many_isolated"),
+            },
+            10,
+        )
+    finally:
+        store.close()
+    plain, isolated = samples["plain"].median_wall, samples["isolated"].median_wall
+    return [rows, ms(plain), ms(isolated), ratio(isolated, plain)]
+
+
 def main() -> None:
     def configure(parser: argparse.ArgumentParser) -> None:
         parser.add_argument("--storm-seconds", type=float, default=None)
@@ -296,6 +330,11 @@ def main() -> None:
             rows,
         )
         if "postgres" in backends:
+            print_table(
+                "batched renewal on PostgreSQL: waiting UPDATE vs isolated (SKIP LOCKED) statement",
+                ["rows", "compare_and_set_many", "…_isolated", "isolated / plain"],
+                [isolation_cost(site.new_store("postgres"), 2000)],
+            )
             print_table(
                 "kill storm (PostgreSQL): pg_terminate_backend of the engine's sessions every 1 s",
                 ["storm", "killed", "renewal failures", "lost", "recovered after", "target"],

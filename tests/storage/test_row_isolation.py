@@ -60,7 +60,7 @@ def test_a_locked_row_fails_alone_and_the_others_commit(
         assert [r is True for r in results] == [True, True, False, True, True]
         locked = results[2]
         assert isinstance(locked, RowLockedError) and locked.key == "k2"
-        assert locked.__cause__ is not None  # the retry that waited for the lock and gave up
+        assert locked.__cause__ is not None  # the lock wait that gave up first
     assert pg_store.get_many(keys) == [b"v1", b"v1", b"v0", b"v1", b"v1"]
     # Once the lock is gone the same row commits.
     assert storage_compare_and_set_many_isolated(pg_store, [("k2", b"v0", b"v1")]) == [True]

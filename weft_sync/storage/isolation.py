@@ -3,10 +3,11 @@
 A batched renewal or takeover commits many independent compare-and-sets in one transaction. On a
 store with row locks, one row held locked by a foreign session (``SELECT … FOR UPDATE`` left
 open, say) would make the whole statement wait, and so fail every claim in the batch. A backend
-with :class:`SupportsIsolatedBatches` instead commits every row it can lock at once, then tries
-the rows it skipped again on their own, waiting for their locks no longer than its lock timeout;
-a row still locked then is reported as a :class:`RowLockedError` in its result slot: it was not
-judged, and the caller retries it later. Every other row is judged and applied as usual.
+with :class:`SupportsIsolatedBatches` sends the batch as usual, waiting for locks no longer than
+its lock timeout (a lock held for a moment by another writer costs nothing more); if that wait
+gives up, it sends the batch again skipping the rows it cannot lock at once, and reports each of
+them as a :class:`RowLockedError` in its result slot: that row was not judged, and the caller
+retries it later. Every other row is judged and applied as usual.
 
 Callers go through :func:`storage_compare_and_set_many_isolated` and
 :func:`storage_conditional_batches_isolated`, which fall back to the plain methods (whose results
@@ -56,11 +57,10 @@ Judged = bool | RowLockedError
 class SupportsIsolatedBatches(Protocol):
     """A store whose batched writes isolate rows locked by another session.
 
-    Both methods behave as ``compare_and_set_many`` / ``conditional_batches`` do, except that
-    the other slots never wait for a row (or batch) touching a row another session holds locked,
-    and that one still locked after the store's lock timeout gets a :class:`RowLockedError` in
-    its slot. Slots are then no longer all in one transaction: each is applied as if committed
-    on its own, which is all independent compare-and-sets need.
+    Both methods behave as ``compare_and_set_many`` / ``conditional_batches`` do, except that a
+    row (or batch) touching a row another session held locked for longer than the store's lock
+    timeout gets a :class:`RowLockedError` in its slot while the other slots are applied, all
+    within about one lock timeout.
     """
 
     def compare_and_set_many_isolated(self, rows: Sequence[CasRow]) -> list[Judged]: ...

@@ -7,8 +7,10 @@ contract). Each function runs its statements on a connection the caller lent and
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
+
+import psycopg
 
 from ..errors import StorageError
 from .base import Condition, Operation, Put
@@ -17,9 +19,10 @@ from .isolation import Judged, RowLockedError
 from .postgres_sql import Plan, Queries
 
 __all__ = [
+    "caused_by",
     "judge_disjoint_skip_locked",
+    "lock_timed_out",
     "renewal_rows",
-    "retry_locked",
     "update_rows_skip_locked",
 ]
 
@@ -89,25 +92,14 @@ def judge_disjoint_skip_locked(
     return results, puts, deletes
 
 
-def retry_locked(results: list[Judged], retry: Callable[[list[int]], list[bool]]) -> list[Judged]:
-    """Retry the slots reported locked together, waiting for their locks (``lock_timeout``).
+def lock_timed_out(exc: StorageError) -> bool:
+    """Whether ``exc`` is the server giving up on a lock wait (``lock_timeout``, SQLSTATE 55P03)."""
+    return isinstance(exc.__cause__, psycopg.errors.LockNotAvailable)
 
-    ``retry`` applies the batches at the given indexes with the waiting variant, in a
-    transaction of its own. A lock held for a moment (another engine's write in flight) then
-    gives the real result; when the retry fails, every retried slot keeps its
-    ``RowLockedError``, with the failure as its cause. So a call waits for locks one
-    ``lock_timeout`` at most.
-    """
-    locked = [i for i, slot in enumerate(results) if isinstance(slot, RowLockedError)]
-    if not locked:
-        return results
-    try:
-        retried = retry(locked)
-    except StorageError as exc:
-        for slot in results:
-            if isinstance(slot, RowLockedError):
-                slot.__cause__ = exc
-        return results
-    for i, ok in zip(locked, retried, strict=True):
-        results[i] = ok
+
+def caused_by(results: list[Judged], waited: StorageError) -> list[Judged]:
+    """Give every ``RowLockedError`` in ``results`` the lock wait that gave up as its cause."""
+    for slot in results:
+        if isinstance(slot, RowLockedError):
+            slot.__cause__ = waited
     return results
