@@ -7,6 +7,7 @@ engine opening whatever is at the path afterwards.
 
 from __future__ import annotations
 
+import logging
 import os
 import shutil
 import sqlite3
@@ -92,11 +93,17 @@ def test_a_deleted_database_gets_no_more_writes_from_the_engine_that_had_it_open
 
 
 def test_a_second_engine_on_the_fresh_file_is_not_shadowed_by_the_first(
-    engine_a: Ownership, db_path: Path
+    engine_a: Ownership, db_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     _unlink_all(db_path)
-    # B opens the path, gets an empty store and starts the same ids.
-    with Ownership.open(f"sqlite:///{db_path}", options=OPTIONS, background="manual") as engine_b:
+    # B opens the path, gets an empty store and starts the same ids; it says what it found.
+    with caplog.at_level(logging.WARNING, logger="weft_sync.storage.sqlite"):
+        engine_b = Ownership.open(f"sqlite:///{db_path}", options=OPTIONS, background="manual")
+    assert any(
+        "lock file of a deleted one" in r.getMessage() and str(db_path) in r.getMessage()
+        for r in caplog.records
+    )
+    with engine_b:
         for i in range(WORKFLOWS):
             engine_b.workflows.start(f"wf-{i}", "report")
         accepted, _ = _accepted_writes(engine_a, b"from-a")

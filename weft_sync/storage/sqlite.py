@@ -150,8 +150,17 @@ class SqliteStorage:
         self._lock = threading.Lock()
         self._closed = False
         self._identity = StoreIdentity(self._path, self._connect)
+        # A lock file without its database: a store was here and its file was deleted.
+        replaces_deleted = os.path.exists(self._path + ".lock") and not os.path.exists(self._path)
         self._init_process_state()
         try:
+            if replaces_deleted:
+                _log.warning(
+                    "creating a new, empty store at %r, where the lock file of a deleted one "
+                    "remains: its epochs start again, so every engine still running on the "
+                    "deleted file must be stopped (they stop writing at their next pass)",
+                    self._path,
+                )
             self._create_schema()
             with self._translate("open"):
                 self._identity.open()

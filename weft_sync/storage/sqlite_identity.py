@@ -22,8 +22,10 @@ Once a check fails it stays failed: every later call of the storage raises the s
 What remains: the check before a commit and the commit itself are two steps, so a file deleted
 in the microseconds between them takes that one transaction with it (it is then seen by the
 next check). A file replaced between the storage's first ``stat`` and SQLite's ``open`` is not
-seen. A fresh store created at the path does not know the epochs an older one handed out: this
-check makes the old engine stop instead, on its next write or pass.
+seen. A fresh store created at the path does not know the epochs an older one handed out (it
+mints them from 1 again): this check makes the old engine stop instead, on its next write or
+pass, and the new store logs a warning when the old one's lock file shows it replaces a deleted
+store.
 """
 
 from __future__ import annotations
