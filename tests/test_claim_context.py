@@ -55,6 +55,8 @@ def make_ownership(storage: Storage, clock: ManualClock) -> Iterator[MakeOwnersh
         kwargs.setdefault("clock", clock)
         kwargs.setdefault("background", "manual")
         kwargs.setdefault("warn", WarningSink())
+        # Every engine here may take over the "job" workflows the tests leave running.
+        kwargs.setdefault("is_eligible", lambda workflow_type, revision: True)
         ownership = Ownership.open(kwargs.pop("target", storage), engine_id=engine_id, **kwargs)
         opened.append(ownership)
         return ownership

@@ -170,7 +170,29 @@ def test_all_zero_snapshot_still_prints_the_full_schema() -> None:
     sample_lines = [line for line in text.splitlines() if line and not line.startswith("#")]
     assert len(sample_lines) == 7
     assert all(line.endswith(" 0") for line in sample_lines)
-    assert text.count("# TYPE ") == 3
+    # The handler-failure family is labelled by workflow type: no samples until one fails.
+    assert text.count("# TYPE ") == 4
+    assert "# TYPE weft_workflow_claim_handler_failures_total counter" in text.splitlines()
+
+
+def test_handler_failures_are_counted_per_type_and_escaped_in_the_text() -> None:
+    metrics = ClaimMetrics()
+    metrics.record_handler_failure("payout")
+    metrics.record_handler_failure("payout")
+    metrics.record_handler_failure('odd "type"\\')
+
+    assert metrics.snapshot().handler_failures == {'odd "type"\\': 1, "payout": 2}
+    samples = _samples(serialize_prometheus(metrics.snapshot()))
+    family = "weft_workflow_claim_handler_failures_total"
+    assert samples[(family, (("type", "payout"),))] == 2
+    assert samples[(family, (("type", 'odd "type"\\'),))] == 1
+    metrics.reset()
+    assert metrics.snapshot().handler_failures == {}
+
+
+def test_handler_failure_needs_a_type_name() -> None:
+    with pytest.raises(TypeError, match="workflow_type must be a str, got int 3"):
+        ClaimMetrics().record_handler_failure(3)  # type: ignore[arg-type]
 
 
 def test_prometheus_text_parses_with_the_official_parser() -> None:
@@ -190,6 +212,7 @@ def test_prometheus_client_collector_exposes_the_same_sample_values() -> None:
     metrics.record_claim_attempt("backoff_skipped")
     metrics.set_active_claims(6)
     metrics.record_claim_renewal_failure()
+    metrics.record_handler_failure("payout")
     registry = CollectorRegistry()
     register_prometheus(metrics, registry)
 

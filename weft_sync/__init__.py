@@ -14,11 +14,12 @@ from .errors import (
     WorkflowClaimLostError,
     WorkflowClaimLostWarning,
     WorkflowClaimUnavailableError,
+    WorkflowExistsError,
 )
 from .handles import ClaimHandle
 from .metrics import ClaimMetrics
 from .options import OwnershipOptions
-from .ownership import Ownership
+from .ownership import Ownership, ReclaimedWorkflow, WorkflowHandler
 from .storage import Condition, Delete, Put, SqliteStorage, open_storage
 
 if TYPE_CHECKING:
@@ -37,12 +38,15 @@ __all__ = [
     "OwnershipOptions",
     "PostgresStorage",
     "Put",
+    "ReclaimedWorkflow",
     "SqliteStorage",
     "StorageError",
     "WeftError",
     "WorkflowClaimLostError",
     "WorkflowClaimLostWarning",
     "WorkflowClaimUnavailableError",
+    "WorkflowExistsError",
+    "WorkflowHandler",
     "open_storage",
     "system_clock",
 ]

@@ -4,6 +4,10 @@ from __future__ import annotations
 
 import sys
 
-from .cli import main
+try:
+    from .cli import main
 
-sys.exit(main())
+    sys.exit(main())
+except KeyboardInterrupt:
+    # Ctrl-C while the interpreter was still importing, before main() could catch it.
+    sys.exit(130)

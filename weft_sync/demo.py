@@ -8,13 +8,16 @@ dead worker's epoch is refused by the store.
 
 from __future__ import annotations
 
+import contextlib
 import multiprocessing
 import os
 import signal
 import tempfile
+import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from multiprocessing import resource_tracker
 from pathlib import Path
 from typing import Any
 
@@ -95,12 +98,19 @@ def _holders(url: str, workflow_ids: list[str]) -> dict[str, tuple[str, int]]:
         return found
 
 
-def run_demo(out: Printer = print, settings: DemoSettings | None = None) -> int:
-    """Run the demonstration, narrating through ``out``; return a process exit code."""
+def run_demo(
+    out: Printer = print, settings: DemoSettings | None = None, *, keep_dir: str | None = None
+) -> int:
+    """Run the demonstration, narrating through ``out``; return a process exit code.
+
+    :param keep_dir: keep the store (``demo.db``) in this directory, created if missing,
+        instead of a temporary one that is deleted at the end.
+    :raises ValueError: ``keep_dir`` already holds a ``demo.db``.
+    """
     settings = settings or DemoSettings()
-    ctx = multiprocessing.get_context("spawn")
+    store_dir = None if keep_dir is None else _prepare_keep_dir(keep_dir)
     with tempfile.TemporaryDirectory(prefix="weft-demo-") as tmp:
-        url = f"sqlite:///{Path(tmp) / 'demo.db'}"
+        url = f"sqlite:///{Path(store_dir or tmp) / 'demo.db'}"
         ids = [f"payout-{n:02d}" for n in range(settings.workflows)]
         out(f"1. Store: {url}")
         with open_storage(url) as storage:
@@ -112,32 +122,93 @@ def run_demo(out: Printer = print, settings: DemoSettings | None = None) -> int:
         out(f"2. Starting {settings.workers} worker processes; each claims a share")
         stop_file = Path(tmp) / "stop"
         workers: list[_Worker] = []
-        for index in range(settings.workers):
-            name = f"worker-{index + 1}"
-            worker = _Worker(name, Path(tmp) / f"{name}.engine")
-            worker.process = ctx.Process(
-                target=_worker_main,
-                args=(
-                    url,
-                    name,
-                    ids[index :: settings.workers],
-                    settings,
-                    str(worker.engine_file),
-                    str(stop_file),
-                ),
-                name=name,
-            )
-            worker.process.start()
-            workers.append(worker)
         try:
+            # Started here, not inside _sigint_deferred below: starting it unblocks SIGINT,
+            # which would let a Ctrl-C land while SIGINT is still ignored.
+            resource_tracker.ensure_running()
+            for index in range(settings.workers):
+                worker = _new_worker(index, url, ids, settings, Path(tmp), stop_file)
+                workers.append(worker)  # before it starts, so the finally below stops it
+                # Ctrl-C in a terminal reaches the whole process group; a worker starts with
+                # SIGINT ignored (a spawned interpreter keeps that), so only this process acts
+                # on it, stopping the workers through the stop file.
+                with _sigint_deferred():
+                    worker.process.start()
             if not all(worker.wait_ready(30) for worker in workers):
                 out("   a worker did not start in time")
                 return 1
-            return _kill_and_watch(out, settings, url, ids, workers)
+            code = _kill_and_watch(out, settings, url, ids, workers)
         finally:
-            stop_file.touch()
-            for worker in workers:
-                worker.join()
+            with _sigint_ignored():
+                stop_file.touch()
+                for worker in workers:
+                    worker.join()
+        if store_dir is not None:
+            out(f"6. The store is kept: weft-sync --url {url} status")
+        return code
+
+
+def _prepare_keep_dir(keep_dir: str) -> str:
+    path = Path(keep_dir)
+    if (path / "demo.db").exists():
+        raise ValueError(
+            f"--keep directory {keep_dir!r} already holds a demo.db; choose an empty or new "
+            f"directory"
+        )
+    path.mkdir(parents=True, exist_ok=True)
+    return str(path.resolve())
+
+
+def _new_worker(
+    index: int, url: str, ids: list[str], settings: DemoSettings, tmp: Path, stop_file: Path
+) -> _Worker:
+    name = f"worker-{index + 1}"
+    worker = _Worker(name, tmp / f"{name}.engine")
+    worker.process = multiprocessing.get_context("spawn").Process(
+        target=_worker_main,
+        args=(
+            url,
+            name,
+            ids[index :: settings.workers],
+            settings,
+            str(worker.engine_file),
+            str(stop_file),
+        ),
+        name=name,
+    )
+    return worker
+
+
+@contextlib.contextmanager
+def _sigint_deferred() -> Iterator[None]:
+    """Ignore SIGINT for what starts inside the block; one arriving meanwhile waits, then lands.
+
+    SIGINT is blocked as well as ignored: Linux keeps a blocked signal pending even while its
+    action is "ignore", so a Ctrl-C during the block is delivered once the handler is back.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+
+
+@contextlib.contextmanager
+def _sigint_ignored() -> Iterator[None]:
+    """Ignore SIGINT inside the block (when called on the main thread, where signals land)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
 
 
 @dataclass
@@ -159,8 +230,8 @@ class _Worker:
         return self.engine_file.read_text()
 
     def join(self) -> None:
-        if self.process is None:
-            return
+        if self.process is None or self.process.pid is None:
+            return  # never started
         self.process.join(15)
         if self.process.is_alive():
             self.process.kill()

@@ -11,7 +11,9 @@ __all__ = [
     "CorruptOwnershipMarkerError",
     "EngineDeposedError",
     "FencedWriteConflict",
+    "MissingStoreError",
     "OwnershipModeMismatchError",
+    "ReadOnlyStorageError",
     "StorageCapabilityError",
     "StorageError",
     "StoreIdentityError",
@@ -19,6 +21,7 @@ __all__ = [
     "WorkflowClaimLostError",
     "WorkflowClaimLostWarning",
     "WorkflowClaimUnavailableError",
+    "WorkflowExistsError",
     "WorkflowWakeDiscardedWarning",
 ]
 
@@ -29,6 +32,14 @@ class WeftError(Exception):
 
 class StorageError(WeftError):
     """A storage backend failed; the driver's exception is kept as ``__cause__``."""
+
+
+class ReadOnlyStorageError(StorageError):
+    """A write was attempted on a store opened read-only (``open_storage(url, read_only=True)``)."""
+
+
+class MissingStoreError(StorageError):
+    """A store opened read-only does not exist (no SQLite file or no table); none was created."""
 
 
 class StoreIdentityError(StorageError):
@@ -118,6 +129,33 @@ class WorkflowClaimUnavailableError(WeftError):
             f"check whether the holder crashed (its claim becomes takeover-eligible once it "
             f"expires)"
         )
+
+
+class WorkflowExistsError(WorkflowClaimUnavailableError):
+    """``start()`` was given the id of a workflow that already exists.
+
+    A subclass of :class:`WorkflowClaimUnavailableError`, so callers catching that still catch
+    it; waiting does not help here, since the record stays until it is purged.
+
+    :param workflow_id: the id that is taken.
+    :param status: the existing workflow's status (``"running"``, ``"completed"``, ...).
+    :param held_by: the engine id of the current holder, when known.
+    """
+
+    def __init__(self, workflow_id: str, status: str, held_by: str | None = None) -> None:
+        self.workflow_id = workflow_id
+        self.held_by = held_by
+        self.status = status
+        holder = f", claimed by {held_by!r}" if held_by else ""
+        # Skips the parent's message, which advises waiting for a crashed holder.
+        WeftError.__init__(
+            self,
+            f"workflow {workflow_id!r} already exists with status {status!r}{holder}; start "
+            f"it under a new id, or purge the old one first",
+        )
+
+    def __reduce__(self) -> tuple[type[WorkflowExistsError], tuple[str, str, str | None]]:
+        return (type(self), (self.workflow_id, self.status, self.held_by))
 
 
 class EngineDeposedError(WeftError):

@@ -1,16 +1,18 @@
-"""Claim metrics: attempt counters by outcome, an active-claims gauge and renewal failures.
+"""Claim metrics: attempt counters by outcome, an active-claims gauge, renewal and handler failures.
 
-Workflow ids are never labels (their number is unbounded); the only label is the attempt outcome,
-drawn from the closed set :data:`CLAIM_ATTEMPT_OUTCOMES`. :func:`serialize_prometheus` renders a
-snapshot in the Prometheus text format without any dependency; :func:`register_prometheus` exposes
-the same families through ``prometheus_client`` when the ``prometheus`` extra is installed.
+Workflow ids are never labels (their number is unbounded); the labels are the attempt outcome,
+drawn from the closed set :data:`CLAIM_ATTEMPT_OUTCOMES`, and the workflow type of a failed
+handler (types are named in code, so their number is bounded). :func:`serialize_prometheus`
+renders a snapshot in the Prometheus text format without any dependency;
+:func:`register_prometheus` exposes the same families through ``prometheus_client`` when the
+``prometheus`` extra is installed.
 """
 
 from __future__ import annotations
 
 import threading
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Final, Literal
 
 if TYPE_CHECKING:
@@ -45,6 +47,8 @@ FAILURES_FAMILY: Final = "weft_workflow_claim_renewal_failures_total"
 _ATTEMPTS_HELP: Final = "Total per-workflow ownership claim attempts, by outcome"
 _ACTIVE_HELP: Final = "Workflows this engine currently holds a claim for"
 _FAILURES_HELP: Final = "Total per-workflow claim renewal failures"
+HANDLER_FAILURES_FAMILY: Final = "weft_workflow_claim_handler_failures_total"
+_HANDLER_FAILURES_HELP: Final = "Total workflow handler calls that raised, by workflow type"
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,11 +59,14 @@ class MetricsSnapshot:
         present, in that order.
     :param active_claims: the last value set for the active-claims gauge.
     :param renewal_failures: how many renewals failed.
+    :param handler_failures: how many workflow handler calls raised, per workflow type (only
+        types that failed at least once are present).
     """
 
     attempts: dict[str, int]
     active_claims: int
     renewal_failures: int
+    handler_failures: dict[str, int] = field(default_factory=dict)
 
 
 class ClaimMetrics:
@@ -69,11 +76,12 @@ class ClaimMetrics:
     """
 
     def __init__(self) -> None:
-        # _lock guards _attempts, _active_claims and _renewal_failures.
+        # _lock guards _attempts, _active_claims, _renewal_failures and _handler_failures.
         self._lock = threading.Lock()
         self._attempts: dict[str, int] = dict.fromkeys(CLAIM_ATTEMPT_OUTCOMES, 0)
         self._active_claims = 0
         self._renewal_failures = 0
+        self._handler_failures: dict[str, int] = {}
 
     def record_claim_attempt(self, outcome: ClaimAttemptOutcome) -> None:
         """Count one claim attempt with ``outcome``.
@@ -107,6 +115,19 @@ class ClaimMetrics:
         with self._lock:
             self._renewal_failures += 1
 
+    def record_handler_failure(self, workflow_type: str) -> None:
+        """Count one workflow handler call for ``workflow_type`` that raised.
+
+        :raises TypeError: ``workflow_type`` is not a ``str``.
+        """
+        if not isinstance(workflow_type, str):
+            raise TypeError(
+                f"workflow_type must be a str, got {type(workflow_type).__name__} "
+                f"{workflow_type!r:.80}"
+            )
+        with self._lock:
+            self._handler_failures[workflow_type] = self._handler_failures.get(workflow_type, 0) + 1
+
     def snapshot(self) -> MetricsSnapshot:
         """Return an independent copy of the current values."""
         with self._lock:
@@ -114,6 +135,7 @@ class ClaimMetrics:
                 attempts=dict(self._attempts),
                 active_claims=self._active_claims,
                 renewal_failures=self._renewal_failures,
+                handler_failures=dict(sorted(self._handler_failures.items())),
             )
 
     def reset(self) -> None:
@@ -122,6 +144,7 @@ class ClaimMetrics:
             self._attempts = dict.fromkeys(CLAIM_ATTEMPT_OUTCOMES, 0)
             self._active_claims = 0
             self._renewal_failures = 0
+            self._handler_failures = {}
 
     def __repr__(self) -> str:
         snap = self.snapshot()
@@ -151,8 +174,17 @@ def serialize_prometheus(snapshot: MetricsSnapshot) -> str:
         f"# HELP {FAILURES_FAMILY} {_FAILURES_HELP}",
         f"# TYPE {FAILURES_FAMILY} counter",
         f"{FAILURES_FAMILY} {snapshot.renewal_failures}",
+        f"# HELP {HANDLER_FAILURES_FAMILY} {_HANDLER_FAILURES_HELP}",
+        f"# TYPE {HANDLER_FAILURES_FAMILY} counter",
     ]
+    for workflow_type, count in snapshot.handler_failures.items():
+        lines.append(f'{HANDLER_FAILURES_FAMILY}{{type="{_label_value(workflow_type)}"}} {count}')
     return "\n".join(lines) + "\n"
+
+
+def _label_value(value: str) -> str:
+    # The text format escapes exactly these three characters inside a label value.
+    return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
 
 
 class ClaimMetricsCollector:
@@ -174,6 +206,12 @@ class ClaimMetricsCollector:
         yield attempts
         yield GaugeMetricFamily(ACTIVE_FAMILY, _ACTIVE_HELP, value=snap.active_claims)
         yield CounterMetricFamily(FAILURES_FAMILY, _FAILURES_HELP, value=snap.renewal_failures)
+        handler_failures = CounterMetricFamily(
+            HANDLER_FAILURES_FAMILY, _HANDLER_FAILURES_HELP, labels=["type"]
+        )
+        for workflow_type, count in snap.handler_failures.items():
+            handler_failures.add_metric([workflow_type], count)
+        yield handler_failures
 
     def describe(self) -> Iterator[Metric]:
         # Families without samples: the registry learns the names (to refuse duplicates)
@@ -183,6 +221,7 @@ class ClaimMetricsCollector:
         yield CounterMetricFamily(ATTEMPTS_FAMILY, _ATTEMPTS_HELP, labels=["outcome"])
         yield GaugeMetricFamily(ACTIVE_FAMILY, _ACTIVE_HELP)
         yield CounterMetricFamily(FAILURES_FAMILY, _FAILURES_HELP)
+        yield CounterMetricFamily(HANDLER_FAILURES_FAMILY, _HANDLER_FAILURES_HELP, labels=["type"])
 
 
 def register_prometheus(

@@ -28,7 +28,7 @@ import os
 import threading
 import warnings
 import weakref
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from types import TracebackType
 from typing import Literal, TypeVar
@@ -44,6 +44,7 @@ from .errors import (
     WorkflowClaimLostWarning,
     WorkflowClaimUnavailableError,
 )
+from .handlers import HandlerTable, ReclaimedWorkflow, WorkflowHandler
 from .handles import ClaimHandle
 from .keys import validate_workflow_id
 from .maintenance.bootstrap import bootstrap_workflow_lease_ownership
@@ -55,7 +56,14 @@ from .options import BACKGROUND_MODES, OwnershipOptions
 from .storage import Storage, open_storage
 from .workflows import Workflows
 
-__all__ = ["Background", "ClaimHandle", "LostCallback", "Ownership"]
+__all__ = [
+    "Background",
+    "ClaimHandle",
+    "LostCallback",
+    "Ownership",
+    "ReclaimedWorkflow",
+    "WorkflowHandler",
+]
 
 _log = logging.getLogger(__name__)
 
@@ -63,6 +71,7 @@ Background = Literal["thread", "manual"]
 LostCallback = Callable[[str], object]
 """Called with the id of a workflow whose claim this engine lost."""
 _Callback = TypeVar("_Callback", bound=LostCallback)
+_Handler = TypeVar("_Handler", bound=WorkflowHandler)
 
 
 class _State(enum.Enum):
@@ -92,6 +101,7 @@ class Ownership:
         clock: Clock,
         warn: WarnSink | None,
         engine_id: str | None,
+        handlers: Mapping[str, WorkflowHandler] | None = None,
     ) -> None:
         """Bootstrap on ``storage``; start nothing. Hosts call :meth:`open` instead."""
         self._storage = storage
@@ -105,7 +115,11 @@ class Ownership:
         self._lost_callbacks: list[LostCallback] = []
         # The renewal task needs the ledger's poll targets when the bootstrap builds it, and the
         # ledger needs the registry the bootstrap creates: the ledger is bound afterwards.
-        workflows = Workflows(storage, None, clock=clock, warn=self._on_warning)
+        metrics = ClaimMetrics()
+        table = HandlerTable(
+            handlers, on_reclaimed=on_reclaimed, is_eligible=is_eligible, metrics=metrics
+        )
+        workflows = Workflows(storage, None, clock=clock, warn=self._on_warning, metrics=metrics)
         boot = bootstrap_workflow_lease_ownership(
             storage=storage,
             clock=clock,
@@ -113,12 +127,15 @@ class Ownership:
             claim_renew_interval_ms=options.claim_renew_interval_ms,
             signal_poll_target=workflows.signal_poll_target,
             update_poll_target=workflows.update_poll_target,
-            on_workflow_claim_reclaimed=on_reclaimed,
-            is_workflow_type_registered=is_eligible,
+            on_workflow_claim_reclaimed=table.drive,
+            is_workflow_type_registered=table.is_eligible,
             warn=self._on_warning,
             engine_id=engine_id,
+            metrics=metrics,
         )
         workflows.bind_registry(boot.registry)
+        table.bind(self, workflows, boot.registry)
+        self._handlers = table
         self._workflows = workflows
         self._registry: ClaimRegistry = boot.registry
         self._task: RenewalTask = boot.renewal_task
@@ -135,6 +152,7 @@ class Ownership:
         url_or_storage: str | Storage,
         *,
         options: OwnershipOptions | None = None,
+        handlers: Mapping[str, WorkflowHandler] | None = None,
         on_reclaimed: Callable[[str], object] | None = None,
         is_eligible: EligibilityPredicate | None = None,
         background: Background = "thread",
@@ -148,8 +166,14 @@ class Ownership:
             opened here and closed by :meth:`close`; or an open ``Storage``, which ``close()``
             leaves open.
         :param options: claim timing; defaults to ``OwnershipOptions()`` (TTL 30 s, renew 5 s).
-        :param on_reclaimed: drives a workflow this engine took over from a dead one.
-        :param is_eligible: ``(type, revision) -> bool``; other workflows are never reclaimed.
+        :param handlers: workflow type -> handler. A running workflow of one of these types whose
+            owner died is taken over here and its handler called with a
+            :class:`~weft_sync.handlers.ReclaimedWorkflow`, on a maintenance thread (see
+            :mod:`weft_sync.handlers`). More can be added with :meth:`handler`.
+        :param on_reclaimed: drives, by id, a reclaimed workflow of a type without a handler;
+            given without ``is_eligible``, every type is reclaimed.
+        :param is_eligible: ``(type, revision) -> bool`` for types without a handler. An engine
+            with no handlers, no ``is_eligible`` and no ``on_reclaimed`` reclaims no workflows.
         :param background: ``"thread"`` starts interval maintenance now; ``"manual"`` leaves it
             to the host, which calls :meth:`run_maintenance` at least once per renew interval.
         :param clock: integer milliseconds since the Unix epoch.
@@ -191,6 +215,7 @@ class Ownership:
                 clock=clock,
                 warn=warn,
                 engine_id=engine_id,
+                handlers=handlers,
             )
         except BaseException:
             if owns_storage:
@@ -227,6 +252,28 @@ class Ownership:
     def metrics(self) -> ClaimMetrics:
         """Claim attempt, active-claim and renewal-failure counters."""
         return self._metrics
+
+    @property
+    def handlers(self) -> HandlerTable:
+        """The workflow handlers by type (register more with :meth:`handler`)."""
+        return self._handlers
+
+    def handler(self, workflow_type: str) -> Callable[[_Handler], _Handler]:
+        """Register the decorated function as the handler of ``workflow_type``.
+
+        Usable any time while open; a workflow of that type is reclaimed from the next
+        maintenance pass on. The function is returned unchanged::
+
+            @ownership.handler("payout")
+            def resume_payout(ctx: ReclaimedWorkflow) -> None:
+                ctx.workflows.complete(ctx.workflow_id, result=...)
+
+        :raises ValueError: ``workflow_type`` is not a valid name or already has a handler.
+        :raises TypeError: the decorated object is not callable.
+        :raises ClosedError: after ``close()`` or in a forked child.
+        """
+        self._require_open("handler()")
+        return self._handlers.handler(workflow_type)
 
     @property
     def engine_id(self) -> str:

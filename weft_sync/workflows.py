@@ -42,8 +42,18 @@ from typing import Any, Final
 from . import keys
 from .claims.registry import ClaimRegistry, WarnSink
 from .clock import Clock, system_clock
-from .codec import WorkflowRecord, decode_holder, encode_workflow_record
-from .errors import ClosedError, FencedWriteConflict, WorkflowClaimUnavailableError
+from .codec import (
+    WorkflowRecord,
+    decode_holder,
+    encode_workflow_record,
+    try_decode_workflow_record,
+)
+from .errors import (
+    ClosedError,
+    FencedWriteConflict,
+    WorkflowClaimUnavailableError,
+    WorkflowExistsError,
+)
 from .ledger.external import EXTERNAL_MAX_ATTEMPTS, SUSPENDABLE_STATUSES, ExternalTransitions
 from .ledger.fencing import (
     Fence,
@@ -74,6 +84,7 @@ from .ledger.records import (
 from .ledger.signals import SignalBuffer
 from .ledger.updates import UpdateHandler, UpdateQueue, WorkflowUpdate
 from .maintenance.targets import ParkedSignalWait
+from .metrics import ClaimMetrics
 from .storage.base import Condition, Delete, Operation, Put, Storage, storage_conditional_batch
 
 __all__ = [
@@ -105,6 +116,8 @@ class Workflows:
         :meth:`bind_registry`.
     :param clock: milliseconds since the Unix epoch, for record timestamps and key order.
     :param warn: receives claim-lost and wake-discarded warnings; default :func:`warnings.warn`.
+    :param metrics: counts every claim ``start`` and ``resume`` acquire as an ``acquired``
+        attempt.
     """
 
     def __init__(
@@ -114,6 +127,7 @@ class Workflows:
         *,
         clock: Clock = system_clock,
         warn: WarnSink | None = None,
+        metrics: ClaimMetrics | None = None,
     ) -> None:
         if not callable(clock):
             raise TypeError(f"clock must be a callable returning int milliseconds, got {clock!r}")
@@ -121,6 +135,7 @@ class Workflows:
             raise TypeError(f"warn must be a callable taking a Warning, or None, got {warn!r}")
         self._storage = storage
         self._clock = clock
+        self._metrics = metrics
         # _lock guards _registry and _closed.
         self._lock = threading.Lock()
         self._registry: ClaimRegistry | None = None
@@ -207,8 +222,11 @@ class Workflows:
         The write is conditioned on the record being absent and on the acquire fragment (holder
         absent, epoch as read); it also clears related records a purge may have left behind.
 
-        :raises WorkflowClaimUnavailableError: the id exists or its claim is held (``held_by``
-            names the holder when one is readable); nothing was written.
+        :raises WorkflowExistsError: a workflow with this id exists (its ``status`` says in
+            which state); nothing was written. A :class:`WorkflowClaimUnavailableError`.
+        :raises WorkflowClaimUnavailableError: a claim without a record (``Ownership.claim()``)
+            holds the id (``held_by`` names the holder when one is readable); nothing was
+            written.
         :raises ValueError: bad id or type, or ``input`` is not MessagePack-encodable.
         """
         wid = keys.validate_workflow_id(workflow_id)
@@ -219,8 +237,9 @@ class Workflows:
         record_bytes = encode_workflow_record(record)
         record_key = keys.workflow(wid)
         for _ in range(START_MAX_ATTEMPTS):
-            if self._storage.get(record_key) is not None:
-                raise WorkflowClaimUnavailableError(wid, self._holder_engine(wid))
+            existing = self._storage.get(record_key)
+            if existing is not None:
+                raise self._exists_error(wid, existing)
             leftovers = [Delete(key) for key, _ in self._storage.scan(related_prefix(wid))]
             prep = registry.prepare_acquire_fragment(wid)
             conditions = [Condition(record_key, None), *prep.fragment.conditions]
@@ -232,16 +251,26 @@ class Workflows:
             ]
             if storage_conditional_batch(self._storage, conditions, operations):
                 registry.record_folded_acquire(wid, prep)
+                if self._metrics is not None:
+                    self._metrics.record_claim_attempt("acquired")
                 _log.info("started workflow %r (%s) at epoch %d", wid, type, prep.epoch)
                 return record
+            existing = self._storage.get(record_key)
+            if existing is not None:
+                raise self._exists_error(wid, existing)
             holder = self._storage.get(keys.workflow_owner_holder(wid))
-            if holder is not None or self._storage.get(record_key) is not None:
+            if holder is not None:
                 decoded = decode_holder(holder)
                 raise WorkflowClaimUnavailableError(
                     wid, None if decoded is None else decoded.engine_id
                 )
             _log.debug("start of workflow %r: only the epoch moved; preparing again", wid)
         raise WorkflowClaimUnavailableError(wid, None)
+
+    def _exists_error(self, wid: str, record_bytes: bytes) -> WorkflowExistsError:
+        record = try_decode_workflow_record(record_bytes)
+        status = "unreadable" if record is None else record.status
+        return WorkflowExistsError(wid, status, self._holder_engine(wid))
 
     def get(self, workflow_id: str) -> WorkflowRecord | None:
         """The workflow's record, or ``None``.
@@ -412,6 +441,8 @@ class Workflows:
         result = registry.acquire(wid)
         if result.status != "acquired" or result.epoch is None:
             raise WorkflowClaimUnavailableError(wid, result.held_by)
+        if self._metrics is not None:
+            self._metrics.record_claim_attempt("acquired")
         return result.epoch
 
     def _mark_running(self, wid: str) -> WorkflowRecord:

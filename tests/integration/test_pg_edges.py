@@ -6,8 +6,9 @@ or calls ``pg_terminate_backend`` on the engine's pooled sessions.
 
 from __future__ import annotations
 
-import io
 import logging
+import subprocess
+import sys
 import threading
 import time
 import uuid
@@ -18,7 +19,6 @@ import psycopg
 import pytest
 
 from weft_sync import ManualClock, Ownership, OwnershipOptions
-from weft_sync import cli_commands as commands
 from weft_sync.claims import ClaimRegistry
 from weft_sync.errors import StorageError
 from weft_sync.keys import workflow_owner_holder
@@ -214,12 +214,19 @@ def test_a_kill_storm_does_not_wait_out_the_pools_back_off(
 
 
 def test_doctor_reports_how_the_server_replicates(postgres_base_url: str, table: str) -> None:
-    out = io.StringIO()
-    commands.doctor(_url(postgres_base_url, f"table={table}"), out)
-    (line,) = [ln for ln in out.getvalue().splitlines() if "replication:" in ln]
+    url = _url(postgres_base_url, f"table={table}")
+    Ownership.open(url, background="manual").close()  # creates the table doctor reads
+    done = subprocess.run(
+        [sys.executable, "-m", "weft_sync", "--url", url, "doctor"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    (line,) = [ln for ln in done.stdout.splitlines() if "replication:" in ln]
     with psycopg.connect(postgres_base_url, autocommit=True) as conn:
         row = conn.execute("SHOW synchronous_commit").fetchone()
     assert row is not None
-    assert line.startswith("[ok] ")  # a primary, which takes writes
+    assert line.startswith("[info] ")  # a primary, which takes writes
     assert f"synchronous_commit={row[0]}" in line
     assert "standby=False" in line

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pickle
+
 import pytest
 
 from tests.claims.gated import START_MS, GatedStorage, WarningSink, Worker
@@ -13,10 +15,17 @@ from tests.workflows.helpers import (
 )
 from weft_sync import keys
 from weft_sync.claims.registry import ClaimRegistry
+from weft_sync.clock import ManualClock
 from weft_sync.codec import WorkflowRecord
-from weft_sync.errors import StorageError, WeftError, WorkflowClaimUnavailableError
+from weft_sync.errors import (
+    StorageError,
+    WeftError,
+    WorkflowClaimUnavailableError,
+    WorkflowExistsError,
+)
 from weft_sync.ledger import listing
 from weft_sync.ledger.records import checkpoint_key, signal_prefix
+from weft_sync.metrics import ClaimMetrics
 from weft_sync.workflows import Workflows
 
 
@@ -50,6 +59,45 @@ def test_start_of_a_finished_id_reports_no_holder(ledger: Workflows) -> None:
     with pytest.raises(WorkflowClaimUnavailableError) as caught:
         ledger.start("wf-1", "import")
     assert caught.value.held_by is None
+
+
+def test_start_of_an_existing_id_says_it_exists_and_in_which_status(
+    ledger: Workflows, ledger_b: Workflows
+) -> None:
+    ledger.start("wf-1", "import")
+    with pytest.raises(WorkflowExistsError) as running:
+        ledger_b.start("wf-1", "import")
+    assert (running.value.status, running.value.held_by) == ("running", "engine-a")
+    assert str(running.value) == (
+        "workflow 'wf-1' already exists with status 'running', claimed by 'engine-a'; start it "
+        "under a new id, or purge the old one first"
+    )
+    ledger.complete("wf-1")
+    with pytest.raises(WorkflowExistsError) as completed:
+        ledger.start("wf-1", "import")
+    assert "already exists with status 'completed';" in str(completed.value)
+    assert "retry later" not in str(completed.value)
+    # Existing callers catching the broader error still catch it, and it survives pickling.
+    assert isinstance(completed.value, WorkflowClaimUnavailableError)
+    copy = pickle.loads(pickle.dumps(completed.value))
+    assert (copy.workflow_id, copy.status, str(copy)) == (
+        "wf-1",
+        "completed",
+        str(completed.value),
+    )
+
+
+def test_start_and_resume_count_as_acquired_claim_attempts(
+    gated: GatedStorage, registry: ClaimRegistry, clock: ManualClock
+) -> None:
+    metrics = ClaimMetrics()
+    ledger = Workflows(gated, registry, clock=clock, metrics=metrics)
+    ledger.start("wf-1", "import")
+    ledger.suspend("wf-1")
+    ledger.resume("wf-1")
+    with pytest.raises(WorkflowExistsError):
+        ledger.start("wf-1", "import")
+    assert metrics.snapshot().attempts["acquired"] == 2
 
 
 def test_start_against_a_claim_held_elsewhere_names_the_holder(

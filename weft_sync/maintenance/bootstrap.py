@@ -71,6 +71,7 @@ def bootstrap_workflow_lease_ownership(
     warn: WarnSink | None = None,
     engine_id: str | None = None,
     skip_live_holders: bool = False,
+    metrics: ClaimMetrics | None = None,
 ) -> OwnershipBootstrap:
     """Run the ownership gates, then build everything one engine needs; start nothing.
 
@@ -82,6 +83,8 @@ def bootstrap_workflow_lease_ownership(
     :param on_pass_complete: also receives every pass result, after the metrics bridge.
     :param engine_id: this engine's id; a fresh UUID when omitted.
     :param skip_live_holders: see :class:`~.reclaim_target.ReclaimTargetHandle`.
+    :param metrics: the engine's metrics, when the caller shares them with other parts (a
+        fresh :class:`~weft_sync.metrics.ClaimMetrics` when omitted).
     :raises ValueError: a duration is not a positive int, or ``engine_id`` is empty (checked
         before the store is touched).
     :raises TypeError: ``clock`` or ``warn`` is not callable (checked before the store is
@@ -101,7 +104,8 @@ def bootstrap_workflow_lease_ownership(
         warn=warn,
     )
     bootstrap_ownership_gates(storage, mode="workflow-lease", clock=clock)
-    metrics = ClaimMetrics()
+    if metrics is None:
+        metrics = ClaimMetrics()
     reclaim_target = create_reclaim_target(
         registry,
         storage,

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 from urllib.parse import parse_qsl, quote, urlencode, urlsplit, urlunsplit
 
+from ..redaction import redact_url
 from .base import (
     Batch,
     Condition,
@@ -64,7 +65,9 @@ def __getattr__(name: str) -> Any:
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
-def open_storage(url: str, *, renew_interval_ms: int | None = None) -> Storage:
+def open_storage(
+    url: str, *, read_only: bool = False, renew_interval_ms: int | None = None
+) -> Storage:
     """Open the store a URL names.
 
     - ``sqlite:///relative/path.db`` or ``sqlite:////absolute/path.db``, with optional query
@@ -74,6 +77,12 @@ def open_storage(url: str, *, renew_interval_ms: int | None = None) -> Storage:
       ``renew_interval_ms``, ``statement_timeout`` and ``lock_timeout`` (milliseconds or a
       duration such as ``5s``; see :class:`~weft_sync.storage.postgres.PostgresStorage`); every
       other query parameter is passed to libpq, percent-encoded as libpq decodes it.
+
+    With ``read_only`` the store must already exist and nothing is ever created or written: the
+    SQLite file is opened with ``mode=ro`` (no writer thread, no lock file, no table), the
+    PostgreSQL table is checked, not created; every write raises
+    :class:`~weft_sync.errors.ReadOnlyStorageError`. Error messages show the URL with its
+    password masked.
 
     :param renew_interval_ms: the claim renew interval PostgreSQL's waits are derived from
         (``Ownership.open`` passes its options'); a ``renew_interval_ms`` URL parameter wins.
@@ -86,12 +95,12 @@ def open_storage(url: str, *, renew_interval_ms: int | None = None) -> Storage:
     scheme, sep, _ = url.partition("://")
     if not sep or scheme.lower() not in SUPPORTED_SCHEMES:
         raise ValueError(
-            f"unsupported storage URL {url!r}: the scheme must be one of "
+            f"unsupported storage URL {redact_url(url)!r}: the scheme must be one of "
             f"{', '.join(s + '://' for s in SUPPORTED_SCHEMES)}"
         )
     if scheme.lower() == "sqlite":
-        return _open_sqlite(url)
-    return _open_postgres(url, renew_interval_ms)
+        return _open_sqlite(url, read_only)
+    return _open_postgres(url, read_only, renew_interval_ms)
 
 
 def _split_params(
@@ -102,14 +111,16 @@ def _split_params(
     for key, value in parse_qsl(query, keep_blank_values=True):
         if key in ours:
             if key in mine:
-                raise ValueError(f"storage URL {url!r} gives the parameter {key!r} twice")
+                raise ValueError(
+                    f"storage URL {redact_url(url)!r} gives the parameter {key!r} twice"
+                )
             mine[key] = value
         elif pass_through:
             rest.append((key, value))
         else:
             raise ValueError(
-                f"unknown parameter {key!r} in storage URL {url!r}; valid parameters are "
-                f"{', '.join(ours)}"
+                f"unknown parameter {key!r} in storage URL {redact_url(url)!r}; valid "
+                f"parameters are {', '.join(ours)}"
             )
     return mine, rest
 
@@ -122,30 +133,32 @@ def _int_param(url: str, params: dict[str, str], name: str) -> int | None:
         return int(raw)
     except ValueError:
         raise ValueError(
-            f"parameter {name}={raw!r} in storage URL {url!r} must be a whole number"
+            f"parameter {name}={raw!r} in storage URL {redact_url(url)!r} must be a whole number"
         ) from None
 
 
-def _open_sqlite(url: str) -> Storage:
+def _open_sqlite(url: str, read_only: bool) -> Storage:
     rest = url.split("://", 1)[1]
     location, _, query = rest.partition("?")
     if not location.startswith("/"):
         raise ValueError(
-            f"storage URL {url!r} names a host; SQLite URLs take a path: "
+            f"storage URL {redact_url(url)!r} names a host; SQLite URLs take a path: "
             f"sqlite:///relative/path.db or sqlite:////absolute/path.db"
         )
     path = location[1:]
     if not path:
         raise ValueError(
-            f"storage URL {url!r} has no file path; use sqlite:///relative/path.db or "
+            f"storage URL {redact_url(url)!r} has no file path; use sqlite:///relative/path.db or "
             f"sqlite:////absolute/path.db"
         )
     if "\x00" in path:
-        raise ValueError(f"storage URL {url!r} has a NUL character in its path")
+        raise ValueError(f"storage URL {redact_url(url)!r} has a NUL character in its path")
     try:
         path.encode("utf-8")
     except UnicodeEncodeError:
-        raise ValueError(f"storage URL {url!r} has a path that is not valid Unicode") from None
+        raise ValueError(
+            f"storage URL {redact_url(url)!r} has a path that is not valid Unicode"
+        ) from None
     params, _ = _split_params(url, query, _SQLITE_PARAMS, pass_through=False)
     kwargs: dict[str, Any] = {}
     if "table" in params:
@@ -155,11 +168,11 @@ def _open_sqlite(url: str) -> Storage:
         kwargs["busy_timeout_ms"] = timeout
     if "synchronous" in params:
         kwargs["synchronous"] = params["synchronous"]
-    storage: Storage = SqliteStorage(path, **kwargs)
+    storage: Storage = SqliteStorage(path, read_only=read_only, **kwargs)
     return storage
 
 
-def _open_postgres(url: str, renew_interval_ms: int | None) -> Storage:
+def _open_postgres(url: str, read_only: bool, renew_interval_ms: int | None) -> Storage:
     from .postgres_settings import (
         check_connect_timeout,
         parse_duration_param,
@@ -169,7 +182,7 @@ def _open_postgres(url: str, renew_interval_ms: int | None) -> Storage:
     try:
         parts = urlsplit(url)
     except ValueError as exc:
-        raise ValueError(f"malformed storage URL {url!r}: {exc}") from None
+        raise ValueError(f"malformed storage URL {redact_url(url)!r}: {exc}") from None
     params, rest = _split_params(url, parts.query, _POSTGRES_PARAMS, pass_through=True)
     for key, raw in rest:
         if key == "connect_timeout":
@@ -191,5 +204,5 @@ def _open_postgres(url: str, renew_interval_ms: int | None) -> Storage:
         kwargs["timeout"] = parse_seconds_param(url, "timeout", params["timeout"])
     from .postgres import PostgresStorage
 
-    storage: Storage = PostgresStorage(dsn, **kwargs)
+    storage: Storage = PostgresStorage(dsn, read_only=read_only, **kwargs)
     return storage

@@ -23,7 +23,8 @@ except ImportError as exc:  # pragma: no cover - depends on the installed extras
         f"'pip install weft_sync[postgres]'"
     ) from exc
 
-from ..errors import ClosedError, StorageError
+from ..errors import ClosedError, MissingStoreError, ReadOnlyStorageError, StorageError
+from ..redaction import redact_text
 from .base import (
     Batch,
     Condition,
@@ -127,6 +128,9 @@ class PostgresStorage:
     :param max_size: connections the pool may open at most.
     :param timeout: seconds a call waits for a pooled connection before raising ``StorageError``;
         default one renew interval.
+    :param read_only: use an existing table for reading only: it is checked, never created, and
+        every session runs with ``default_transaction_read_only``, so the server itself refuses
+        writes (raised as :class:`~weft_sync.errors.ReadOnlyStorageError`).
     :param renew_interval_ms: the claim renew interval the bounds are derived from; default
         5000 (``OwnershipOptions``'s default).
     :param statement_timeout_ms: the session's ``statement_timeout``; default one renew
@@ -147,6 +151,7 @@ class PostgresStorage:
         min_size: int = 1,
         max_size: int = 16,
         timeout: float | None = None,
+        read_only: bool = False,
         renew_interval_ms: int | None = None,
         statement_timeout_ms: int | None = None,
         lock_timeout_ms: int | None = None,
@@ -165,6 +170,7 @@ class PostgresStorage:
         self._min_size = min_size
         self._max_size = max_size
         self._timeout = self._bounds.pool_timeout_s
+        self._read_only = bool(read_only)
         self._connect_kwargs = _connect_kwargs(dsn, self._bounds)
         self._q = Queries(self._table)
         self._lock = threading.Lock()  # guards _pool, _pool_pid and _closed
@@ -172,7 +178,10 @@ class PostgresStorage:
         self._pool_pid = os.getpid()
         self._closed = False
         with self._translate("table setup"):
-            self._ensure_table()
+            if self._read_only:
+                self._check_table()
+            else:
+                self._ensure_table()
         pool = self._new_pool()
         try:
             with self._translate("connection pool start"):
@@ -210,6 +219,21 @@ class PostgresStorage:
                 f"choose another table name"
             )
 
+    def _check_table(self) -> None:
+        """Check that the table exists, on a direct read-only connection; create nothing."""
+        with psycopg.connect(self._dsn, **self._connect_kwargs) as conn:
+            ident = sql.Identifier(self._table).as_string(conn)
+            row = conn.execute("SELECT to_regclass(%s) IS NOT NULL", [ident]).fetchone()
+        if row is None or not row[0]:
+            raise MissingStoreError(
+                f"PostgreSQL database has no table {self._table!r} (opened read-only, so it is "
+                f"not created)"
+            )
+
+    @staticmethod
+    def _configure_read_only(conn: _Conn) -> None:
+        conn.execute("SET default_transaction_read_only = on")
+
     def _new_pool(self) -> ConnectionPool[_Conn]:
         return ConnectionPool(
             self._dsn,
@@ -217,6 +241,7 @@ class PostgresStorage:
             min_size=self._min_size,
             max_size=self._max_size,
             open=False,
+            configure=self._configure_read_only if self._read_only else None,
             name=f"weft-pg[{self._table}]",
             timeout=self._timeout,
         )
@@ -268,8 +293,13 @@ class PostgresStorage:
         except psycopg.Error as exc:
             if isinstance(exc, PoolClosed) and self._closed:
                 raise self._closed_error() from None
+            if isinstance(exc, psycopg.errors.ReadOnlySqlTransaction) and self._read_only:
+                raise ReadOnlyStorageError(
+                    f"PostgresStorage for table {self._table!r} was opened read-only; "
+                    f"{action} refused"
+                ) from exc
             raise StorageError(
-                f"PostgreSQL {action} on table {self._table!r} failed: {exc}"
+                f"PostgreSQL {action} on table {self._table!r} failed: {redact_text(str(exc))}"
             ) from exc
 
     def _closed_error(self) -> ClosedError:
@@ -324,6 +354,11 @@ class PostgresStorage:
     @property
     def capabilities(self) -> StorageCapabilities:
         return _CAPABILITIES
+
+    @property
+    def read_only(self) -> bool:
+        """Whether the store was opened read-only."""
+        return self._read_only
 
     def get(self, key: str) -> bytes | None:
         validate_key(key)
@@ -637,5 +672,7 @@ def _connect_kwargs(dsn: str, bounds: WaitBounds) -> dict[str, Any]:
     try:
         params = conninfo_to_dict(dsn)
     except psycopg.ProgrammingError as exc:
-        raise ValueError(f"invalid PostgreSQL connection string: {exc}") from None
+        raise ValueError(
+            f"invalid PostgreSQL connection string {redact_text(dsn)!r}: {redact_text(str(exc))}"
+        ) from None
     return merged_options(params, bounds)

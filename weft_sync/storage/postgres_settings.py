@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from typing import Any, Final
 
 from ..options import parse_duration
+from ..redaction import redact_url
 
 __all__ = [
     "DEFAULT_RENEW_INTERVAL_MS",
@@ -164,8 +165,8 @@ def parse_duration_param(url: str, name: str, raw: str) -> int:
         return parse_duration(int(raw) if raw.isdigit() else raw)
     except ValueError:
         raise ValueError(
-            f"parameter {name}={raw!r} in storage URL {url!r} must be whole milliseconds "
-            f"(e.g. 5000) or a duration such as '5s' or '500ms'"
+            f"parameter {name}={raw!r} in storage URL {redact_url(url)!r} must be whole "
+            f"milliseconds (e.g. 5000) or a duration such as '5s' or '500ms'"
         ) from None
 
 
@@ -178,8 +179,8 @@ def parse_seconds_param(url: str, name: str, raw: str) -> float:
         return check_seconds(name, float(raw))
     except ValueError:
         raise ValueError(
-            f"parameter {name}={raw!r} in storage URL {url!r} must be a positive, finite "
-            f"number of seconds"
+            f"parameter {name}={raw!r} in storage URL {redact_url(url)!r} must be a positive, "
+            f"finite number of seconds"
         ) from None
 
 
@@ -190,8 +191,8 @@ def check_connect_timeout(url: str, raw: str) -> None:
     """
     if not raw.strip().isdigit():
         raise ValueError(
-            f"parameter connect_timeout={raw!r} in storage URL {url!r} must be a whole, "
-            f"non-negative number of seconds"
+            f"parameter connect_timeout={raw!r} in storage URL {redact_url(url)!r} must be a "
+            f"whole, non-negative number of seconds"
         )
 
 

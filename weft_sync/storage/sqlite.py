@@ -10,8 +10,9 @@ import threading
 import weakref
 from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Final
+from urllib.parse import quote
 
-from ..errors import ClosedError, StorageError
+from ..errors import ClosedError, MissingStoreError, ReadOnlyStorageError, StorageError
 from .base import (
     Batch,
     Condition,
@@ -106,8 +107,13 @@ class SqliteStorage:
     :param table: the table name (letters, digits, underscores).
     :param busy_timeout_ms: how long a write waits for another writer, and a read for a lock.
     :param synchronous: ``"FULL"`` or ``"NORMAL"``.
+    :param read_only: open an existing store for reading only: connections use SQLite's
+        ``mode=ro``, no writer thread starts, no lock file or table is created, and every write
+        raises :class:`~weft_sync.errors.ReadOnlyStorageError`. SQLite may still create the
+        ``-wal`` and ``-shm`` side files of an existing database, as any reader does.
     :raises ValueError: a bad table name, timeout, ``synchronous`` mode or path.
-    :raises StorageError: the file cannot be opened or the table cannot be created.
+    :raises StorageError: the file cannot be opened or the table cannot be created (with
+        ``read_only``: the file or the table does not exist).
     """
 
     def __init__(
@@ -117,6 +123,7 @@ class SqliteStorage:
         table: str = "weft_kv",
         busy_timeout_ms: int = 5000,
         synchronous: str = "FULL",
+        read_only: bool = False,
     ) -> None:
         self._path = os.fspath(path)
         if not isinstance(self._path, str) or not self._path or self._path == ":memory:":
@@ -138,6 +145,9 @@ class SqliteStorage:
             )
         self._busy_timeout_ms = busy_timeout_ms
         self._synchronous = str(mode)
+        self._read_only = bool(read_only)
+        # Resolved once: a later chdir() must not move the store under a read-only instance.
+        self._ro_uri = f"file:{quote(os.path.abspath(self._path))}?mode=ro"
         quoted = f'"{self._table}"'
         self._sql_get = f"SELECT value FROM {quoted} WHERE key = ?"
         self._sql_get_many = f"SELECT key, value FROM {quoted} WHERE key IN "
@@ -151,19 +161,26 @@ class SqliteStorage:
         self._closed = False
         self._identity = StoreIdentity(self._path, self._connect)
         # A lock file without its database: a store was here and its file was deleted.
-        replaces_deleted = os.path.exists(self._path + ".lock") and not os.path.exists(self._path)
+        replaces_deleted = (
+            not self._read_only
+            and os.path.exists(self._path + ".lock")
+            and not os.path.exists(self._path)
+        )
         self._init_process_state()
         try:
-            if replaces_deleted:
-                _log.warning(
-                    "creating a new, empty store at %r, where the lock file of a deleted one "
-                    "remains: its epochs start again, so every engine still running on the "
-                    "deleted file must be stopped (they stop writing at their next pass)",
-                    self._path,
-                )
-            self._create_schema()
-            with self._translate("open"):
-                self._identity.open()
+            if self._read_only:
+                self._check_schema()
+            else:
+                if replaces_deleted:
+                    _log.warning(
+                        "creating a new, empty store at %r, where the lock file of a deleted one "
+                        "remains: its epochs start again, so every engine still running on the "
+                        "deleted file must be stopped (they stop writing at their next pass)",
+                        self._path,
+                    )
+                self._create_schema()
+                with self._translate("open"):
+                    self._identity.open()
         except BaseException:
             self._file_lock.close()
             raise
@@ -199,11 +216,13 @@ class SqliteStorage:
     # -- connections -------------------------------------------------------------------------
 
     def _connect(self) -> sqlite3.Connection:
+        # A read-only store is opened by URI so that a missing file is an error, not created.
         conn = sqlite3.connect(
-            self._path,
+            self._ro_uri if self._read_only else self._path,
             timeout=self._busy_timeout_ms / 1000.0,
             isolation_level=None,
             check_same_thread=False,
+            uri=self._read_only,
         )
         try:
             conn.execute(f"PRAGMA busy_timeout = {self._busy_timeout_ms:d}")
@@ -230,6 +249,27 @@ class SqliteStorage:
                     ensure_store_id(conn)
             finally:
                 conn.close()
+
+    def _check_schema(self) -> None:
+        if not os.path.isfile(self._path):
+            raise MissingStoreError(
+                f"no SQLite store at {self._path!r}: the file does not exist (opened read-only, "
+                f"so it is not created)"
+            )
+        with self._translate("read-only open"):
+            conn = self._connect()
+            try:
+                found = conn.execute(
+                    "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?",
+                    (self._table,),
+                ).fetchone()
+            finally:
+                conn.close()
+        if found is None:
+            raise MissingStoreError(
+                f"SQLite file {self._path!r} has no table {self._table!r} (opened read-only, so "
+                f"it is not created)"
+            )
 
     def _reader(self) -> sqlite3.Connection:
         conn: sqlite3.Connection | None = getattr(self._local, "conn", None)
@@ -280,6 +320,11 @@ class SqliteStorage:
     @property
     def capabilities(self) -> StorageCapabilities:
         return _CAPABILITIES
+
+    @property
+    def read_only(self) -> bool:
+        """Whether the store was opened read-only."""
+        return self._read_only
 
     @property
     def path(self) -> str:
@@ -420,6 +465,11 @@ class SqliteStorage:
         renewals: list[RenewalRow] | None = None,
     ) -> list[bool]:
         self._ensure_process()
+        if self._read_only:
+            self._check_open()
+            raise ReadOnlyStorageError(
+                f"SqliteStorage({self._path!r}) was opened read-only; writes are refused"
+            )
         request = WriteRequest(batches, renewals)
         with self._lock:
             self._check_open()
@@ -531,4 +581,6 @@ class SqliteStorage:
 
     def __repr__(self) -> str:
         state = "closed" if self._closed else "open"
+        if self._read_only:
+            state += ", read-only"
         return f"SqliteStorage({self._path!r}, table={self._table!r}, {state})"

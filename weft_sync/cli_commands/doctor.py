@@ -1,0 +1,113 @@
+"""``doctor``: check a store without changing it; ``doctor --fix`` may create what is missing."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Callable
+from typing import Final, TextIO
+
+from .. import keys
+from ..codec import decode_mode_marker, encode_epoch
+from ..storage import Condition, Delete, Put, Storage
+from .listing import read_claims
+from .output import CommandError, StoreMissing, StoreRef, one_line
+from .store_view import read_store_view
+
+__all__ = ["CLOCK_SKEW_LIMIT_MS", "doctor"]
+
+CLOCK_SKEW_LIMIT_MS: Final = 24 * 3600 * 1000
+"""A claim expiring further ahead than this was written by a clock that is far off."""
+
+Report = Callable[[str, str], None]
+
+
+def doctor(store: StoreRef, fix: bool, out: TextIO) -> int:
+    """Report each check as ``[ok]``, ``[FAIL]`` or ``[info]``; exit 1 if any failed.
+
+    Without ``fix`` the store is opened read-only: a missing file or table is reported, never
+    created, and the compare-and-swap probe (a write) is skipped.
+    """
+    problems = 0
+
+    def report(verdict: str, line: str) -> None:
+        nonlocal problems
+        problems += verdict == "FAIL"
+        out.write(f"[{verdict}] {line}\n")
+
+    mode = "read-write, may create the table" if fix else "read-only"
+    out.write(f"checking {store.shown} ({mode})\n")
+    try:
+        storage = store.open(read_only=not fix, create=fix)
+    except CommandError as exc:
+        report("FAIL", f"open the store: {one_line(str(exc))}")
+        hint = "; 'weft-sync doctor --fix' creates it" if isinstance(exc, StoreMissing) else ""
+        out.write(f"1 problem(s) found{hint}\n")
+        return 1
+    with storage:
+        report("ok", "open the store: the file or table exists and answers reads")
+        _check_store(storage, fix, report)
+    out.write("no problems found\n" if problems == 0 else f"{problems} problem(s) found\n")
+    return 0 if problems == 0 else 1
+
+
+def _check_store(storage: Storage, fix: bool, report: Report) -> None:
+    caps = storage.capabilities
+    report(
+        "ok" if caps.conditional_batch else "FAIL",
+        f"declares compare-and-swap (multi_process={caps.multi_process}, "
+        f"multi_host={caps.multi_host})",
+    )
+    if fix:
+        probe = f"weft-doctor:{uuid.uuid4().hex}"
+        first = storage.conditional_batch([Condition(probe, None)], [Put(probe, encode_epoch(1))])
+        second = storage.conditional_batch([Condition(probe, None)], [Put(probe, encode_epoch(2))])
+        storage.conditional_batch([], [Delete(probe)])
+        report("ok" if first and not second else "FAIL", "compare-and-swap refuses a stale write")
+    else:
+        report("info", "compare-and-swap probe skipped: it writes; 'doctor --fix' runs it")
+    raw = storage.get(keys.OWNERSHIP_MODE_MARKER)
+    marker = decode_mode_marker(raw)
+    if raw is None:
+        report("ok", "mode marker: absent (the first engine stamps it)")
+    elif marker is None:
+        report("FAIL", "mode marker: present but corrupt; an operator must repair it")
+    else:
+        report("ok" if marker.mode == "workflow-lease" else "FAIL", f"mode marker: {marker.mode!r}")
+    view = read_store_view(storage)
+    total = sum(view.live.values()) + sum(view.expired.values())
+    rows = [] if total == 0 else _far_future(storage, view.now)
+    report(
+        "FAIL" if rows else "ok",
+        f"clock sanity: {len(rows)} of {total} claims expire more than a day ahead",
+    )
+    report(
+        "FAIL" if view.undecodable else "ok",
+        f"holder records: {view.undecodable} do not decode",
+    )
+    report("info", f"expired claims awaiting takeover: {sum(view.expired.values())}")
+    report("info", f"running workflows without a holder: {len(view.running_without_holder)}")
+    _report_replication(storage, report)
+
+
+def _report_replication(storage: Storage, report: Report) -> None:
+    """How the server replicates commits (PostgreSQL only): an asynchronous failover can roll an
+    epoch back and so hand a fence out twice; a standby takes no writes at all."""
+    settings_of = getattr(storage, "replication_settings", None)
+    if not callable(settings_of):
+        return
+    settings = settings_of()
+    durability = "survive" if settings.failover_safe else "may be lost in"
+    report(
+        "FAIL" if settings.is_standby else "info",
+        f"replication: synchronous_commit={settings.synchronous_commit}, "
+        f"synchronous_standby_names={settings.synchronous_standby_names!r}, "
+        f"standby={settings.is_standby}; acknowledged epochs {durability} a failover",
+    )
+
+
+def _far_future(storage: Storage, now: int) -> list[str]:
+    return [
+        row.workflow_id
+        for row in read_claims(storage)
+        if row.holder is not None and row.holder.expires_at - now > CLOCK_SKEW_LIMIT_MS
+    ]

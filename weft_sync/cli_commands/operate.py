@@ -1,0 +1,102 @@
+"""Commands that change the store: ``cancel`` and ``release`` (from outside), and ``demo``."""
+
+from __future__ import annotations
+
+from typing import Final, TextIO
+
+from .. import keys
+from ..claims.transitions import build_external_rotation_transition, extract_put_value
+from ..clock import system_clock
+from ..codec import decode_epoch, decode_holder, try_decode_workflow_record
+from ..storage import Condition, storage_conditional_batch
+from ..workflows import WorkflowNotFoundError, Workflows
+from .output import CommandError, NotFound, StoreRef, human_time
+
+__all__ = ["RELEASE_ATTEMPTS", "cancel", "demo", "release"]
+
+RELEASE_ATTEMPTS: Final = 5
+"""Compare-and-swap attempts of ``release`` while the claim keeps changing under it."""
+
+# A record in one of these statuses is driven by its holder: ``cancel`` stops it, not ``release``.
+_DRIVEN_STATUSES: Final = frozenset({"pending", "running", "suspended"})
+
+
+def cancel(store: StoreRef, workflow_id: str, out: TextIO) -> int:
+    """Cancel a workflow from outside; its owner (if any) is deposed."""
+    wid = keys.validate_workflow_id(workflow_id)
+    with store.open(read_only=False) as storage:
+        try:
+            record = Workflows(storage).cancel(wid)
+        except WorkflowNotFoundError:
+            raise NotFound(f"no workflow {wid!r} in the store") from None
+        epoch = decode_epoch(storage.get(keys.workflow_owner_epoch(wid)))
+    out.write(f"{record.workflow_id}: {record.status} (epoch now {epoch})\n")
+    return 0
+
+
+def release(store: StoreRef, workflow_id: str, out: TextIO) -> int:
+    """Clear a bare claim from outside: delete its holder and rotate its epoch.
+
+    The holder is deposed exactly as ``cancel`` deposes a workflow's owner: its next fenced
+    write and its next renewal fail. A workflow record that is still driven is refused (use
+    ``cancel``), so no running workflow loses its owner without a state change saying so.
+    """
+    wid = keys.validate_workflow_id(workflow_id)
+    with store.open(read_only=False) as storage:
+        for _ in range(RELEASE_ATTEMPTS):
+            record_raw = storage.get(keys.workflow(wid))
+            if record_raw is not None:
+                record = try_decode_workflow_record(record_raw)
+                status = "undecodable" if record is None else record.status
+                if record is None or status in _DRIVEN_STATUSES:
+                    raise CommandError(
+                        f"{wid!r} is a {status} workflow, not a bare claim; use "
+                        f"'weft-sync cancel {wid}' to stop it and depose its owner"
+                    )
+            holder_key = keys.workflow_owner_holder(wid)
+            holder_raw = storage.get(holder_key)
+            if holder_raw is None:
+                raise NotFound(f"no claim on {wid!r} to release")
+            epoch_key = keys.workflow_owner_epoch(wid)
+            rotation = build_external_rotation_transition(
+                workflow_id=wid, observed_epoch_bytes=storage.get(epoch_key)
+            )
+            conditions = [
+                Condition(keys.workflow(wid), record_raw),
+                Condition(holder_key, holder_raw),
+                *rotation.conditions,
+            ]
+            if storage_conditional_batch(storage, conditions, rotation.operations):
+                epoch = decode_epoch(extract_put_value(rotation.operations, epoch_key))
+                out.write(f"{wid}: released ({_holder_text(holder_raw)}; epoch now {epoch})\n")
+                return 0
+    raise CommandError(
+        f"the claim on {wid!r} kept changing during {RELEASE_ATTEMPTS} attempts; nothing was "
+        f"released: run the command again"
+    )
+
+
+def _holder_text(holder_raw: bytes) -> str:
+    holder = decode_holder(holder_raw)
+    if holder is None:
+        return "its holder record did not decode"
+    now = system_clock()
+    state = "a live claim, now deposed" if holder.expires_at >= now else "expired"
+    return f"held by {holder.engine_id}, {state}, expiry {human_time(holder.expires_at, now)}"
+
+
+def demo(workers: int, workflow_count: int, keep: str | None, out: TextIO) -> int:
+    """Run the multi-process takeover demonstration."""
+    from ..demo import DemoSettings, run_demo
+
+    if workers < 2 or workflow_count < 1:
+        raise ValueError(
+            f"demo needs --workers >= 2 and --workflows >= 1, got {workers}, {workflow_count}"
+        )
+
+    def say(line: str) -> None:
+        out.write(line + "\n")
+        out.flush()
+
+    settings = DemoSettings(workers=workers, workflows=workflow_count)
+    return run_demo(say, settings, keep_dir=keep)

@@ -1,0 +1,214 @@
+"""Workflow handlers: which reclaimed workflows this engine can drive, and how it drives them.
+
+A host registers one handler per workflow type (``Ownership.open(..., handlers={type: fn})`` or
+``@ownership.handler(type)``). When this engine's reclaim pass takes over a running workflow whose
+owner died, :meth:`HandlerTable.drive` calls the handler for the workflow's type with a
+:class:`ReclaimedWorkflow`. By then the registry already holds the claim at ``epoch``, so fenced
+writes through ``ctx.workflows`` succeed, and a deposed former owner's writes are refused.
+
+Eligibility (:meth:`HandlerTable.is_eligible`, the predicate the reclaim target sees) follows one
+rule: an engine reclaims a workflow record only when it can drive it, that is when
+
+1. it has a handler for the record's type; or else
+2. an explicit ``is_eligible(type, revision)`` says yes; or else
+3. an ``on_reclaimed(workflow_id)`` callback was given (it drives every type).
+
+An engine with none of the three reclaims no workflow records at all: taking over work nobody
+here drives would strand it.
+
+Threading: handlers run on a maintenance thread (a worker of the renewal task's pool, or the
+thread calling ``Ownership.run_maintenance()``), several at once for different workflows. A
+handler may write through ``ctx.workflows`` and call any method of ``ctx.ownership`` except
+``close()`` (which would wait for the pass the handler runs in, and raises ``RuntimeError``).
+A handler that raises is logged, counted in
+``weft_workflow_claim_handler_failures_total{type}``, and the workflow is kept claimed and
+driven again on a later pass: it is never released, since it may have started its side effects.
+
+The table has one lock, guarding its handler map; handlers, storage reads and logging run
+outside it.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, TypeVar
+
+from .claims.registry import ClaimRegistry
+from .codec import WorkflowRecord
+from .ledger.records import validate_name
+from .maintenance.reclaim_target import EligibilityPredicate
+from .metrics import ClaimMetrics
+
+if TYPE_CHECKING:
+    from .ownership import Ownership
+    from .workflows import Workflows
+
+__all__ = ["HandlerTable", "ReclaimedWorkflow", "WorkflowHandler"]
+
+_log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class ReclaimedWorkflow:
+    """A workflow this engine just took over, handed to the handler for its type.
+
+    :param workflow_id: the workflow's id.
+    :param type: its workflow type (the key its handler was registered under).
+    :param epoch: the epoch this engine holds it at (the fencing token of its writes).
+    :param record: its record as read right before the handler was called.
+    :param ownership: this engine's ``Ownership``.
+    :param workflows: the ledger to write through (``ownership.workflows``).
+    """
+
+    workflow_id: str
+    type: str
+    epoch: int
+    record: WorkflowRecord
+    ownership: Ownership
+    workflows: Workflows
+
+
+WorkflowHandler = Callable[[ReclaimedWorkflow], object]
+"""Drives (resumes) a reclaimed workflow of one type; its return value is ignored."""
+
+_Handler = TypeVar("_Handler", bound=WorkflowHandler)
+
+
+class HandlerTable:
+    """Workflow type -> handler for one engine, with the eligibility rule and the dispatch.
+
+    :param handlers: initial handlers by workflow type.
+    :param on_reclaimed: drives reclaimed workflows of types without a handler.
+    :param is_eligible: ``(type, revision) -> bool`` for types without a handler.
+    :param metrics: receives one handler failure per handler call that raised.
+    :raises TypeError: ``handlers`` is not a mapping, or a handler is not callable.
+    :raises ValueError: a workflow type is not a valid name.
+    """
+
+    def __init__(
+        self,
+        handlers: Mapping[str, WorkflowHandler] | None,
+        *,
+        on_reclaimed: Callable[[str], object] | None,
+        is_eligible: EligibilityPredicate | None,
+        metrics: ClaimMetrics,
+    ) -> None:
+        if handlers is not None and not isinstance(handlers, Mapping):
+            raise TypeError(
+                f"handlers must be a mapping of workflow type to handler, got "
+                f"{type(handlers).__name__} {handlers!r:.80}"
+            )
+        self._on_reclaimed = on_reclaimed
+        self._is_eligible = is_eligible
+        self._metrics = metrics
+        # _lock guards _handlers and _bound.
+        self._lock = threading.Lock()
+        self._handlers: dict[str, WorkflowHandler] = {}
+        self._bound: tuple[Ownership, Workflows, ClaimRegistry] | None = None
+        for workflow_type, handler in (handlers or {}).items():
+            self.register(workflow_type, handler)
+
+    def bind(self, ownership: Ownership, workflows: Workflows, registry: ClaimRegistry) -> None:
+        """Bind the engine the handlers act for; the facade calls it once, when it is built."""
+        with self._lock:
+            self._bound = (ownership, workflows, registry)
+
+    def register(self, workflow_type: str, handler: WorkflowHandler) -> None:
+        """Drive reclaimed workflows of ``workflow_type`` with ``handler`` from now on.
+
+        :raises TypeError: ``handler`` is not callable, or ``workflow_type`` is not a ``str``.
+        :raises ValueError: ``workflow_type`` is not a valid name, or already has a handler.
+        """
+        validate_name("workflow type", workflow_type)
+        if not callable(handler):
+            raise TypeError(
+                f"the handler for workflow type {workflow_type!r} must be callable with a "
+                f"ReclaimedWorkflow, got {handler!r:.80}"
+            )
+        with self._lock:
+            existing = self._handlers.get(workflow_type)
+            if existing is None:
+                self._handlers[workflow_type] = handler
+        if existing is not None:
+            raise ValueError(
+                f"workflow type {workflow_type!r} already has a handler ({existing!r:.80}); "
+                f"one type has one handler"
+            )
+
+    def handler(self, workflow_type: str) -> Callable[[_Handler], _Handler]:
+        """Decorator form of :meth:`register`; returns the function unchanged.
+
+        :raises ValueError: TypeError: as :meth:`register` (the type is checked at once).
+        """
+        validate_name("workflow type", workflow_type)
+
+        def decorate(handler: _Handler) -> _Handler:
+            self.register(workflow_type, handler)
+            return handler
+
+        return decorate
+
+    def get(self, workflow_type: str) -> WorkflowHandler | None:
+        """The handler registered for ``workflow_type``, or ``None``."""
+        with self._lock:
+            return self._handlers.get(workflow_type)
+
+    def types(self) -> list[str]:
+        """The workflow types that have a handler, sorted."""
+        with self._lock:
+            return sorted(self._handlers)
+
+    def is_eligible(self, workflow_type: str, revision: str | None) -> bool:
+        """Whether this engine can drive a workflow of ``workflow_type`` (the rule above)."""
+        if self.get(workflow_type) is not None:
+            return True
+        if self._is_eligible is not None:
+            return bool(self._is_eligible(workflow_type, revision))
+        return self._on_reclaimed is not None
+
+    def drive(self, workflow_id: str) -> None:
+        """Drive a workflow the reclaim target just claimed: its handler, else ``on_reclaimed``.
+
+        Runs on the maintenance thread that reclaimed it. Nothing is called when the claim or
+        the running record is gone by now (whoever changed it drives that generation), nor for
+        a type that is eligible only through ``is_eligible``: the host drives those itself.
+
+        :raises Exception: what the handler or ``on_reclaimed`` raised (the reclaim target keeps
+            the claim and drives it again on a later pass).
+        """
+        with self._lock:
+            bound = self._bound
+        if bound is None:
+            raise RuntimeError("the handler table is not bound to an Ownership yet")
+        ownership, workflows, registry = bound
+        epoch = registry.current_epoch(workflow_id)
+        record = workflows.get(workflow_id)
+        if epoch is None or record is None or record.status != "running":
+            _log.debug(
+                "reclaimed workflow %r is no longer ours or running; not driven", workflow_id
+            )
+            return
+        handler = self.get(record.type)
+        if handler is None:
+            if self._on_reclaimed is not None:
+                self._on_reclaimed(workflow_id)
+            return
+        context = ReclaimedWorkflow(workflow_id, record.type, epoch, record, ownership, workflows)
+        try:
+            handler(context)
+        except Exception:
+            self._metrics.record_handler_failure(record.type)
+            _log.exception(
+                "handler for workflow type %r raised on workflow %r (epoch %d); the claim is "
+                "kept and the workflow driven again on a later pass",
+                record.type,
+                workflow_id,
+                epoch,
+            )
+            raise
+
+    def __repr__(self) -> str:
+        return f"HandlerTable(types={self.types()})"
