@@ -39,14 +39,7 @@ from .base import (
     validate_table_name,
 )
 from .cas import CasRow, cas_batches, validate_cas_rows
-from .isolation import Judged
-from .postgres_locked import (
-    caused_by,
-    judge_disjoint_skip_locked,
-    lock_timed_out,
-    renewal_rows,
-    update_rows_skip_locked,
-)
+from .postgres_locked import IsolatedBatches, renewal_rows
 from .postgres_settings import (
     ReplicationSettings,
     WaitBounds,
@@ -87,7 +80,7 @@ class _Refused(Exception):
     """A conditional batch failed after it had written; its transaction or savepoint rolls back."""
 
 
-class PostgresStorage:
+class PostgresStorage(IsolatedBatches):
     """Store keys in one PostgreSQL table, safely across threads, processes and hosts.
 
     The table is ``(key TEXT COLLATE "C" PRIMARY KEY, value BYTEA NOT NULL)``, created if
@@ -471,57 +464,6 @@ class PostgresStorage:
         if len({row[0] for row in checked}) == len(checked):
             return self._update_rows(checked, "compare_and_set_many")
         return self.conditional_batches(cas_batches(checked))
-
-    def compare_and_set_many_isolated(self, rows: Sequence[CasRow]) -> list[Judged]:
-        """:meth:`compare_and_set_many`, isolating rows another session holds locked.
-
-        See :class:`~weft_sync.storage.isolation.SupportsIsolatedBatches`. The rows first go out
-        as :meth:`compare_and_set_many` sends them (one waiting ``UPDATE``, the fast path); only
-        if that hits ``lock_timeout`` do they go again as one statement that skips the rows it
-        cannot lock, each reported as a ``RowLockedError``. Rows repeating a key run as
-        :meth:`compare_and_set_many` does.
-        """
-        checked = validate_cas_rows(rows)
-        if not checked:
-            self._check_open()
-            return []
-        if len({row[0] for row in checked}) != len(checked):
-            return list(self.conditional_batches(cas_batches(checked)))
-        try:
-            return list(self._update_rows(checked, "compare_and_set_many"))
-        except StorageError as exc:
-            if not lock_timed_out(exc):
-                raise
-            waited = exc
-        with self._connection("compare_and_set_many") as conn:
-            return caused_by(update_rows_skip_locked(conn, self._q, checked), waited)
-
-    def conditional_batches_isolated(self, batches: Sequence[Batch]) -> list[Judged]:
-        """:meth:`conditional_batches`, isolating batches on rows another session holds locked.
-
-        See :class:`~weft_sync.storage.isolation.SupportsIsolatedBatches`. Renewal-shaped lists
-        and batches on disjoint keys are isolated as in :meth:`compare_and_set_many_isolated`;
-        any other list runs as :meth:`conditional_batches` does (failing as a whole).
-        """
-        checked = [validate_batch(*check_batch_shape(item)) for item in batches]
-        if not checked:
-            self._check_open()
-            return []
-        if renewal_keys(checked) is not None:
-            return self.compare_and_set_many_isolated(renewal_rows(checked))
-        plans = [Plan.build(conds, ops) for conds, ops in checked]
-        if not disjoint(plans):
-            return list(self.conditional_batches(checked))
-        try:
-            return list(self._run_disjoint(plans))
-        except StorageError as exc:
-            if not lock_timed_out(exc):
-                raise
-            waited = exc
-        with self._connection("conditional_batches") as conn, conn.transaction():
-            results, puts, deletes = judge_disjoint_skip_locked(conn, self._q, plans)
-            self._write(conn, [k for k, _ in puts], [v for _, v in puts], deletes)
-        return caused_by(results, waited)
 
     @property
     def wait_bounds(self) -> WaitBounds:

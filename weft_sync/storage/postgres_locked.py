@@ -1,24 +1,27 @@
 """PostgreSQL batched writes that skip rows another session holds locked.
 
 Internal to :mod:`weft_sync.storage.postgres` (see :mod:`weft_sync.storage.isolation` for the
-contract). Each function runs its statements on a connection the caller lent and, for
+contract): :class:`IsolatedBatches` holds ``PostgresStorage``'s two isolated batch methods. Each
+function runs its statements on a connection the caller lent and, for
 :func:`judge_disjoint_skip_locked`, inside the caller's transaction.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from contextlib import AbstractContextManager
+from typing import Any, Protocol
 
 import psycopg
 
 from ..errors import StorageError
-from .base import Condition, Operation, Put
-from .cas import CasRow
+from .base import Batch, Condition, Operation, Put, check_batch_shape, validate_batch
+from .cas import CasRow, cas_batches, validate_cas_rows
 from .isolation import Judged, RowLockedError
-from .postgres_sql import Plan, Queries
+from .postgres_sql import Plan, Queries, disjoint, renewal_keys
 
 __all__ = [
+    "IsolatedBatches",
     "caused_by",
     "judge_disjoint_skip_locked",
     "lock_timed_out",
@@ -103,3 +106,78 @@ def caused_by(results: list[Judged], waited: StorageError) -> list[Judged]:
         if isinstance(slot, RowLockedError):
             slot.__cause__ = waited
     return results
+
+
+class _Host(Protocol):
+    """What :class:`IsolatedBatches` needs of the storage it is mixed into."""
+
+    _q: Queries
+
+    def _check_open(self) -> None: ...
+
+    def _connection(self, action: str, *, check: bool = True) -> AbstractContextManager[Any]: ...
+
+    def _update_rows(self, rows: list[CasRow], action: str) -> list[bool]: ...
+
+    def _run_disjoint(self, plans: list[Plan]) -> list[bool]: ...
+
+    def _write(
+        self, conn: Any, put_keys: list[str], put_values: list[bytes], delete_keys: list[str]
+    ) -> None: ...
+
+    def conditional_batches(self, batches: Sequence[Batch]) -> list[bool]: ...
+
+
+class IsolatedBatches:
+    """``PostgresStorage``'s :class:`~weft_sync.storage.isolation.SupportsIsolatedBatches`."""
+
+    def compare_and_set_many_isolated(self: _Host, rows: Sequence[CasRow]) -> list[Judged]:
+        """:meth:`compare_and_set_many`, isolating rows another session holds locked.
+
+        See :class:`~weft_sync.storage.isolation.SupportsIsolatedBatches`. The rows first go out
+        as :meth:`compare_and_set_many` sends them (one waiting ``UPDATE``, the fast path); only
+        if that hits ``lock_timeout`` do they go again as one statement that skips the rows it
+        cannot lock, each reported as a ``RowLockedError``. Rows repeating a key run as
+        :meth:`compare_and_set_many` does.
+        """
+        checked = validate_cas_rows(rows)
+        if not checked:
+            self._check_open()
+            return []
+        if len({row[0] for row in checked}) != len(checked):
+            return list(self.conditional_batches(cas_batches(checked)))
+        try:
+            return list(self._update_rows(checked, "compare_and_set_many"))
+        except StorageError as exc:
+            if not lock_timed_out(exc):
+                raise
+            waited = exc
+        with self._connection("compare_and_set_many") as conn:
+            return caused_by(update_rows_skip_locked(conn, self._q, checked), waited)
+
+    def conditional_batches_isolated(self: _Host, batches: Sequence[Batch]) -> list[Judged]:
+        """:meth:`conditional_batches`, isolating batches on rows another session holds locked.
+
+        See :class:`~weft_sync.storage.isolation.SupportsIsolatedBatches`. Renewal-shaped lists
+        and batches on disjoint keys are isolated as in :meth:`compare_and_set_many_isolated`;
+        any other list runs as :meth:`conditional_batches` does (failing as a whole).
+        """
+        checked = [validate_batch(*check_batch_shape(item)) for item in batches]
+        if not checked:
+            self._check_open()
+            return []
+        if renewal_keys(checked) is not None:
+            return IsolatedBatches.compare_and_set_many_isolated(self, renewal_rows(checked))
+        plans = [Plan.build(conds, ops) for conds, ops in checked]
+        if not disjoint(plans):
+            return list(self.conditional_batches(checked))
+        try:
+            return list(self._run_disjoint(plans))
+        except StorageError as exc:
+            if not lock_timed_out(exc):
+                raise
+            waited = exc
+        with self._connection("conditional_batches") as conn, conn.transaction():
+            results, puts, deletes = judge_disjoint_skip_locked(conn, self._q, plans)
+            self._write(conn, [k for k, _ in puts], [v for _, v in puts], deletes)
+        return caused_by(results, waited)
