@@ -29,9 +29,9 @@ import threading
 import warnings
 import weakref
 from collections.abc import Callable, Iterator, Mapping
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from types import TracebackType
-from typing import Literal, TypeVar
+from typing import Any, Literal, TypeVar
 
 from . import keys
 from .claims.registry import ClaimRegistry, WarnSink
@@ -44,6 +44,7 @@ from .errors import (
     WorkflowClaimLostWarning,
     WorkflowClaimUnavailableError,
 )
+from .fencing import fenced_transaction
 from .handlers import HandlerTable, ReclaimedWorkflow, WorkflowHandler
 from .handles import ClaimHandle
 from .keys import validate_workflow_id
@@ -394,6 +395,13 @@ class Ownership:
             self._finish(handle, body_failed=True)
             raise
         self._finish(handle, body_failed=False)
+
+    def fenced(self, workflow_id: str, connection: object) -> AbstractContextManager[Any]:
+        """Fence the host's statements on ``connection`` (:func:`~.fencing.fenced_transaction`)."""
+        self._require_open("fenced()")
+        return fenced_transaction(
+            connection, workflow_id, self._storage, self._registry, warn=self._on_warning
+        )
 
     def on_lost(self, callback: _Callback) -> _Callback:
         """Call ``callback(workflow_id)`` whenever this engine finds one of its claims lost.

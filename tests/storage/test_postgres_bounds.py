@@ -68,7 +68,7 @@ def test_options_in_the_url_reach_the_server_with_their_spaces(
 def test_url_parameters_override_the_derived_bounds(postgres_base_url: str, table: str) -> None:
     url = _with_params(
         postgres_base_url,
-        f"table={table}&statement_timeout=3s&lock_timeout=250&timeout=1.5&application_name=a%20b",
+        f"table={table}&statement_timeout=3&lock_timeout=250ms&timeout=1.5&application_name=a%20b",
     )
     with open_storage(url, renew_interval_ms=1000) as store:
         assert isinstance(store, PostgresStorage)
@@ -88,7 +88,8 @@ def test_url_parameters_override_the_derived_bounds(postgres_base_url: str, tabl
         ("statement_timeout", "-5"),
         ("statement_timeout", "inf"),
         ("lock_timeout", "nan"),
-        ("lock_timeout", "1.5"),
+        ("lock_timeout", "-2"),
+        ("lock_timeout", "soon"),
         ("connect_timeout", "inf"),
         ("connect_timeout", "-1"),
         ("renew_interval_ms", "0"),
@@ -106,8 +107,9 @@ def test_senseless_url_values_are_a_value_error_naming_the_parameter(name: str, 
         {"timeout": float("inf")},
         {"timeout": float("nan")},
         {"timeout": 0},
-        {"statement_timeout_ms": -1},
-        {"lock_timeout_ms": 1.5},
+        {"statement_timeout": -1},
+        {"statement_timeout": float("inf")},
+        {"lock_timeout": float("nan")},
         {"renew_interval_ms": -100},
     ],
 )

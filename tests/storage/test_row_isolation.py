@@ -83,7 +83,7 @@ def test_a_row_locked_for_a_moment_gets_its_real_result(
     pg_store: PostgresStorage, postgres_base_url: str
 ) -> None:
     pg_store.close()
-    store = PostgresStorage(postgres_base_url, table=pg_store._table, lock_timeout_ms=20_000)
+    store = PostgresStorage(postgres_base_url, table=pg_store._table, lock_timeout=20)
     try:
         keys = _fill(store, 3)
         locked = threading.Event()

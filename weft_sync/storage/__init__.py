@@ -74,8 +74,8 @@ def open_storage(
       parameters ``table``, ``busy_timeout_ms`` and ``synchronous`` (``FULL`` or ``NORMAL``);
     - ``postgresql://…`` or ``postgres://…`` (any libpq URL), with optional ``table``,
       ``min_size``, ``max_size``, ``timeout`` (seconds to wait for a pooled connection),
-      ``renew_interval_ms``, ``statement_timeout`` and ``lock_timeout`` (milliseconds or a
-      duration such as ``5s``; see :class:`~weft_sync.storage.postgres.PostgresStorage`); every
+      ``renew_interval_ms``, ``statement_timeout`` and ``lock_timeout`` (seconds, or a duration
+      such as ``250ms``; see :class:`~weft_sync.storage.postgres.PostgresStorage`); every
       other query parameter is passed to libpq, percent-encoded as libpq decodes it.
 
     With ``read_only`` the store must already exist and nothing is ever created or written: the
@@ -175,7 +175,7 @@ def _open_sqlite(url: str, read_only: bool) -> Storage:
 def _open_postgres(url: str, read_only: bool, renew_interval_ms: int | None) -> Storage:
     from .postgres_settings import (
         check_connect_timeout,
-        parse_duration_param,
+        parse_bound_param,
         parse_seconds_param,
     )
 
@@ -199,7 +199,7 @@ def _open_postgres(url: str, read_only: bool, renew_interval_ms: int | None) -> 
             kwargs[name] = number
     for name in ("statement_timeout", "lock_timeout"):
         if name in params:
-            kwargs[f"{name}_ms"] = parse_duration_param(url, name, params[name])
+            kwargs[name] = parse_bound_param(url, name, params[name])
     if "timeout" in params:
         kwargs["timeout"] = parse_seconds_param(url, "timeout", params["timeout"])
     from .postgres import PostgresStorage

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import math
 import os
 import threading
 import time
@@ -39,8 +40,11 @@ from .base import (
     validate_table_name,
 )
 from .cas import CasRow, cas_batches, validate_cas_rows
+from .fence_target import PostgresFenceTarget, PostgresIdentity, quote_identifier
 from .postgres_locked import IsolatedBatches, renewal_rows
 from .postgres_settings import (
+    DERIVED,
+    Derived,
     ReplicationSettings,
     WaitBounds,
     check_pool_sizes,
@@ -121,15 +125,19 @@ class PostgresStorage(IsolatedBatches):
     :param max_size: connections the pool may open at most.
     :param timeout: seconds a call waits for a pooled connection before raising ``StorageError``;
         default one renew interval.
+    :param lock_timeout: seconds a statement of this store waits for a row lock before failing
+        with ``StorageError`` (the session's ``lock_timeout``), or ``None`` for no bound; default
+        half a renew interval, at most one second. Our own transactions hold row locks for
+        milliseconds; the bound matters when another session holds a row (a host's fenced
+        transaction, see :mod:`weft_sync.fencing`, holding an epoch row; a stray ``SELECT … FOR
+        UPDATE``): the call fails and is retried by a later pass instead of stalling it.
+    :param statement_timeout: seconds any statement may run (the session's
+        ``statement_timeout``), or ``None`` for no bound; default one renew interval.
     :param read_only: use an existing table for reading only: it is checked, never created, and
         every session runs with ``default_transaction_read_only``, so the server itself refuses
         writes (raised as :class:`~weft_sync.errors.ReadOnlyStorageError`).
     :param renew_interval_ms: the claim renew interval the bounds are derived from; default
         5000 (``OwnershipOptions``'s default).
-    :param statement_timeout_ms: the session's ``statement_timeout``; default one renew
-        interval; ``0`` disables it.
-    :param lock_timeout_ms: the session's ``lock_timeout``; default half a renew interval, at
-        most 1000; ``0`` disables it.
     :raises ValueError: a bad table name, pool size or bound (negative, infinite, NaN), or a
         malformed ``dsn``.
     :raises StorageError: the server cannot be reached, or the table exists with another key
@@ -144,10 +152,10 @@ class PostgresStorage(IsolatedBatches):
         min_size: int = 1,
         max_size: int = 16,
         timeout: float | None = None,
+        lock_timeout: float | Derived | None = DERIVED,
         read_only: bool = False,
         renew_interval_ms: int | None = None,
-        statement_timeout_ms: int | None = None,
-        lock_timeout_ms: int | None = None,
+        statement_timeout: float | Derived | None = DERIVED,
     ) -> None:
         if not isinstance(dsn, str):
             raise TypeError(f"dsn must be a connection string, got {type(dsn).__name__}")
@@ -155,8 +163,8 @@ class PostgresStorage(IsolatedBatches):
         check_pool_sizes(min_size, max_size)
         self._bounds = derive_wait_bounds(
             renew_interval_ms=renew_interval_ms,
-            statement_timeout_ms=statement_timeout_ms,
-            lock_timeout_ms=lock_timeout_ms,
+            statement_timeout_ms=_bound_ms("statement_timeout", statement_timeout),
+            lock_timeout_ms=_bound_ms("lock_timeout", lock_timeout),
             timeout=timeout,
         )
         self._dsn = dsn
@@ -170,6 +178,7 @@ class PostgresStorage(IsolatedBatches):
         self._pool: ConnectionPool[_Conn] | None = None
         self._pool_pid = os.getpid()
         self._closed = False
+        self._fence_target: PostgresFenceTarget | None = None
         with self._translate("table setup"):
             if self._read_only:
                 self._check_table()
@@ -450,6 +459,19 @@ class PostgresStorage(IsolatedBatches):
         with self._connection("conditional_batches") as conn, conn.transaction():
             return [self._run(conn, plan, savepoint=True) for plan in plans]
 
+    def fence_target(self) -> PostgresFenceTarget:
+        """Where this store's table is, for :mod:`weft_sync.fencing` (read once, then cached).
+
+        See :class:`~weft_sync.storage.fence_target.SupportsHostFence`.
+        """
+        target = self._fence_target
+        if target is None:
+            rows = self._read("fence identity", self._q.identity, [quote_identifier(self._table)])
+            sysid, database, oid, schema = rows[0]
+            identity = PostgresIdentity(str(sysid), str(database), int(oid), str(schema))
+            target = self._fence_target = PostgresFenceTarget(self._table, identity)
+        return target
+
     def compare_and_set_many(self, rows: Sequence[CasRow]) -> list[bool]:
         """Set each ``(key, expected, new)`` row's key to ``new`` if it holds ``expected``.
 
@@ -608,6 +630,24 @@ def _alive(conn: _Conn) -> bool:
     except psycopg.Error:
         return False
     return True
+
+
+def _bound_ms(name: str, seconds: object) -> int | None:
+    """A bound given in seconds as the session setting's milliseconds (``0``: no bound), or
+    ``None`` when it is left to be derived."""
+    if seconds is DERIVED:
+        return None
+    if seconds is None:
+        return 0
+    if (
+        isinstance(seconds, bool)
+        or not isinstance(seconds, (int, float))
+        or not 0 < seconds < 86_400
+    ):
+        raise ValueError(
+            f"{name} must be a positive number of seconds below one day, or None, got {seconds!r}"
+        )
+    return max(1, math.ceil(seconds * 1000))
 
 
 def _connect_kwargs(dsn: str, bounds: WaitBounds) -> dict[str, Any]:

@@ -19,6 +19,7 @@ server applies them from the first statement, with no extra round trip. A settin
 
 from __future__ import annotations
 
+import enum
 import math
 import os
 import re
@@ -30,6 +31,8 @@ from ..redaction import redact_url
 
 __all__ = [
     "DEFAULT_RENEW_INTERVAL_MS",
+    "DERIVED",
+    "Derived",
     "ReplicationSettings",
     "WaitBounds",
     "check_pool_sizes",
@@ -37,9 +40,19 @@ __all__ = [
     "check_seconds",
     "derive_wait_bounds",
     "merged_options",
-    "parse_duration_param",
+    "parse_bound_param",
     "parse_seconds_param",
 ]
+
+
+class Derived(enum.Enum):
+    """The type of :data:`DERIVED`."""
+
+    DERIVED = "derived"
+
+
+DERIVED: Final = Derived.DERIVED
+"""A bound left to be derived from the renew interval (``None`` means no bound)."""
 
 DEFAULT_RENEW_INTERVAL_MS: Final = 5000
 """The renew interval assumed when the storage is opened without one (``OwnershipOptions``'s)."""
@@ -156,17 +169,23 @@ def check_pool_sizes(min_size: object, max_size: object) -> None:
         )
 
 
-def parse_duration_param(url: str, name: str, raw: str) -> int:
-    """Parse a URL parameter of milliseconds (``5000``) or a duration (``"5s"``, ``"500ms"``).
+def parse_bound_param(url: str, name: str, raw: str) -> float:
+    """Parse a URL parameter of seconds (``0.25``) or a duration with a unit (``"250ms"``).
 
-    :raises ValueError: naming the parameter, for anything else (negative, ``inf``, ``nan``).
+    A plain number is passed on as it is (the constructor refuses one out of range, naming it).
+
+    :raises ValueError: naming the parameter, for anything that is neither.
     """
     try:
-        return parse_duration(int(raw) if raw.isdigit() else raw)
+        return float(raw)
+    except ValueError:
+        pass
+    try:
+        return parse_duration(raw) / 1000.0
     except ValueError:
         raise ValueError(
-            f"parameter {name}={raw!r} in storage URL {redact_url(url)!r} must be whole "
-            f"milliseconds (e.g. 5000) or a duration such as '5s' or '500ms'"
+            f"parameter {name}={raw!r} in storage URL {redact_url(url)!r} must be a number of "
+            f"seconds or a duration such as '250ms' or '3s'"
         ) from None
 
 

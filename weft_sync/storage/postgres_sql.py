@@ -100,6 +100,11 @@ class Queries:
             "SELECT {t}.key, l.value, l.key IS NULL FROM {t} LEFT JOIN l ON l.key = {t}.key "
             "WHERE {t}.key = ANY(%b::text[])"
         ).format(t=t)
+        self.identity = sql.SQL(
+            "SELECT s.system_identifier::text, current_database(), c.oid::bigint, n.nspname "
+            "FROM pg_control_system() AS s, pg_class AS c "
+            "JOIN pg_namespace AS n ON n.oid = c.relnamespace WHERE c.oid = to_regclass(%s)"
+        )
 
 
 def advisory_key(table: str) -> int:

@@ -28,6 +28,7 @@ from .base import (
     validate_table_name,
 )
 from .cas import CasRow, validate_cas_rows
+from .fence_target import SqliteFenceTarget
 from .reads import validate_keys
 from .sqlite_identity import StoreIdentity, ensure_store_id
 from .sqlite_writer import (
@@ -335,6 +336,14 @@ class SqliteStorage:
     def table(self) -> str:
         """The table holding the keys."""
         return self._table
+
+    def fence_target(self) -> SqliteFenceTarget:
+        """Where this store's table is, for :mod:`weft_sync.fencing`.
+
+        See :class:`~weft_sync.storage.fence_target.SupportsHostFence`.
+        """
+        self._check_open()
+        return SqliteFenceTarget(self._path, self._table)
 
     def get(self, key: str) -> bytes | None:
         validate_key(key)

@@ -1,0 +1,192 @@
+"""Time a fenced one-row UPDATE against the same UPDATE unfenced, on the same connection.
+
+For each backend, one store and one host table ``(id, v)`` share a database: a SQLite file (WAL,
+``synchronous=FULL`` on both connections) or a PostgreSQL database. Each round runs ``--ops``
+transactions of one ``UPDATE … WHERE id = ?`` both ways, interleaved:
+
+- ``unfenced``: the host's own transaction (``BEGIN IMMEDIATE`` … ``COMMIT`` on SQLite,
+  ``connection.transaction()`` on psycopg);
+- ``fenced``: the same statement inside ``ownership.fenced(workflow_id, connection)``;
+- ``hand-written``: the unfenced transaction plus the one epoch read the fence adds, written by
+  hand (``SELECT … FOR SHARE`` on PostgreSQL), the floor for any fence of this kind.
+
+Prints the median per-transaction time of each and the ratio fenced / unfenced measured in this
+run. The fence adds one round trip (the epoch read) to the host's three (``BEGIN``, the
+``UPDATE``, ``COMMIT``), so on PostgreSQL the ratio depends on what a commit costs.
+``postgres`` uses ``WEFT_SYNC_TEST_POSTGRES_DSN`` when set, else a throwaway cluster; both the
+test clusters run with ``fsync=off``, where commits are nearly free. ``postgres-durable`` starts
+a throwaway cluster of its own with ``fsync=on`` and ``synchronous_commit=on``, as production
+runs.
+
+    python bench/fenced_host_write.py [--ops 200] [--rounds 7]
+        [--backend sqlite|postgres|postgres-durable]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sqlite3
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import psycopg
+
+from tests.pgcluster import PostgresCluster, start_cluster
+from weft_sync import Ownership, keys
+
+WID = "bench-fenced"
+
+
+class _DurableCluster(PostgresCluster):
+    """A throwaway cluster that flushes every commit to disk."""
+
+    def start(self) -> None:
+        opts = f"-k {self.directory} -c listen_addresses='' -c fsync=on -c synchronous_commit=on"
+        cmd = [self.pg_ctl, "-D", str(self.data_dir), "-o", opts]
+        cmd += ["-l", str(self.directory / "server.log"), "-w", "-t", "60", "start"]
+        subprocess.run(
+            ["runuser", "-u", "postgres", "--", *cmd] if os.geteuid() == 0 else cmd, check=True
+        )
+
+
+@contextmanager
+def _pg_url(durable: bool) -> Iterator[str]:
+    env = os.environ.get("WEFT_SYNC_TEST_POSTGRES_DSN")
+    if env and not durable:
+        yield env
+        return
+    cluster = start_cluster()
+    if durable:
+        cluster.stop(remove=False)
+        cluster = _DurableCluster(cluster.directory, cluster.pg_ctl)
+        cluster.start()
+    try:
+        yield cluster.url
+    finally:
+        cluster.stop()
+
+
+def _time_ops(ops: int, one: Callable[[int], None]) -> float:
+    start = time.perf_counter()
+    for i in range(ops):
+        one(i)
+    return (time.perf_counter() - start) / ops
+
+
+def _measure(ops: int, rounds: int, *ways: Callable[[int], None]) -> list[float]:
+    for way in ways:
+        way(0)  # warm up: connection set-up and the same-database proof
+    samples: list[list[float]] = [[] for _ in ways]
+    for _ in range(rounds):
+        for way, sample in zip(ways, samples, strict=True):
+            sample.append(_time_ops(ops, way))
+    return [statistics.median(sample) for sample in samples]
+
+
+def bench_sqlite(ops: int, rounds: int) -> list[float]:
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, "bench.db")
+        with Ownership.open(f"sqlite:///{path}", background="manual") as own:
+            conn = sqlite3.connect(path, isolation_level=None)
+            conn.execute("PRAGMA synchronous = FULL")
+            conn.execute("CREATE TABLE host (id TEXT PRIMARY KEY, v INTEGER)")
+            conn.execute("INSERT INTO host VALUES ('row', 0)")
+            own.registry.acquire(WID)
+            epoch_key = keys.workflow_owner_epoch(WID)
+            sql = "UPDATE host SET v = ? WHERE id = 'row'"
+
+            def unfenced(i: int) -> None:
+                conn.execute("BEGIN IMMEDIATE")
+                conn.execute(sql, (i,))
+                conn.execute("COMMIT")
+
+            def fenced(i: int) -> None:
+                with own.fenced(WID, conn):
+                    conn.execute(sql, (i,))
+
+            def floor(i: int) -> None:
+                conn.execute("BEGIN IMMEDIATE")
+                conn.execute("SELECT value FROM weft_kv WHERE key = ?", (epoch_key,)).fetchall()
+                conn.execute(sql, (i,))
+                conn.execute("COMMIT")
+
+            try:
+                return _measure(ops, rounds, unfenced, fenced, floor)
+            finally:
+                conn.close()
+
+
+def bench_postgres(ops: int, rounds: int, durable: bool = False) -> list[float]:
+    with _pg_url(durable) as base:
+        suffix = uuid.uuid4().hex[:10]
+        host = f"bench_host_{suffix}"
+        sep = "&" if "?" in base else "?"
+        with Ownership.open(f"{base}{sep}table=bench_kv_{suffix}", background="manual") as own:
+            conn: psycopg.Connection[Any] = psycopg.connect(base)
+            try:
+                with conn.transaction():
+                    conn.execute(f"CREATE TABLE {host} (id TEXT PRIMARY KEY, v INTEGER)")
+                    conn.execute(f"INSERT INTO {host} VALUES ('row', 0)")
+                own.registry.acquire(WID)
+                epoch_key = keys.workflow_owner_epoch(WID)
+                sql = f"UPDATE {host} SET v = %s WHERE id = 'row'"
+
+                def unfenced(i: int) -> None:
+                    with conn.transaction():
+                        conn.execute(sql, [i])
+
+                def fenced(i: int) -> None:
+                    with own.fenced(WID, conn):
+                        conn.execute(sql, [i])
+
+                lock = f"SELECT value FROM bench_kv_{suffix} WHERE key = %s FOR SHARE"
+
+                def floor(i: int) -> None:
+                    with conn.transaction():
+                        conn.execute(lock, [epoch_key]).fetchall()
+                        conn.execute(sql, [i])
+
+                return _measure(ops, rounds, unfenced, fenced, floor)
+            finally:
+                with conn.transaction():
+                    conn.execute(f"DROP TABLE IF EXISTS {host}")
+                conn.close()
+        with psycopg.connect(base, autocommit=True) as admin:
+            admin.execute(f"DROP TABLE IF EXISTS bench_kv_{suffix}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    parser.add_argument("--ops", type=int, default=200)
+    parser.add_argument("--rounds", type=int, default=7)
+    parser.add_argument(
+        "--backend", choices=("sqlite", "postgres", "postgres-durable"), action="append"
+    )
+    args = parser.parse_args()
+    for backend in args.backend or ["sqlite", "postgres", "postgres-durable"]:
+        if backend == "sqlite":
+            plain, guarded, floor = bench_sqlite(args.ops, args.rounds)
+        else:
+            plain, guarded, floor = bench_postgres(
+                args.ops, args.rounds, backend.endswith("durable")
+            )
+        print(
+            f"{backend:16s} unfenced {plain * 1e6:7.0f} us  fenced {guarded * 1e6:7.0f} us  "
+            f"hand-written read+update {floor * 1e6:7.0f} us  "
+            f"fenced/unfenced {guarded / plain:.2f}x  fenced/hand-written {guarded / floor:.2f}x"
+        )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,138 @@
+"""fenced_atomic: Django model writes inside the fence, on Django's SQLite and PostgreSQL backends.
+
+Django is configured in this process (``settings.configure`` when nothing configured it yet); each
+test adds a database alias of its own for the store's database and drops it afterwards, so the
+module works whatever else in the run configured Django.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import django
+import pytest
+from django.conf import settings
+
+if not settings.configured:
+    settings.configure(
+        DATABASES={},
+        INSTALLED_APPS=[],
+        USE_TZ=True,
+        DEFAULT_AUTO_FIELD="django.db.models.AutoField",
+    )
+    django.setup()
+
+from django.db import connections, models, transaction
+from psycopg.conninfo import conninfo_to_dict
+
+from tests.fencing.hosts import PAST_EXPIRY_MS, HostEnv, make_env
+from weft_sync.errors import EngineDeposedError, WorkflowClaimLostWarning
+from weft_sync.fencing.django import fenced_atomic
+
+REPORT_TABLE = "fence_report_" + uuid.uuid4().hex[:10]
+
+
+class Report(models.Model):
+    id = models.CharField(primary_key=True, max_length=64)
+    v = models.CharField(max_length=64)
+
+    class Meta:
+        app_label = "weft_fence_tests"
+        db_table = REPORT_TABLE
+
+
+@dataclass
+class DjangoEnv:
+    env: HostEnv
+    alias: str
+
+    def rows(self) -> dict[str, str]:
+        return {r.id: r.v for r in Report.objects.using(self.alias).all()}
+
+
+def _database(env: HostEnv, mode: str) -> dict[str, Any]:
+    if env.backend == "sqlite":
+        options = {"transaction_mode": "IMMEDIATE"} if mode == "immediate" else {}
+        return {"ENGINE": "django.db.backends.sqlite3", "NAME": env.db_url, "OPTIONS": options}
+    info = conninfo_to_dict(env.db_url)
+    return {
+        "ENGINE": "django.db.backends.postgresql",
+        "NAME": info.get("dbname", "postgres"),
+        "USER": info.get("user", ""),
+        "PASSWORD": info.get("password", ""),
+        "HOST": info.get("host", ""),
+        "PORT": info.get("port", ""),
+    }
+
+
+@pytest.fixture(params=("sqlite", "sqlite-immediate", "postgres"))
+def dj(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[DjangoEnv]:
+    backend, _, mode = str(request.param).partition("-")
+    base = request.getfixturevalue("postgres_base_url") if backend == "postgres" else None
+    env = make_env(backend, "sqlite3" if backend == "sqlite" else "psycopg", tmp_path, base)
+    alias = "fence_" + uuid.uuid4().hex[:8]
+    default = dict(connections.settings["default"])
+    configured = connections.configure_settings({"default": default, alias: _database(env, mode)})
+    connections.settings[alias] = configured[alias]
+    try:
+        with connections[alias].schema_editor() as editor:
+            editor.create_model(Report)
+        yield DjangoEnv(env, alias)
+        with connections[alias].schema_editor() as editor:
+            editor.delete_model(Report)
+    finally:
+        connections[alias].close()
+        del connections[alias]
+        del connections.settings[alias]
+        env.close()
+
+
+def test_model_writes_of_the_owner_land(dj: DjangoEnv) -> None:
+    own = dj.env.ownership()
+    own.registry.acquire("wf-1")
+    with fenced_atomic("wf-1", using=dj.alias, ownership=own):
+        Report.objects.using(dj.alias).create(id="r1", v="draft")
+    with fenced_atomic("wf-1", using=dj.alias, ownership=own):
+        Report.objects.using(dj.alias).filter(id="r1").update(v="final")
+    assert dj.rows() == {"r1": "final"}
+
+
+def test_deposed_owners_update_is_refused(dj: DjangoEnv) -> None:
+    old, new = dj.env.ownership(), dj.env.ownership()
+    old.registry.acquire("wf-1")
+    with fenced_atomic("wf-1", using=dj.alias, ownership=old):
+        Report.objects.using(dj.alias).create(id="r1", v="v1")
+    dj.env.clock.advance(PAST_EXPIRY_MS)
+    assert new.registry.takeover("wf-1").status == "acquired"
+    with (
+        pytest.warns(WorkflowClaimLostWarning),
+        pytest.raises(EngineDeposedError),
+        fenced_atomic("wf-1", using=dj.alias, ownership=old),
+    ):
+        Report.objects.using(dj.alias).update(v="stale")
+    assert dj.rows() == {"r1": "v1"}
+    with fenced_atomic("wf-1", using=dj.alias, ownership=new):
+        report = Report.objects.using(dj.alias).get(id="r1")
+        report.v = "v2"
+        report.save(using=dj.alias)
+    assert dj.rows() == {"r1": "v2"}
+
+
+def test_nested_in_atomic_is_a_savepoint_that_still_checks(dj: DjangoEnv) -> None:
+    own = dj.env.ownership()
+    own.registry.acquire("wf-1")
+    with transaction.atomic(using=dj.alias):
+        Report.objects.using(dj.alias).create(id="outer", v="1")
+        with fenced_atomic("wf-1", using=dj.alias, ownership=own):
+            Report.objects.using(dj.alias).create(id="inner", v="2")
+        with (
+            pytest.warns(WorkflowClaimLostWarning),
+            pytest.raises(EngineDeposedError),
+            fenced_atomic("not-held", using=dj.alias, ownership=own),
+        ):
+            Report.objects.using(dj.alias).create(id="refused", v="3")
+    assert dj.rows() == {"outer": "1", "inner": "2"}

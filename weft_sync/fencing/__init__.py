@@ -1,0 +1,15 @@
+"""Host-data fencing: the host's own SQL and the epoch check in one database transaction.
+
+Reached through :meth:`weft_sync.Ownership.fenced` (and ``weft_sync.django.fenced_atomic``).
+:mod:`.core` holds the algorithm and the reasoning about locks; :mod:`.base` the small protocol
+each connection family implements (:mod:`.sqlite3`, :mod:`.psycopg`, :mod:`.psycopg2`,
+:mod:`.sqlalchemy`, :mod:`.django`).
+"""
+
+from __future__ import annotations
+
+from .adapters import ACCEPTED, adapt
+from .base import HostTransaction
+from .core import fenced_transaction
+
+__all__ = ["ACCEPTED", "HostTransaction", "adapt", "fenced_transaction"]

@@ -1,0 +1,258 @@
+"""The host-data fence: the host's own statements and the epoch check in one transaction.
+
+:func:`fenced_transaction` begins a transaction on the host's connection (a savepoint inside one
+already open), proves once per connection that it reaches the store's table, checks under a lock
+that the store's epoch for the workflow is exactly the bytes this engine's registry holds, yields,
+and commits on normal exit or rolls back on an exception.
+
+**PostgreSQL.** The epoch row is read with ``SELECT … FOR SHARE`` in the host's transaction. Every
+writer of an epoch row — a takeover, an acquire, an external rotation, a release or a ledger
+fenced write, all of which lock the rows they judge with ``SELECT … FOR UPDATE`` (or update them)
+— must wait until the host's transaction ends, and then judges the epoch afresh (READ COMMITTED
+re-checks a row it waited for). So either the takeover waits for the host's commit, or the host
+was already deposed and is refused here: a takeover can never commit between the check and the
+host's commit. ``FOR SHARE`` (not ``FOR UPDATE``) lets several fenced transactions of the owner
+run at once, and ``FOR KEY SHARE`` would be too weak (a plain ``UPDATE`` of the value does not
+wait for it). A renewal updates only the holder row, which the fence does not lock, so this
+engine keeps renewing the workflow — and every other claim it holds — while a fenced transaction
+is open. A waiting takeover locks epoch rows only (they sort before every holder row, and rows are
+locked in key order), so it never blocks a renewal either.
+
+A host transaction at REPEATABLE READ or SERIALIZABLE whose snapshot predates a change of the
+epoch row fails that read with a serialization error (``StorageError``): it fails closed.
+
+Waits are bounded on both sides. The locking read itself sets, for the rest of the transaction
+(``set_config(…, true)``, as ``SET LOCAL``), ``lock_timeout`` (the claim's renew interval by
+default), so neither the fence's lock nor the host's later statements wait for a lock longer than
+that, and ``idle_in_transaction_session_timeout`` (the claim TTL by default), so the server ends
+the session of a host that stalls inside the block (a stopped process, a forgotten transaction):
+its writes roll back, its commit fails, and the takeover goes ahead. A store's own statements
+give up waiting for a row lock after the store's ``lock_timeout`` (see
+:class:`~weft_sync.storage.PostgresStorage`), so a takeover held up by a long host transaction
+fails with ``StorageError`` and is retried by a later reclaim pass instead of stalling that pass.
+
+**SQLite.** The fenced transaction holds SQLite's database write lock from its first statement
+(``BEGIN IMMEDIATE``, or a no-op ``UPDATE`` of the epoch row inside a transaction already open,
+which also fails if that transaction's snapshot is stale). No other writer of the file — a
+takeover in any process included — can commit until the host's transaction ends. The fence does
+not take the store's cross-process ``flock``: the library's writer takes the flock and then waits
+for SQLite's write lock (bounded by its busy timeout), and the host's transaction holds only
+SQLite's lock and never waits for the flock, so no cycle can form. While the host's transaction
+is open every write to the file waits, this engine's renewals included; a renewal that waits
+longer than the store's busy timeout fails, keeps its claim, and is retried on the next pass, so
+a fenced transaction shorter than ``claim_ttl - claim_renew_interval`` costs no claim.
+
+**Inside the block** write through the connection, not through the store: a ledger write
+(``ownership.workflows``) waits for the block's own lock — SQLite's write lock, or on
+PostgreSQL the epoch row's share lock when it is for the same workflow — and fails with
+``StorageError`` after the store's busy timeout or ``lock_timeout``.
+
+The same-database proof and the lock statements come from the store
+(:class:`~weft_sync.storage.fence_target.FenceTarget`); this module never looks inside a backend.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import weakref
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import NoReturn
+
+from .. import keys
+from ..claims.registry import ClaimRegistry
+from ..errors import (
+    EngineDeposedError,
+    StorageCapabilityError,
+    StorageError,
+    WorkflowClaimLostWarning,
+)
+from ..storage.base import Storage
+from ..storage.fence_target import FenceBinding, FenceTarget
+from .adapters import adapt
+from .base import HostTransaction, as_value
+
+__all__ = ["FEATURE", "ForeignDatabaseError", "fenced_transaction"]
+
+_log = logging.getLogger(__name__)
+
+FEATURE = "Ownership.fenced()"
+
+# Guards _PROOFS: per physical connection, the binding of every store it was proven against.
+_proofs_lock = threading.Lock()
+_PROOFS: weakref.WeakKeyDictionary[object, dict[str, FenceBinding]] = weakref.WeakKeyDictionary()
+
+
+def _target(storage: Storage) -> FenceTarget:
+    # getattr rather than isinstance(storage, SupportsHostFence): a protocol check costs more
+    # than the rest of the fence's Python work.
+    fence_target = getattr(storage, "fence_target", None)
+    if not callable(fence_target):
+        raise StorageCapabilityError(
+            FEATURE,
+            "host_fence",
+            f"{type(storage).__name__} cannot fence a host's own tables; use SqliteStorage or "
+            f"PostgresStorage with the host's tables in the same database",
+        )
+    target: FenceTarget = fence_target()
+    return target
+
+
+class ForeignDatabaseError(StorageCapabilityError):
+    """The host connection is not on the store's database (a :class:`StorageCapabilityError`
+    with capability ``"same_database"``).
+
+    :param connection: the type name of the host's connection.
+    :param where: the database the connection is on.
+    :param store: the store's database.
+    """
+
+    def __init__(self, connection: str, where: str, store: str) -> None:
+        super().__init__(FEATURE, "same_database")
+        self.where = where
+        self.store = store
+        message = (
+            f"{FEATURE} refused: the connection ({connection}) is on {where}, but the store is "
+            f"{store}; the host's tables must be in the store's database, so that the fence and "
+            f"the host's writes are one transaction"
+        )
+        self.args = (message,)
+
+    def __str__(self) -> str:
+        return str(self.args[0])
+
+
+def _refuse(host: HostTransaction, target: FenceTarget, where: str) -> NoReturn:
+    raise ForeignDatabaseError(type(host.result).__name__, where, target.location)
+
+
+def _binding(host: HostTransaction, target: FenceTarget) -> FenceBinding:
+    """Prove ``host`` reaches ``target``'s table, once per physical connection when possible."""
+    conn_key = _weakly_referenceable(host.connection_key)
+    cache_key = f"{target.family}:{target.location}"
+    if conn_key is not None:
+        with _proofs_lock:
+            known = _PROOFS.get(conn_key, {}).get(cache_key)
+        if known is not None:
+            return known
+    bound = target.bind(host.query)
+    if isinstance(bound, str):
+        _refuse(host, target, bound)
+    if conn_key is not None:
+        with _proofs_lock:
+            _PROOFS.setdefault(conn_key, {})[cache_key] = bound
+    return bound
+
+
+def _weakly_referenceable(obj: object | None) -> object | None:
+    if obj is None:
+        return None
+    try:
+        weakref.ref(obj)
+    except TypeError:
+        return None  # e.g. sqlite3.Connection: its proof is cheap enough to run every time
+    return obj
+
+
+def _deposed(workflow_id: str, warn: Callable[[Warning], None]) -> NoReturn:
+    _log.warning(
+        "a fenced host transaction for workflow %r found this engine deposed (its epoch fence "
+        "no longer holds); nothing was written",
+        workflow_id,
+    )
+    warn(WorkflowClaimLostWarning(workflow_id))
+    raise EngineDeposedError(workflow_id)
+
+
+def _end_quietly(host: HostTransaction, error: BaseException) -> None:
+    try:
+        host.end(error)
+    except Exception:
+        # The error that ended the block is the one the host needs to see.
+        _log.warning("could not roll back a fenced host transaction", exc_info=True)
+
+
+@contextmanager
+def fenced_transaction(
+    connection: object,
+    workflow_id: str,
+    storage: Storage,
+    registry: ClaimRegistry,
+    *,
+    warn: Callable[[Warning], None],
+    lock_timeout_ms: int | None = None,
+    idle_timeout_ms: int | None = None,
+) -> Iterator[object]:
+    """Run the block as one transaction on ``connection`` with the epoch check for ``workflow_id``.
+
+    :param connection: the host's connection (see :func:`~weft_sync.fencing.adapters.adapt`).
+    :param storage: the store holding the claims; ``connection`` must be on its database.
+    :param registry: the engine's registry, which holds the epoch bytes to compare.
+    :param warn: receives :class:`~weft_sync.errors.WorkflowClaimLostWarning` on deposition.
+    :param lock_timeout_ms: PostgreSQL: ``lock_timeout`` of the fenced transaction; default the
+        registry's renew interval.
+    :param idle_timeout_ms: PostgreSQL: its ``idle_in_transaction_session_timeout``; default the
+        registry's claim TTL.
+    :returns: (as the block's value) ``connection`` as given.
+    :raises TypeError: ``connection`` is not an accepted connection type.
+    :raises StorageCapabilityError: the store cannot fence, or ``connection`` is on another
+        database (or SQL family) than the store.
+    :raises EngineDeposedError: the claim is not held or the stored epoch is not this engine's;
+        nothing of the block was written (the block did not run).
+    :raises StorageError: one of the fence's own statements failed (a lock wait timed out, the
+        SQLite file stayed locked); the transaction was rolled back.
+    """
+    wid = keys.validate_workflow_id(workflow_id)
+    host = adapt(connection)
+    target = _target(storage)
+    if host.family != target.family:
+        _refuse(host, target, f"a {host.family!r} database")
+    expected = registry.current_epoch_bytes(wid)
+    if expected is None:
+        _deposed(wid, warn)
+    timeouts = (
+        registry.claim_renew_interval_ms if lock_timeout_ms is None else lock_timeout_ms,
+        registry.claim_ttl_ms if idle_timeout_ms is None else idle_timeout_ms,
+    )
+    locked = host.begin()
+    try:
+        observed = _read_epoch(host, target, wid, locked=locked, timeouts_ms=timeouts)
+        if observed != expected:
+            _deposed(wid, warn)
+        yield host.result
+    except BaseException as exc:
+        _end_quietly(host, exc)
+        raise
+    host.end(None)
+
+
+def _read_epoch(
+    host: HostTransaction,
+    target: FenceTarget,
+    wid: str,
+    *,
+    locked: bool,
+    timeouts_ms: tuple[int, int],
+) -> bytes | None:
+    """Prove the connection, take the lock and read the epoch, inside the begun transaction.
+
+    :raises StorageError: a statement of the fence failed (the caller rolls back).
+    """
+    epoch_key = keys.workflow_owner_epoch(wid)
+    try:
+        binding = _binding(host, target)
+        if not locked and binding.write_lock is not None:
+            host.query(binding.write_lock, (epoch_key,))
+        params: tuple[str, ...] = (epoch_key,)
+        if target.family == "postgresql":
+            params += tuple(f"{ms:d}ms" for ms in timeouts_ms)
+        rows = host.query(binding.read_epoch, params)
+    except (StorageCapabilityError, TypeError):
+        raise
+    except Exception as exc:
+        raise StorageError(
+            f"the fence of a host transaction for workflow {wid!r} failed on "
+            f"{target.location}: {exc}"
+        ) from exc
+    return as_value(rows[0][0]) if rows else None

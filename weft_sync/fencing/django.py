@@ -1,0 +1,94 @@
+"""The fence for Django: ``fenced_atomic(workflow_id, using)`` around ``transaction.atomic``.
+
+``transaction.atomic(using=…)`` begins the transaction (or, nested, a savepoint) and ends it, so
+model ``save()``, ``update()`` and raw cursors on that alias run inside the fence; the fence runs
+its check first, on the alias's own DBAPI connection. Django's PostgreSQL backends (psycopg and
+psycopg2) and its SQLite backend are supported. On SQLite, Django begins a deferred transaction
+unless ``OPTIONS["transaction_mode"]`` is ``"IMMEDIATE"`` (Django 5.1+); either works: the fence
+takes the write lock itself with a no-op ``UPDATE`` of the epoch row before reading it.
+``"IMMEDIATE"`` is still recommended, so every write transaction of the site queues for the lock
+at its start rather than failing with "database is locked" when it upgrades.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from typing import TYPE_CHECKING, Any
+
+from django.db import connections, transaction
+
+if TYPE_CHECKING:
+    from ..ownership import Ownership
+
+__all__ = ["AtomicTransaction", "fenced_atomic"]
+
+
+class AtomicTransaction:
+    """A :class:`~weft_sync.fencing.base.HostTransaction` inside an open ``atomic`` block.
+
+    It begins and ends nothing: ``atomic`` owns the transaction and rolls it back when the fence
+    raises.
+    """
+
+    def __init__(self, using: str) -> None:
+        self._wrapper = connections[using]
+        self.family = str(self._wrapper.vendor)
+
+    @property
+    def connection_key(self) -> object | None:
+        raw: object = self._wrapper.connection
+        return raw
+
+    @property
+    def result(self) -> Any:
+        return self._wrapper
+
+    def begin(self) -> bool:
+        # Whatever mode the transaction began in, SQLite's write lock is taken by the fence.
+        return self.family != "sqlite"
+
+    def query(self, sql: str, params: Sequence[object]) -> list[tuple[Any, ...]]:
+        cursor = self._wrapper.connection.cursor()
+        try:
+            if params:
+                cursor.execute(sql, tuple(params))
+            else:
+                cursor.execute(sql)
+            return [tuple(row) for row in cursor.fetchall()] if cursor.description else []
+        finally:
+            cursor.close()
+
+    def end(self, error: BaseException | None) -> None:
+        return None
+
+
+@contextmanager
+def fenced_atomic(
+    workflow_id: str, using: str = "default", *, ownership: Ownership | None = None
+) -> Iterator[None]:
+    """``transaction.atomic(using=using)`` that also holds the epoch fence for ``workflow_id``.
+
+    Nested inside another ``atomic`` block it is a savepoint and still checks the fence.
+
+    :param ownership: the engine; by default ``weft_sync.django.get_ownership()``.
+    :raises EngineDeposedError: the claim is not held here; the block did not run and the
+        atomic block was rolled back.
+    :raises StorageCapabilityError: the alias is not on the store's database.
+    """
+    if ownership is None:
+        try:
+            from weft_sync.django import (  # type: ignore[import-not-found,unused-ignore]
+                get_ownership,
+            )
+        except ModuleNotFoundError as exc:
+            if exc.name != "weft_sync.django":
+                raise
+            raise ImportError(
+                "fenced_atomic() without ownership= needs the weft_sync.django app "
+                '(INSTALLED_APPS += ["weft_sync.django"]); pass ownership=<an Ownership> instead'
+            ) from exc
+        ownership = get_ownership()
+    assert ownership is not None
+    with transaction.atomic(using=using), ownership.fenced(workflow_id, AtomicTransaction(using)):
+        yield

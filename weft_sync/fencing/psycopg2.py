@@ -1,0 +1,64 @@
+"""The fence for a host's psycopg2 connection: ``BEGIN`` (or psycopg2's own), or a savepoint.
+
+A connection with no transaction open begins one (an explicit ``BEGIN`` in autocommit mode,
+psycopg2's implicit one otherwise) and ends it with ``COMMIT`` or ``ROLLBACK``; inside an open
+transaction the block is a savepoint.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import psycopg2.extensions
+
+from .base import savepoint_name
+
+__all__ = ["Psycopg2Transaction"]
+
+
+class Psycopg2Transaction:
+    """A :class:`~weft_sync.fencing.base.HostTransaction` over a psycopg2 connection."""
+
+    family = "postgresql"
+
+    def __init__(self, connection: psycopg2.extensions.connection) -> None:
+        self._conn = connection
+        self._savepoint: str | None = None
+        self._explicit = False
+
+    @property
+    def connection_key(self) -> object:
+        return self._conn
+
+    @property
+    def result(self) -> psycopg2.extensions.connection:
+        return self._conn
+
+    def begin(self) -> bool:
+        status = self._conn.get_transaction_status()
+        if status == psycopg2.extensions.TRANSACTION_STATUS_IDLE:
+            if self._conn.autocommit:
+                self._explicit = True
+                self.query("BEGIN", ())
+        else:
+            self._savepoint = savepoint_name()
+            self.query(f"SAVEPOINT {self._savepoint}", ())
+        return True
+
+    def query(self, sql: str, params: Sequence[object]) -> list[tuple[Any, ...]]:
+        with self._conn.cursor() as cur:
+            cur.execute(sql, tuple(params) if params else None)
+            return [tuple(row) for row in cur.fetchall()] if cur.description else []
+
+    def end(self, error: BaseException | None) -> None:
+        if self._savepoint is not None:
+            if error is not None:
+                self.query(f"ROLLBACK TO SAVEPOINT {self._savepoint}", ())
+            self.query(f"RELEASE SAVEPOINT {self._savepoint}", ())
+        elif self._explicit:
+            self.query("COMMIT" if error is None else "ROLLBACK", ())
+        elif error is None:
+            self._conn.commit()
+        else:
+            self._conn.rollback()

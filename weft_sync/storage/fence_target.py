@@ -1,0 +1,190 @@
+"""What a host-data fence needs from a store: its SQL family, its table, and a same-database proof.
+
+A host that keeps its own tables in the store's database can make its writes one transaction with
+the epoch check (:mod:`weft_sync.fencing`). The fence knows nothing about a backend; a store that
+supports it hands out a :class:`FenceTarget` from ``fence_target()``, which tells the fence which
+SQL family the host connection must speak, and proves — with queries the fence runs on the host's
+own connection — that the connection reaches this store's table, and how to name it there.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, Literal, Protocol, runtime_checkable
+
+__all__ = [
+    "FenceBinding",
+    "FenceTarget",
+    "PostgresFenceTarget",
+    "Query",
+    "SqliteFenceTarget",
+    "SupportsHostFence",
+    "quote_identifier",
+]
+
+Family = Literal["sqlite", "postgresql"]
+Query = Callable[[str, Sequence[object]], list[tuple[Any, ...]]]
+"""Runs one statement on the host connection and returns its rows."""
+
+
+def quote_identifier(name: str) -> str:
+    """Quote an SQL identifier (both families): wrap in double quotes, double the quotes inside."""
+    return '"' + name.replace('"', '""') + '"'
+
+
+@dataclass(frozen=True, slots=True)
+class FenceBinding:
+    """How a proven host connection reaches the store's table.
+
+    :param read_epoch: the statement reading one key's value, taking the lock a takeover must
+        wait for where the family has row locks. Parameters: the key; on PostgreSQL also the
+        ``lock_timeout`` and ``idle_in_transaction_session_timeout`` it sets for the rest of
+        the transaction (see :data:`PG_READ_EPOCH`).
+    :param write_lock: on SQLite, a statement that takes the database write lock inside an open
+        transaction without changing anything (one parameter, the key); ``None`` elsewhere.
+    """
+
+    read_epoch: str
+    write_lock: str | None = None
+
+
+@runtime_checkable
+class FenceTarget(Protocol):
+    """A store's side of the host-data fence."""
+
+    @property
+    def family(self) -> Family:
+        """The SQL family a host connection must speak: ``"sqlite"`` or ``"postgresql"``."""
+        ...
+
+    @property
+    def location(self) -> str:
+        """The store's database, for messages (never with credentials)."""
+        ...
+
+    def bind(self, query: Query) -> FenceBinding | str:
+        """Prove that the connection behind ``query`` reaches this store's table.
+
+        :returns: the binding, or a description of the database the connection is on instead
+            (for the refusal message).
+        """
+        ...
+
+
+@runtime_checkable
+class SupportsHostFence(Protocol):
+    """A store whose table a host connection to the same database can fence its writes with."""
+
+    def fence_target(self) -> FenceTarget: ...
+
+
+class SqliteFenceTarget:
+    """The SQLite side: the host connection must have the store's file open (main or attached).
+
+    The proof compares the device and inode of every file in ``PRAGMA database_list`` with the
+    store's file, so another path to the same file (a symlink, a relative path) is accepted and a
+    copy is not.
+    """
+
+    family: Family = "sqlite"
+
+    def __init__(self, path: str, table: str) -> None:
+        self._path = path
+        self._table = table
+
+    @property
+    def location(self) -> str:
+        return f"SQLite file {self._path!r} (table {self._table!r})"
+
+    def bind(self, query: Query) -> FenceBinding | str:
+        store = os.stat(self._path)
+        files: list[str] = []
+        for _seq, schema, file in query("PRAGMA database_list", ()):
+            if not file:
+                files.append(f"{schema}: (in memory or temporary)")
+                continue
+            files.append(f"{schema}: {file!r}")
+            try:
+                info = os.stat(file)
+            except OSError:
+                continue
+            if (info.st_dev, info.st_ino) == (store.st_dev, store.st_ino):
+                table = f"{quote_identifier(str(schema))}.{quote_identifier(self._table)}"
+                return FenceBinding(
+                    read_epoch=f"SELECT value FROM {table} WHERE key = ?",
+                    write_lock=f"UPDATE {table} SET value = value WHERE key = ?",
+                )
+        return "SQLite databases " + ", ".join(files)
+
+
+@dataclass(frozen=True, slots=True)
+class PostgresIdentity:
+    """Where a PostgreSQL store's table is: cluster, database, table oid and schema."""
+
+    system_identifier: str
+    database: str
+    table_oid: int
+    schema: str
+
+
+IDENTITY_SQL = (
+    "SELECT (SELECT system_identifier FROM pg_control_system())::text, current_database(), "
+    "to_regclass(%s)::oid::bigint"
+)
+"""One row: the cluster's system identifier, the database and the oid of the named table as
+the session's ``search_path`` resolves it (``NULL`` when not visible)."""
+
+
+PG_READ_EPOCH = (
+    "SELECT value FROM {table} WHERE key = %s "
+    "AND set_config('lock_timeout', %s, true) IS NOT NULL "
+    "AND set_config('idle_in_transaction_session_timeout', %s, true) IS NOT NULL "
+    "FOR SHARE"
+)
+"""Read and share-lock one epoch row; parameters: the key, then the transaction's
+``lock_timeout`` and ``idle_in_transaction_session_timeout`` (e.g. ``"5000ms"``).
+
+The settings ride in the row filter so that the fence costs one round trip: the filter runs on
+the row before the row is locked, so the lock wait already obeys the new ``lock_timeout``; both
+are transaction-local (``set_config(…, true)``, as ``SET LOCAL``)."""
+
+
+class PostgresFenceTarget:
+    """The PostgreSQL side: same cluster (system identifier), same database, same table.
+
+    The table must be visible under the host session's ``search_path`` as the same relation
+    (oid) the store uses; the fence then names it schema-qualified, so a later change of the
+    session's ``search_path`` cannot point the fence at another table.
+    """
+
+    family: Family = "postgresql"
+
+    def __init__(self, table: str, identity: PostgresIdentity) -> None:
+        self._table = table
+        self._identity = identity
+
+    @property
+    def location(self) -> str:
+        ident = self._identity
+        return (
+            f"PostgreSQL database {ident.database!r} of cluster {ident.system_identifier} "
+            f"(table {ident.schema}.{self._table})"
+        )
+
+    def bind(self, query: Query) -> FenceBinding | str:
+        ((system_identifier, database, oid),) = query(
+            IDENTITY_SQL, (quote_identifier(self._table),)
+        )
+        ident = self._identity
+        if (str(system_identifier), str(database)) != (ident.system_identifier, ident.database):
+            return f"PostgreSQL database {database!r} of cluster {system_identifier}"
+        if oid is None or int(oid) != ident.table_oid:
+            return (
+                f"PostgreSQL database {database!r} of cluster {system_identifier}, where "
+                f"{self._table!r} on the session's search_path is "
+                + ("not visible" if oid is None else f"another table (oid {oid})")
+            )
+        table = f"{quote_identifier(ident.schema)}.{quote_identifier(self._table)}"
+        return FenceBinding(read_epoch=PG_READ_EPOCH.format(table=table))
