@@ -1,22 +1,24 @@
-"""A command-line worker: claims work items from a shared store, does fenced work, completes them.
+"""A command-line worker: drives work items from a shared store through a workflow handler.
 
 Each work item is a weft_sync workflow of type ``work-item``. Any number of copies may run at
-once, on one host (SQLite) or many (PostgreSQL). A copy lists the running items and, for each,
-tries ``ownership.claim(item)``: only one copy can hold an item. Under the claim it re-reads the
-item, because another copy may have finished it between the listing and the claim; then it
-writes each step as a fenced checkpoint (refused by the store if the claim was lost) and
-completes the item. Every item is processed by exactly one copy::
+once, on one host (SQLite) or many (PostgreSQL). A copy registers one handler for the type and
+lets its background maintenance do the rest: every renew interval its reclaim pass claims running
+items nobody holds (freshly seeded ones, or those of a worker that died, once its claim expired)
+up to ``--concurrency`` at a time, and calls the handler with a ``ReclaimedWorkflow`` on a
+maintenance thread. The handler resumes from the item's checkpoint, writes each step as a fenced
+checkpoint (refused by the store if another copy took the item over) and completes the item.
+Only one copy holds an item at a time, so every item is completed exactly once::
 
     python examples/cli_worker.py --url sqlite:///items.db seed 20
     python examples/cli_worker.py --url sqlite:///items.db work --name a &
     python examples/cli_worker.py --url sqlite:///items.db work --name b &
 
-A worker exits 0 once no item is left running. Its background maintenance only renews its own
-claims (it reclaims nothing), so the items of a worker that died stay claimed until a maintenance
-process takes them over (``weft-sync maintain``, or see cron_maintenance.py).
+A worker exits 0 once no item is left running, 1 if items stay held by others for longer than
+``--idle-timeout``. If a worker is killed mid-item, another copy takes that item over once the
+dead worker's claim expired (TTL plus two renew intervals) and finishes it from its checkpoint.
 
 Without a subcommand it runs the whole thing in a temporary SQLite store (or ``--url``): seeds 8
-items, runs two worker copies as subprocesses and checks that each item was processed once::
+items, runs two worker copies as subprocesses and checks that each item was completed once::
 
     python examples/cli_worker.py
 """
@@ -27,18 +29,24 @@ import argparse
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 from typing import TextIO
 
-from weft_sync import (
-    EngineDeposedError,
-    Ownership,
-    WorkflowClaimLostError,
-    WorkflowClaimUnavailableError,
-)
+from weft_sync import Ownership, OwnershipOptions, ReclaimedWorkflow, WorkflowHandler
 
 ITEM_TYPE = "work-item"
+
+# Handlers run on several maintenance threads at once; one line is printed at a time.
+_print_lock = threading.Lock()
+
+
+def say(line: str) -> None:
+    """Print ``line`` whole, even when other threads print too."""
+    with _print_lock:
+        sys.stdout.write(line + "\n")
+        sys.stdout.flush()
 
 
 def seed(url: str, count: int, steps: int, out: TextIO) -> int:
@@ -51,54 +59,58 @@ def seed(url: str, count: int, steps: int, out: TextIO) -> int:
     return 0
 
 
-def process_if_free(ownership: Ownership, item_id: str, name: str, step_s: float) -> bool:
-    """Process ``item_id`` if no other worker holds or has finished it; return whether it did."""
-    workflows = ownership.workflows
-    try:
-        with ownership.claim(item_id) as claim:
-            record = workflows.get(item_id)
-            if record is None or record.status != "running":
-                return False  # finished by another worker after we listed it
-            steps = int(record.input.get("steps", 1)) if isinstance(record.input, dict) else 1
-            for step in range(1, steps + 1):
-                claim.assert_held()
-                time.sleep(step_s)  # the work of one step
-                workflows.save_checkpoint(item_id, f"{step}/{steps} by {name}".encode())
-            workflows.complete(item_id, result={"worker": name})
-    except WorkflowClaimUnavailableError:
-        return False  # another worker holds it
-    except (EngineDeposedError, WorkflowClaimLostError):
-        print(f"{name} lost {item_id} to another process; leaving it", file=sys.stderr)
-        return False
-    print(f"{name} processed {item_id}", flush=True)
-    return True
+def make_handler(name: str, step_s: float) -> WorkflowHandler:
+    """The handler of ``work-item``: resume from the checkpoint, one fenced write per step."""
+
+    def process_item(ctx: ReclaimedWorkflow) -> None:
+        # Runs on a maintenance thread of this worker, which holds the item's claim at ctx.epoch.
+        item_id, workflows = ctx.workflow_id, ctx.workflows
+        job = ctx.record.input if isinstance(ctx.record.input, dict) else {}
+        steps = int(job.get("steps", 1))
+        checkpoint = workflows.load_checkpoint(item_id)
+        done = int(checkpoint.split(b"/")[0]) if checkpoint else 0
+        say(f"{name} started {item_id} at step {done + 1}")
+        for step in range(done + 1, steps + 1):
+            time.sleep(step_s)  # the work of one step
+            workflows.save_checkpoint(item_id, f"{step}/{steps} by {name}".encode())
+        workflows.complete(item_id, result={"worker": name})
+        say(f"{name} processed {item_id}")
+
+    return process_item
 
 
-def work(url: str, name: str, step_s: float, idle_timeout_s: float) -> int:
-    """Process items until none is left running; 1 if the rest stay held by others too long."""
-    processed = 0
-    with Ownership.open(url, is_eligible=lambda workflow_type, revision: False) as ownership:
-        idle_since = time.monotonic()
+def work(
+    url: str,
+    name: str,
+    step_s: float,
+    idle_timeout_s: float,
+    *,
+    concurrency: int = 2,
+    options: OwnershipOptions | None = None,
+) -> int:
+    """Drive items until none is left running; 1 if the rest stay held by others too long."""
+    with Ownership.open(
+        url,
+        options=options,
+        handlers={ITEM_TYPE: make_handler(name, step_s)},
+        max_claims=concurrency,
+    ) as ownership:
+        idle_since, left = time.monotonic(), -1
         while True:
-            pending = [
+            running = [
                 record.workflow_id
                 for record in ownership.workflows.list(status="running")
                 if record.type == ITEM_TYPE
             ]
-            if not pending:
+            if not running:
                 break
-            done = sum(process_if_free(ownership, item, name, step_s) for item in pending)
-            processed += done
-            if done:
-                idle_since = time.monotonic()
+            if len(running) != left:
+                idle_since, left = time.monotonic(), len(running)
             elif time.monotonic() - idle_since > idle_timeout_s:
-                print(
-                    f"{name}: {len(pending)} items stay held elsewhere; giving up", file=sys.stderr
-                )
+                print(f"{name}: {left} items stay held elsewhere; giving up", file=sys.stderr)
                 return 1
-            else:
-                time.sleep(0.05)  # the rest are held by other workers right now
-    print(f"{name}: no items left; processed {processed}", flush=True)
+            time.sleep(0.05)
+    say(f"{name}: no items left")
     return 0
 
 
@@ -131,7 +143,7 @@ def run_demo(url: str, out: TextIO) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        description="Claim work items from a shared weft_sync store and process them."
+        description="Drive work items from a shared weft_sync store through a handler."
     )
     parser.add_argument("--url", help="store URL (default: a SQLite file in a temporary dir)")
     sub = parser.add_subparsers(dest="command")
@@ -142,6 +154,11 @@ def main(argv: list[str] | None = None) -> int:
     work_cmd.add_argument("--name", default="worker", help="this worker's name in the output")
     work_cmd.add_argument("--step-ms", type=int, default=10, help="time one step takes")
     work_cmd.add_argument(
+        "--concurrency", type=int, default=2, help="items this worker drives at once (default 2)"
+    )
+    work_cmd.add_argument("--ttl", default="3s", help="claim TTL (default 3s)")
+    work_cmd.add_argument("--renew", default="500ms", help="renew interval (default 500ms)")
+    work_cmd.add_argument(
         "--idle-timeout", type=float, default=60.0, help="seconds to wait on items held elsewhere"
     )
     args = parser.parse_args(argv)
@@ -150,7 +167,15 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "seed":
             return seed(url, args.count, args.steps, sys.stdout)
         if args.command == "work":
-            return work(url, args.name, args.step_ms / 1000, args.idle_timeout)
+            options = OwnershipOptions(claim_ttl=args.ttl, claim_renew_interval=args.renew)
+            return work(
+                url,
+                args.name,
+                args.step_ms / 1000,
+                args.idle_timeout,
+                concurrency=args.concurrency,
+                options=options,
+            )
         return run_demo(url, sys.stdout)
 
 

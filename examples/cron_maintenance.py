@@ -4,12 +4,14 @@ Run it from cron next to the processes that start workflows, e.g. every minute::
 
     * * * * *  python examples/cron_maintenance.py --url postgresql://app@db/app
 
-Each run opens the store with ``background="manual"``, runs exactly one maintenance pass, prints
-a summary and exits: 0 when the pass went through, 1 when reclaim discovery failed (the store
-could not be scanned) or a reclaimed workflow could not be resumed. A workflow counts as
-abandoned once its owner stopped renewing its claim for longer than the claim TTL plus two renew
-intervals; this process then takes the claim over (minting a new epoch, so the old owner's late
-writes are refused by the store) and resumes the workflow from its last checkpoint.
+Each run opens the store with ``background="manual"`` and one handler per workflow type it can
+resume, runs exactly one maintenance pass, prints a summary and exits: 0 when the pass went
+through, 1 when reclaim discovery failed (the store could not be scanned) or a handler raised. A
+workflow counts as abandoned once its owner stopped renewing its claim for longer than the claim
+TTL plus two renew intervals; the pass then takes the claim over (minting a new epoch, so the old
+owner's late writes are refused by the store) and calls the handler for its type with a
+``ReclaimedWorkflow``, which resumes it from its last checkpoint. Workflows of types without a
+handler are left alone.
 
 Without ``--url`` it uses a SQLite file in a temporary directory. ``--demo`` first leaves there
 two "invoice-batch" workflows whose process died an hour ago, part-way through, and one workflow
@@ -23,55 +25,39 @@ from __future__ import annotations
 import argparse
 import sys
 import tempfile
-from collections.abc import Callable
 from pathlib import Path
-from typing import Any, TextIO
+from typing import TextIO
 
-from weft_sync import ManualClock, Ownership, system_clock
+from weft_sync import ManualClock, Ownership, ReclaimedWorkflow, WorkflowHandler, system_clock
 from weft_sync.storage import Storage
-from weft_sync.workflows import Workflows
 
 INVOICE_BATCH = "invoice-batch"
 
 
-def resume_invoice_batch(workflows: Workflows, workflow_id: str, job: dict[str, Any]) -> None:
+def resume_invoice_batch(ctx: ReclaimedWorkflow) -> None:
     """Send the invoices not sent yet, checkpointing after each one, then complete.
 
-    The checkpoint holds how many invoices were sent. Every checkpoint is a fenced write: if
-    another process took this workflow over meanwhile, it raises ``EngineDeposedError`` and
-    nothing more is written from here.
+    Runs on the maintenance thread of the pass that took the workflow over, as its new owner
+    (``ctx.epoch``). The checkpoint holds how many invoices were sent. Every checkpoint is a
+    fenced write: if another process took this workflow over meanwhile, it raises
+    ``EngineDeposedError`` and nothing more is written from here.
     """
+    job = ctx.record.input if isinstance(ctx.record.input, dict) else {}
     total = int(job.get("invoices", 0))
-    checkpoint = workflows.load_checkpoint(workflow_id)
+    checkpoint = ctx.workflows.load_checkpoint(ctx.workflow_id)
     done = int(checkpoint) if checkpoint else 0
     for sent in range(done + 1, total + 1):
-        workflows.save_checkpoint(workflow_id, str(sent).encode())
-    workflows.complete(workflow_id, result={"sent": total, "resumed_after": done})
+        ctx.workflows.save_checkpoint(ctx.workflow_id, str(sent).encode())
+    ctx.workflows.complete(ctx.workflow_id, result={"sent": total, "resumed_after": done})
 
 
-Handler = Callable[[Workflows, str, dict[str, Any]], None]
-HANDLERS: dict[str, Handler] = {INVOICE_BATCH: resume_invoice_batch}
+HANDLERS: dict[str, WorkflowHandler] = {INVOICE_BATCH: resume_invoice_batch}
 """Workflow type -> how to resume it. Workflows of other types are never taken over here."""
 
 
 def run_pass(url_or_storage: str | Storage, out: TextIO = sys.stdout) -> int:
     """Run one maintenance pass over the store; print a summary; return the exit code."""
-    ownership: Ownership
-
-    def resume(workflow_id: str) -> None:
-        # Called by the pass (on a maintenance worker thread) once the claim is ours.
-        record = ownership.workflows.get(workflow_id)
-        if record is None:
-            return
-        job = record.input if isinstance(record.input, dict) else {}
-        HANDLERS[record.type](ownership.workflows, workflow_id, job)
-
-    with Ownership.open(
-        url_or_storage,
-        on_reclaimed=resume,
-        is_eligible=lambda workflow_type, revision: workflow_type in HANDLERS,
-        background="manual",
-    ) as ownership:
+    with Ownership.open(url_or_storage, handlers=HANDLERS, background="manual") as ownership:
         result = ownership.run_maintenance()
         reclaim = result.reclaim
         if reclaim is None or reclaim.status == "discovery-failed":
@@ -83,7 +69,8 @@ def run_pass(url_or_storage: str | Storage, out: TextIO = sys.stdout) -> int:
             f"{len(reclaim.outcomes)} candidates\n"
         )
         failed = 0
-        for outcome in reclaim.outcomes:
+        # Each engine attempts candidates in its own order; print them sorted.
+        for outcome in sorted(reclaim.outcomes, key=lambda o: o.workflow_id):
             line = f"  {outcome.workflow_id}: {outcome.status.value}"
             if outcome.status == "reclaimed":
                 finished = ownership.workflows.get_outcome(outcome.workflow_id)

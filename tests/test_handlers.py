@@ -203,6 +203,22 @@ def test_on_reclaimed_drives_types_without_a_handler_and_is_eligible_narrows_the
     assert driven == ["rep-1"]  # the handler's type never reaches on_reclaimed
 
 
+def test_is_eligible_alone_claims_the_workflow_for_the_host_to_drive(
+    make_ownership: MakeOwnership, clock: ManualClock, storage: Storage
+) -> None:
+    dead = make_ownership("engine-dead")
+    _strand(dead, clock, ("rep-1", "report"))
+    host = make_ownership("engine-b", is_eligible=lambda workflow_type, revision: True)
+
+    assert _statuses(host.run_maintenance()) == {"rep-1": "reclaimed"}
+
+    # Nothing here drives it, but the host holds it (and renews it) at the new epoch.
+    assert host.registry.current_epoch("rep-1") == 2
+    assert holder_engine(storage, "rep-1") == "engine-b"
+    host.workflows.complete("rep-1")
+    assert host.workflows.get("rep-1").status == "completed"  # type: ignore[union-attr]
+
+
 def test_eligibility_rule_handler_then_is_eligible_then_on_reclaimed() -> None:
     def table(**kwargs: Any) -> HandlerTable:
         kwargs.setdefault("on_reclaimed", None)

@@ -168,10 +168,12 @@ def test_prometheus_text_prints_every_line_and_ends_with_a_newline() -> None:
 def test_all_zero_snapshot_still_prints_the_full_schema() -> None:
     text = serialize_prometheus(ClaimMetrics().snapshot())
     sample_lines = [line for line in text.splitlines() if line and not line.startswith("#")]
-    assert len(sample_lines) == 7
+    # 5 attempt outcomes, the active gauge, renewal failures and 3 lost-claim causes.
+    assert len(sample_lines) == 10
     assert all(line.endswith(" 0") for line in sample_lines)
     # The handler-failure family is labelled by workflow type: no samples until one fails.
-    assert text.count("# TYPE ") == 4
+    assert text.count("# TYPE ") == 5
+    assert "# TYPE weft_workflow_claims_lost_total counter" in text.splitlines()
     assert "# TYPE weft_workflow_claim_handler_failures_total counter" in text.splitlines()
 
 

@@ -17,6 +17,7 @@ from weft_sync.claims.transitions import (
     is_claim_expired,
 )
 from weft_sync.codec import HolderRecord, decode_holder, encode_epoch, encode_holder
+from weft_sync.errors import CorruptEpochError
 from weft_sync.storage import Condition, Delete, Put
 
 WF = "wf-1"
@@ -54,12 +55,26 @@ def test_acquire_with_prior_epoch_mints_next() -> None:
     assert holder is not None and holder.epoch == 42
 
 
-def test_acquire_with_corrupt_epoch_conditions_on_the_exact_bytes_and_mints_one() -> None:
-    frag = build_acquire_transition(
-        workflow_id=WF, engine_id="e1", now=0, claim_ttl_ms=10, observed_epoch_bytes=b"\x01\x02\x03"
-    )
-    assert frag.conditions[1] == Condition(EPOCH_KEY, b"\x01\x02\x03")
-    assert frag.operations[0] == Put(EPOCH_KEY, encode_epoch(1))
+@pytest.mark.parametrize(
+    "corrupt", [b"\x01\x02\x03", encode_epoch(1) + b"\x00", b"\x00" * 8, b"\xff" * 8]
+)
+def test_a_corrupt_epoch_is_never_minted_over(corrupt: bytes) -> None:
+    with pytest.raises(CorruptEpochError, match="wf-owner-epoch:"):
+        build_acquire_transition(
+            workflow_id=WF, engine_id="e1", now=0, claim_ttl_ms=10, observed_epoch_bytes=corrupt
+        )
+    with pytest.raises(CorruptEpochError):
+        build_takeover_transition(
+            workflow_id=WF,
+            engine_id="e1",
+            now=0,
+            claim_ttl_ms=10,
+            observed_holder_bytes=b"garbage",
+            observed_epoch_bytes=corrupt,
+        )
+    with pytest.raises(CorruptEpochError) as raised:
+        build_external_rotation_transition(workflow_id=WF, observed_epoch_bytes=corrupt)
+    assert raised.value.workflow_id == WF and raised.value.key == EPOCH_KEY
 
 
 def test_renew_keeps_identity_and_moves_expiry() -> None:

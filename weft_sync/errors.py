@@ -8,6 +8,7 @@ from __future__ import annotations
 
 __all__ = [
     "ClosedError",
+    "CorruptEpochError",
     "CorruptOwnershipMarkerError",
     "EngineDeposedError",
     "FencedWriteConflict",
@@ -86,6 +87,29 @@ class StorageCapabilityError(WeftError):
         else:
             message = f"{message}; use a backend that supports it (SQLite or PostgreSQL)"
         super().__init__(message)
+
+
+class CorruptEpochError(WeftError):
+    """A workflow's epoch key holds bytes that do not decode as an epoch.
+
+    No epoch is minted over it: a fresh epoch 1 (or any guess) might equal one handed out before
+    and let a stale owner's fenced writes match again. Acquire, takeover and external rotation
+    refuse the workflow until an operator repairs the key with
+    :func:`weft_sync.claims.epochs.repair_corrupt_epoch`.
+
+    :param workflow_id: the workflow whose epoch is corrupt.
+    :param key: the epoch key.
+    """
+
+    def __init__(self, workflow_id: str, key: str) -> None:
+        self.workflow_id = workflow_id
+        self.key = key
+        super().__init__(
+            f"the epoch key {key!r} of workflow {workflow_id!r} does not decode as an epoch, so "
+            f"no new epoch is minted for it (it could repeat one handed out before); repair it "
+            f"with weft_sync.claims.epochs.repair_corrupt_epoch(storage, {workflow_id!r}), "
+            f"which sets it above any epoch handed out and deposes the current holder"
+        )
 
 
 class CorruptOwnershipMarkerError(WeftError):
@@ -201,14 +225,29 @@ class WorkflowClaimLostError(WeftError):
 
 
 class WorkflowClaimLostWarning(UserWarning):
-    """Emitted once per lost claim: this engine's renewal or fenced write found it deposed.
+    """Emitted once per lost claim: this engine found it deposed or gave it up locally.
 
     :param workflow_id: the workflow whose claim was lost.
+    :param cause: why: ``"deposed"`` (a renewal or fenced write found another writer's epoch or
+        holder), ``"deadline"`` (no renewal succeeded within the local renew deadline) or
+        ``"store_identity"`` (the store was replaced under this engine).
     """
 
-    def __init__(self, workflow_id: str) -> None:
+    def __init__(self, workflow_id: str, cause: str = "deposed") -> None:
         self.workflow_id = workflow_id
-        super().__init__(f"lost the ownership claim on workflow {workflow_id!r}")
+        self.cause = cause
+        reason = _LOSS_REASONS.get(cause, cause)
+        super().__init__(f"lost the ownership claim on workflow {workflow_id!r}{reason}")
+
+
+_LOSS_REASONS = {
+    "deposed": "",
+    "deadline": (
+        ": no renewal succeeded within the local renew deadline (claim TTL minus renew "
+        "interval), so another engine may take it over soon"
+    ),
+    "store_identity": ": the store was replaced or deleted under this engine",
+}
 
 
 class WorkflowWakeDiscardedWarning(UserWarning):

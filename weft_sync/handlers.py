@@ -46,7 +46,7 @@ if TYPE_CHECKING:
     from .ownership import Ownership
     from .workflows import Workflows
 
-__all__ = ["HandlerTable", "ReclaimedWorkflow", "WorkflowHandler"]
+__all__ = ["HandlerTable", "ReclaimedWorkflow", "WorkflowHandler", "validate_handlers"]
 
 _log = logging.getLogger(__name__)
 
@@ -77,6 +77,32 @@ WorkflowHandler = Callable[[ReclaimedWorkflow], object]
 _Handler = TypeVar("_Handler", bound=WorkflowHandler)
 
 
+def validate_handlers(handlers: object) -> None:
+    """Check a ``handlers`` argument: ``None`` or a mapping of type names to callables.
+
+    :raises TypeError: not a mapping, or a handler is not callable.
+    :raises ValueError: a workflow type is not a valid name.
+    """
+    if handlers is None:
+        return
+    if not isinstance(handlers, Mapping):
+        raise TypeError(
+            f"handlers must be a mapping of workflow type to handler, got "
+            f"{type(handlers).__name__} {handlers!r:.80}"
+        )
+    for workflow_type, handler in handlers.items():
+        _check_handler(workflow_type, handler)
+
+
+def _check_handler(workflow_type: object, handler: object) -> None:
+    validate_name("workflow type", workflow_type)
+    if not callable(handler):
+        raise TypeError(
+            f"the handler for workflow type {workflow_type!r} must be callable with a "
+            f"ReclaimedWorkflow, got {handler!r:.80}"
+        )
+
+
 class HandlerTable:
     """Workflow type -> handler for one engine, with the eligibility rule and the dispatch.
 
@@ -96,11 +122,7 @@ class HandlerTable:
         is_eligible: EligibilityPredicate | None,
         metrics: ClaimMetrics,
     ) -> None:
-        if handlers is not None and not isinstance(handlers, Mapping):
-            raise TypeError(
-                f"handlers must be a mapping of workflow type to handler, got "
-                f"{type(handlers).__name__} {handlers!r:.80}"
-            )
+        validate_handlers(handlers)
         self._on_reclaimed = on_reclaimed
         self._is_eligible = is_eligible
         self._metrics = metrics
@@ -122,12 +144,7 @@ class HandlerTable:
         :raises TypeError: ``handler`` is not callable, or ``workflow_type`` is not a ``str``.
         :raises ValueError: ``workflow_type`` is not a valid name, or already has a handler.
         """
-        validate_name("workflow type", workflow_type)
-        if not callable(handler):
-            raise TypeError(
-                f"the handler for workflow type {workflow_type!r} must be callable with a "
-                f"ReclaimedWorkflow, got {handler!r:.80}"
-            )
+        _check_handler(workflow_type, handler)
         with self._lock:
             existing = self._handlers.get(workflow_type)
             if existing is None:

@@ -51,7 +51,9 @@ class ClaimHandle:
     def assert_held(self) -> None:
         """Return if this process still holds the claim at this epoch; call before side effects.
 
-        Reads only this process's claim registry (no storage round trip).
+        Reads only this process's claim registry (no storage round trip). A claim with no
+        successful renewal for ``claim_ttl - claim_renew_interval`` is lost here (one
+        claim-lost warning, ``on_lost``), before its holder record can expire in the store.
 
         :raises WorkflowClaimLostError: the claim was lost, released, or its block has exited.
         """

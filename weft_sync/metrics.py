@@ -21,7 +21,9 @@ if TYPE_CHECKING:
 
 __all__ = [
     "CLAIM_ATTEMPT_OUTCOMES",
+    "CLAIM_LOSS_CAUSES",
     "ClaimAttemptOutcome",
+    "ClaimLossCause",
     "ClaimMetricsCollector",
     "ClaimMetrics",
     "MetricsSnapshot",
@@ -39,14 +41,22 @@ CLAIM_ATTEMPT_OUTCOMES: Final[tuple[ClaimAttemptOutcome, ...]] = (
     "backoff_skipped",
 )
 
+ClaimLossCause = Literal["deposed", "deadline", "store_identity"]
+
+CLAIM_LOSS_CAUSES: Final[tuple[ClaimLossCause, ...]] = ("deposed", "deadline", "store_identity")
+"""Why a held claim was lost: another writer deposed it, its local renew deadline passed, or
+its store was replaced under the engine."""
+
 _MAX_SAFE_INTEGER: Final = 2**53 - 1
 
 ATTEMPTS_FAMILY: Final = "weft_workflow_claim_attempts_total"
 ACTIVE_FAMILY: Final = "weft_workflow_claims_active"
 FAILURES_FAMILY: Final = "weft_workflow_claim_renewal_failures_total"
+LOST_FAMILY: Final = "weft_workflow_claims_lost_total"
 _ATTEMPTS_HELP: Final = "Total per-workflow ownership claim attempts, by outcome"
 _ACTIVE_HELP: Final = "Workflows this engine currently holds a claim for"
 _FAILURES_HELP: Final = "Total per-workflow claim renewal failures"
+_LOST_HELP: Final = "Total claims this engine lost, by cause"
 HANDLER_FAILURES_FAMILY: Final = "weft_workflow_claim_handler_failures_total"
 _HANDLER_FAILURES_HELP: Final = "Total workflow handler calls that raised, by workflow type"
 
@@ -59,6 +69,8 @@ class MetricsSnapshot:
         present, in that order.
     :param active_claims: the last value set for the active-claims gauge.
     :param renewal_failures: how many renewals failed.
+    :param lost: count of lost claims per cause, every cause of :data:`CLAIM_LOSS_CAUSES`
+        present, in that order.
     :param handler_failures: how many workflow handler calls raised, per workflow type (only
         types that failed at least once are present).
     """
@@ -66,6 +78,7 @@ class MetricsSnapshot:
     attempts: dict[str, int]
     active_claims: int
     renewal_failures: int
+    lost: dict[str, int] = field(default_factory=lambda: dict.fromkeys(CLAIM_LOSS_CAUSES, 0))
     handler_failures: dict[str, int] = field(default_factory=dict)
 
 
@@ -76,9 +89,11 @@ class ClaimMetrics:
     """
 
     def __init__(self) -> None:
-        # _lock guards _attempts, _active_claims, _renewal_failures and _handler_failures.
+        # _lock guards _attempts, _active_claims, _renewal_failures, _lost and
+        # _handler_failures.
         self._lock = threading.Lock()
         self._attempts: dict[str, int] = dict.fromkeys(CLAIM_ATTEMPT_OUTCOMES, 0)
+        self._lost: dict[str, int] = dict.fromkeys(CLAIM_LOSS_CAUSES, 0)
         self._active_claims = 0
         self._renewal_failures = 0
         self._handler_failures: dict[str, int] = {}
@@ -110,6 +125,22 @@ class ClaimMetrics:
         with self._lock:
             self._active_claims = count
 
+    def record_claims_lost(self, cause: ClaimLossCause, count: int = 1) -> None:
+        """Count ``count`` claims lost for ``cause``.
+
+        :raises ValueError: ``cause`` is not one of :data:`CLAIM_LOSS_CAUSES`, or ``count`` is
+            negative.
+        """
+        if cause not in CLAIM_LOSS_CAUSES:
+            raise ValueError(
+                f"unknown claim loss cause {cause!r}; valid causes are "
+                f"{', '.join(CLAIM_LOSS_CAUSES)}"
+            )
+        if isinstance(count, bool) or not isinstance(count, int) or count < 0:
+            raise ValueError(f"a lost-claim count must be an int >= 0, got {count!r}")
+        with self._lock:
+            self._lost[cause] += count
+
     def record_claim_renewal_failure(self) -> None:
         """Count one failed renewal."""
         with self._lock:
@@ -135,6 +166,7 @@ class ClaimMetrics:
                 attempts=dict(self._attempts),
                 active_claims=self._active_claims,
                 renewal_failures=self._renewal_failures,
+                lost=dict(self._lost),
                 handler_failures=dict(sorted(self._handler_failures.items())),
             )
 
@@ -144,6 +176,7 @@ class ClaimMetrics:
             self._attempts = dict.fromkeys(CLAIM_ATTEMPT_OUTCOMES, 0)
             self._active_claims = 0
             self._renewal_failures = 0
+            self._lost = dict.fromkeys(CLAIM_LOSS_CAUSES, 0)
             self._handler_failures = {}
 
     def __repr__(self) -> str:
@@ -174,6 +207,12 @@ def serialize_prometheus(snapshot: MetricsSnapshot) -> str:
         f"# HELP {FAILURES_FAMILY} {_FAILURES_HELP}",
         f"# TYPE {FAILURES_FAMILY} counter",
         f"{FAILURES_FAMILY} {snapshot.renewal_failures}",
+        f"# HELP {LOST_FAMILY} {_LOST_HELP}",
+        f"# TYPE {LOST_FAMILY} counter",
+    ]
+    for cause in CLAIM_LOSS_CAUSES:
+        lines.append(f'{LOST_FAMILY}{{cause="{cause}"}} {snapshot.lost.get(cause, 0)}')
+    lines += [
         f"# HELP {HANDLER_FAILURES_FAMILY} {_HANDLER_FAILURES_HELP}",
         f"# TYPE {HANDLER_FAILURES_FAMILY} counter",
     ]
@@ -206,6 +245,10 @@ class ClaimMetricsCollector:
         yield attempts
         yield GaugeMetricFamily(ACTIVE_FAMILY, _ACTIVE_HELP, value=snap.active_claims)
         yield CounterMetricFamily(FAILURES_FAMILY, _FAILURES_HELP, value=snap.renewal_failures)
+        lost = CounterMetricFamily(LOST_FAMILY, _LOST_HELP, labels=["cause"])
+        for cause in CLAIM_LOSS_CAUSES:
+            lost.add_metric([cause], snap.lost.get(cause, 0))
+        yield lost
         handler_failures = CounterMetricFamily(
             HANDLER_FAILURES_FAMILY, _HANDLER_FAILURES_HELP, labels=["type"]
         )
@@ -221,6 +264,7 @@ class ClaimMetricsCollector:
         yield CounterMetricFamily(ATTEMPTS_FAMILY, _ATTEMPTS_HELP, labels=["outcome"])
         yield GaugeMetricFamily(ACTIVE_FAMILY, _ACTIVE_HELP)
         yield CounterMetricFamily(FAILURES_FAMILY, _FAILURES_HELP)
+        yield CounterMetricFamily(LOST_FAMILY, _LOST_HELP, labels=["cause"])
         yield CounterMetricFamily(HANDLER_FAILURES_FAMILY, _HANDLER_FAILURES_HELP, labels=["type"])
 
 

@@ -18,6 +18,7 @@ __all__ = [
     "OWNERSHIP_MODES",
     "OwnershipFields",
     "OwnershipOptions",
+    "TIME_SOURCES",
     "TTL_SAFETY_MULTIPLIER",
     "parse_duration",
     "resolve_ownership_fields",
@@ -31,6 +32,7 @@ DEFAULT_LEASE_WAIT_MS: Final = 60_000
 TTL_SAFETY_MULTIPLIER: Final = 3
 
 OWNERSHIP_MODES: Final = ("none", "lease", "workflow-lease")
+TIME_SOURCES: Final = ("local", "store")
 BACKGROUND_MODES: Final = ("thread", "manual")
 
 Duration = int | str
@@ -113,11 +115,19 @@ class OwnershipOptions:
 
     :param claim_ttl: how long a claim lives without renewal (``int`` ms or ``"30s"``).
     :param claim_renew_interval: how often held claims are renewed; at most a third of the TTL.
-    :raises ValueError: a duration is invalid or the pair breaks the safety rules.
+    :param time_source: the clock holder expiry is written and judged on: ``"store"`` (the
+        database server's clock, sampled with round-trip bounds, so host clock skew cannot make
+        an engine take over live claims; PostgreSQL only) or ``"local"`` (each engine's own
+        ``clock``). ``None``: ``"store"`` on PostgreSQL, ``"local"`` on SQLite (one host) and
+        whenever the host passes its own ``clock=`` to ``Ownership.open`` (that clock is then
+        claim time).
+    :raises ValueError: a duration is invalid, the pair breaks the safety rules, or
+        ``time_source`` is not ``"local"``, ``"store"`` or ``None``.
     """
 
     claim_ttl: Duration = "30s"
     claim_renew_interval: Duration = "5s"
+    time_source: Literal["local", "store"] | None = None
     claim_ttl_ms: int = field(init=False)
     claim_renew_interval_ms: int = field(init=False)
 
@@ -125,6 +135,12 @@ class OwnershipOptions:
         ttl_ms = parse_duration(self.claim_ttl)
         renew_ms = parse_duration(self.claim_renew_interval)
         _validate_claim_timing(ttl_ms, renew_ms)
+        if self.time_source is not None and self.time_source not in TIME_SOURCES:
+            raise ValueError(
+                f"unknown time_source={self.time_source!r}: use one of "
+                f"{', '.join(repr(t) for t in TIME_SOURCES)}, or None for the backend's default "
+                f"('store' on PostgreSQL, 'local' on SQLite)"
+            )
         object.__setattr__(self, "claim_ttl_ms", ttl_ms)
         object.__setattr__(self, "claim_renew_interval_ms", renew_ms)
 

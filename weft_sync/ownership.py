@@ -9,6 +9,8 @@ Threading model:
 
 - Each ``Ownership`` has one lock guarding its lifecycle state, the live ``claim()`` handles and
   the ``on_lost`` callbacks. Registry calls, storage I/O, callbacks and logging happen outside it.
+- Workflow handlers (:mod:`weft_sync.handlers`) run on maintenance threads, after the reclaim
+  pass took the claim over; they must not call :meth:`Ownership.close`.
 - Lost claims are reported by the registry through a warning sink this object installs; the sink
   runs on whichever thread found the loss (usually a maintenance thread), marks the matching
   handle lost, calls the ``on_lost`` callbacks (their exceptions are logged, never raised into
@@ -17,7 +19,7 @@ Threading model:
   every live ``Ownership`` in a forked child. The child forgets the parent's claims without
   touching the store (the parent still owns them), has no timer or worker pool, and can no longer
   use the inherited object: it opens its own ``Ownership``. Every public method also compares the
-  process id, for forks that bypass the handlers.
+  process id, for forks that bypass the handlers (the ledger, registry and storages too).
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ import enum
 import logging
 import os
 import threading
+import time
 import warnings
 import weakref
 from collections.abc import Callable, Iterator, Mapping
@@ -33,11 +36,11 @@ from contextlib import AbstractContextManager, contextmanager
 from types import TracebackType
 from typing import Any, Literal, TypeVar
 
-from . import keys
+from .claiming import ClaimAttempt, attempt_claim, claim_is_gone, claim_with_wait, validate_wait
 from .claims.registry import ClaimRegistry, WarnSink
-from .claims.results import AcquireStatus, ReleaseStatus
+from .claims.results import ReleaseStatus
+from .claims.store_clock import resolve_store_clock
 from .clock import Clock, system_clock
-from .codec import decode_epoch
 from .errors import (
     ClosedError,
     WorkflowClaimLostError,
@@ -53,8 +56,9 @@ from .maintenance.reclaim_target import EligibilityPredicate
 from .maintenance.targets import PassResult
 from .maintenance.task import RenewalTask
 from .metrics import ClaimMetrics
-from .options import BACKGROUND_MODES, OwnershipOptions
-from .storage import Storage, open_storage
+from .opening import EngineSettings, close_quietly, resolve_storage, validate_settings
+from .options import OwnershipOptions
+from .storage import Storage
 from .workflows import Workflows
 
 __all__ = [
@@ -91,22 +95,11 @@ class Ownership:
     inherited the object across ``os.fork()``.
     """
 
-    def __init__(
-        self,
-        storage: Storage,
-        *,
-        owns_storage: bool,
-        options: OwnershipOptions,
-        on_reclaimed: Callable[[str], object] | None,
-        is_eligible: EligibilityPredicate | None,
-        clock: Clock,
-        warn: WarnSink | None,
-        engine_id: str | None,
-        handlers: Mapping[str, WorkflowHandler] | None = None,
-    ) -> None:
+    def __init__(self, storage: Storage, *, owns_storage: bool, settings: EngineSettings) -> None:
         """Bootstrap on ``storage``; start nothing. Hosts call :meth:`open` instead."""
         self._storage = storage
         self._owns_storage = owns_storage
+        warn = settings.warn
         self._forward_warning: WarnSink = warn if warn is not None else _warnings_warn
         self._pid = os.getpid()
         # _lock guards _state, _handles and _lost_callbacks.
@@ -118,21 +111,29 @@ class Ownership:
         # ledger needs the registry the bootstrap creates: the ledger is bound afterwards.
         metrics = ClaimMetrics()
         table = HandlerTable(
-            handlers, on_reclaimed=on_reclaimed, is_eligible=is_eligible, metrics=metrics
+            settings.handlers,
+            on_reclaimed=settings.on_reclaimed,
+            is_eligible=settings.is_eligible,
+            metrics=metrics,
         )
+        clock = settings.clock
         workflows = Workflows(storage, None, clock=clock, warn=self._on_warning, metrics=metrics)
+        store_clock = resolve_store_clock(storage, settings.options.time_source, clock)
         boot = bootstrap_workflow_lease_ownership(
             storage=storage,
             clock=clock,
-            claim_ttl_ms=options.claim_ttl_ms,
-            claim_renew_interval_ms=options.claim_renew_interval_ms,
+            claim_ttl_ms=settings.options.claim_ttl_ms,
+            claim_renew_interval_ms=settings.options.claim_renew_interval_ms,
             signal_poll_target=workflows.signal_poll_target,
             update_poll_target=workflows.update_poll_target,
             on_workflow_claim_reclaimed=table.drive,
             is_workflow_type_registered=table.is_eligible,
             warn=self._on_warning,
-            engine_id=engine_id,
+            engine_id=settings.engine_id,
+            store_clock=store_clock,
             metrics=metrics,
+            max_claims=settings.max_claims,
+            fair_share=True,
         )
         workflows.bind_registry(boot.registry)
         table.bind(self, workflows, boot.registry)
@@ -154,6 +155,7 @@ class Ownership:
         *,
         options: OwnershipOptions | None = None,
         handlers: Mapping[str, WorkflowHandler] | None = None,
+        max_claims: int | None = None,
         on_reclaimed: Callable[[str], object] | None = None,
         is_eligible: EligibilityPredicate | None = None,
         background: Background = "thread",
@@ -166,61 +168,53 @@ class Ownership:
         :param url_or_storage: a storage URL (see :func:`~weft_sync.storage.open_storage`),
             opened here and closed by :meth:`close`; or an open ``Storage``, which ``close()``
             leaves open.
-        :param options: claim timing; defaults to ``OwnershipOptions()`` (TTL 30 s, renew 5 s).
+        :param options: claim timing and time source; defaults to ``OwnershipOptions()`` (TTL
+            30 s, renew 5 s, the backend's time source: the database clock on PostgreSQL).
         :param handlers: workflow type -> handler. A running workflow of one of these types whose
             owner died is taken over here and its handler called with a
             :class:`~weft_sync.handlers.ReclaimedWorkflow`, on a maintenance thread (see
             :mod:`weft_sync.handlers`). More can be added with :meth:`handler`.
+        :param max_claims: the most claims this engine holds before its reclaim passes stop
+            taking over (``None``: no limit). Each pass takes at most a fair share of the
+            stranded workflows anyway, so survivors share a dead engine's work (see
+            :mod:`weft_sync.maintenance.fair_share`).
         :param on_reclaimed: drives, by id, a reclaimed workflow of a type without a handler;
             given without ``is_eligible``, every type is reclaimed.
         :param is_eligible: ``(type, revision) -> bool`` for types without a handler. An engine
             with no handlers, no ``is_eligible`` and no ``on_reclaimed`` reclaims no workflows.
         :param background: ``"thread"`` starts interval maintenance now; ``"manual"`` leaves it
             to the host, which calls :meth:`run_maintenance` at least once per renew interval.
-        :param clock: integer milliseconds since the Unix epoch.
+        :param clock: integer milliseconds since the Unix epoch; with the store time source,
+            claim expiry is this clock plus the sampled offset to the database server's clock.
         :param warn: receives every warning after this object has handled it; default
             :func:`warnings.warn`.
         :param engine_id: this engine's id in holder records; a fresh UUID when omitted.
-        :raises ValueError: ``background`` is not ``"thread"`` or ``"manual"``; a bad URL.
+        :raises ValueError: ``background`` is not ``"thread"`` or ``"manual"``; a bad URL;
+            ``max_claims`` is not ``None`` or an ``int >= 1``.
         :raises TypeError: ``options`` is not an ``OwnershipOptions``, a callback is not
             callable, or ``url_or_storage`` is neither a URL nor a ``Storage``.
         :raises StorageCapabilityError: OwnershipModeMismatchError: CorruptOwnershipMarkerError:
             the gates refused the store (what this call opened is closed again).
         """
-        if background not in BACKGROUND_MODES:
-            raise ValueError(
-                f"unknown background={background!r}: use one of "
-                f"{', '.join(repr(m) for m in BACKGROUND_MODES)}"
-            )
-        if options is None:
-            options = OwnershipOptions()
-        elif not isinstance(options, OwnershipOptions):
-            raise TypeError(
-                f"options must be an OwnershipOptions, got {type(options).__name__} {options!r}"
-            )
-        for name, value in (
-            ("on_reclaimed", on_reclaimed),
-            ("is_eligible", is_eligible),
-            ("warn", warn),
-        ):
-            if value is not None and not callable(value):
-                raise TypeError(f"{name} must be callable or None, got {value!r}")
-        storage, owns_storage = _resolve_storage(url_or_storage, options.claim_renew_interval_ms)
+        settings = validate_settings(
+            background=background,
+            options=options,
+            clock=clock,
+            handlers=handlers,
+            max_claims=max_claims,
+            on_reclaimed=on_reclaimed,
+            is_eligible=is_eligible,
+            warn=warn,
+            engine_id=engine_id,
+        )
+        storage, owns_storage = resolve_storage(
+            url_or_storage, settings.options.claim_renew_interval_ms
+        )
         try:
-            ownership = cls(
-                storage,
-                owns_storage=owns_storage,
-                options=options,
-                on_reclaimed=on_reclaimed,
-                is_eligible=is_eligible,
-                clock=clock,
-                warn=warn,
-                engine_id=engine_id,
-                handlers=handlers,
-            )
+            ownership = cls(storage, owns_storage=owns_storage, settings=settings)
         except BaseException:
             if owns_storage:
-                _close_quietly(storage)
+                close_quietly(storage)
             raise
         if background == "thread":
             try:
@@ -251,7 +245,7 @@ class Ownership:
 
     @property
     def metrics(self) -> ClaimMetrics:
-        """Claim attempt, active-claim and renewal-failure counters."""
+        """Claim attempt, active-claim, renewal-failure and handler-failure counters."""
         return self._metrics
 
     @property
@@ -262,12 +256,8 @@ class Ownership:
     def handler(self, workflow_type: str) -> Callable[[_Handler], _Handler]:
         """Register the decorated function as the handler of ``workflow_type``.
 
-        Usable any time while open; a workflow of that type is reclaimed from the next
-        maintenance pass on. The function is returned unchanged::
-
-            @ownership.handler("payout")
-            def resume_payout(ctx: ReclaimedWorkflow) -> None:
-                ctx.workflows.complete(ctx.workflow_id, result=...)
+        Usable any time while open; workflows of that type are reclaimed from the next
+        maintenance pass on. Returns the function unchanged.
 
         :raises ValueError: ``workflow_type`` is not a valid name or already has a handler.
         :raises TypeError: the decorated object is not callable.
@@ -318,11 +308,12 @@ class Ownership:
         """Stop maintenance, release every claim and close the store this object opened.
 
         Idempotent; a concurrent second call returns at once. Stops the timer (no reclaim
-        started afterwards claims anything), waits up to ``timeout`` seconds for passes in
-        flight, joins the task's threads, releases every held claim (failures are logged, never
-        raised) and closes the store if :meth:`open` opened it. Live ``claim()`` handles are
-        marked lost. In a child that inherited this object across ``os.fork()`` it does
-        nothing: the parent still owns the claims.
+        started afterwards claims anything), waits up to ``timeout`` seconds for passes and for
+        claim operations (``claim()``, ``workflows.start()``/``resume()``) in flight, joins the
+        task's threads, releases every held claim (failures are logged, never raised) and
+        closes the store if :meth:`open` opened it. Live ``claim()`` handles are marked lost.
+        In a child that inherited this object across ``os.fork()`` it does nothing: the parent
+        still owns the claims.
 
         :raises RuntimeError: called from inside a maintenance pass (an ``on_reclaimed`` or
             ``on_lost`` callback); it would wait for itself. Call it from another thread.
@@ -345,11 +336,14 @@ class Ownership:
             handles = list(self._handles.values())
         for handle in handles:
             handle.lost.set()
+        deadline = None if timeout is None else time.monotonic() + timeout
         try:
             self._task.close(timeout)
         finally:
             self._workflows.close()
-            self._registry.release_all()
+            # Waits for claim operations racing close() (start, claim, resume) so that the
+            # final release sees what they claimed; later ones raise ClosedError.
+            self._registry.close(None if deadline is None else deadline - time.monotonic())
             try:
                 if self._owns_storage:
                     self._storage.close()
@@ -376,19 +370,28 @@ class Ownership:
     # ----------------------------------------------------------------------------------------
 
     @contextmanager
-    def claim(self, workflow_id: str) -> Iterator[ClaimHandle]:
+    def claim(self, workflow_id: str, *, wait: float | None = None) -> Iterator[ClaimHandle]:
         """Hold ``workflow_id`` for the length of a ``with`` block.
+
+        The claim is acquired, or taken over (epoch + 1) when its holder expired more than the
+        takeover grace ago, so the claim of a crashed process blocks its id for at most the TTL
+        plus the grace. With ``wait``, attempts repeat with jittered delays for up to ``wait``
+        seconds (leader election for a cron job: ``claim("nightly", wait=60)``).
 
         On exit the claim is released (only at the handle's epoch, so a newer generation of the
         same id survives). If the claim was lost inside the block and the block did not raise,
         exit raises :class:`~weft_sync.errors.WorkflowClaimLostError`; an exception raised by
         the block always propagates unchanged.
 
+        :param wait: seconds to keep trying; ``None`` (default) or ``0`` tries once.
         :raises WorkflowClaimUnavailableError: another engine holds a live claim, or a
-            ``claim()`` block of this object already holds it (``held_by`` names the holder).
+            ``claim()`` block of this object already holds it (``held_by`` names the holder),
+            and ``wait`` ran out.
+        :raises ValueError: ``wait`` is not a finite number of seconds ``>= 0``.
         :raises ClosedError: after ``close()`` or in a forked child.
         """
-        handle = self._acquire(workflow_id)
+        wait_s = validate_wait(wait)
+        handle = self._acquire(workflow_id, wait_s)
         try:
             yield handle
         except BaseException:
@@ -421,18 +424,13 @@ class Ownership:
             self._lost_callbacks.append(callback)
         return callback
 
-    def _acquire(self, workflow_id: str) -> ClaimHandle:
+    def _acquire(self, workflow_id: str, wait_s: float | None) -> ClaimHandle:
         wid = validate_workflow_id(workflow_id)
-        self._require_open("claim()")
-        with self._lock:
-            busy = wid in self._handles
-        if busy:
-            raise WorkflowClaimUnavailableError(wid, self._registry.engine_id)
-        result = self._registry.acquire(wid)
-        if result.status is not AcquireStatus.ACQUIRED or result.epoch is None:
-            self._metrics.record_claim_attempt("lost_race")
+        result = claim_with_wait(
+            lambda: self._attempt_claim(wid), wait_s, lambda: self._require_open("claim()")
+        )
+        if result.epoch is None:
             raise WorkflowClaimUnavailableError(wid, result.held_by)
-        self._metrics.record_claim_attempt("acquired")
         handle = ClaimHandle(wid, result.epoch, self._verify_held)
         with self._lock:
             state = self._state
@@ -447,6 +445,13 @@ class Ownership:
                     _log.warning("could not release the claim on workflow %r", wid, exc_info=True)
             raise self._closed_error("claim()", state)
         return handle
+
+    def _attempt_claim(self, wid: str) -> ClaimAttempt:
+        with self._lock:
+            busy = wid in self._handles
+        if busy:
+            return ClaimAttempt(None, self._registry.engine_id)
+        return attempt_claim(self._registry, self._metrics, wid)
 
     def _finish(self, handle: ClaimHandle, *, body_failed: bool) -> None:
         wid = handle.workflow_id
@@ -492,7 +497,8 @@ class Ownership:
             active = self._handles.get(handle.workflow_id) is handle
         if not active:
             return False
-        if self._registry.current_epoch(handle.workflow_id) != handle.epoch:
+        # Also gives the claim up once its local renew deadline passed without a renewal.
+        if not self._registry.confirm_held(handle.workflow_id, handle.epoch):
             self._mark_lost(handle)
             return False
         return True
@@ -507,29 +513,10 @@ class Ownership:
             wid = warning.workflow_id
             with self._lock:
                 handle = self._handles.get(wid)
-            if handle is not None and self._claim_is_gone(handle):
+            if handle is not None and claim_is_gone(self._registry, handle):
                 self._mark_lost(handle)
             self._notify_lost(wid)
         self._forward_warning(warning)
-
-    def _claim_is_gone(self, handle: ClaimHandle) -> bool:
-        """Whether a claim-lost report for ``handle``'s id concerns ``handle``'s own claim."""
-        wid = handle.workflow_id
-        if self._registry.current_epoch(wid) != handle.epoch:
-            # A lost renewal drops the registry entry before it reports.
-            return True
-        # A fenced write reports while the registry still tracks the epoch, and so does a late
-        # renewal of an older generation: the stored epoch tells which one this is.
-        try:
-            stored = decode_epoch(self._storage.get(keys.workflow_owner_epoch(wid)))
-        except Exception:
-            _log.warning(
-                "could not read the epoch of workflow %r; treating its claim as lost",
-                wid,
-                exc_info=True,
-            )
-            return True
-        return stored != handle.epoch
 
     def _notify_lost(self, workflow_id: str) -> None:
         with self._lock:
@@ -598,25 +585,6 @@ class Ownership:
             f"Ownership(engine_id={self._registry.engine_id!r}, {self._state.value}, "
             f"claims={len(self._handles)})"
         )
-
-
-def _resolve_storage(url_or_storage: str | Storage, renew_ms: int) -> tuple[Storage, bool]:
-    if isinstance(url_or_storage, str):
-        # PostgreSQL derives its statement, lock and pool timeouts from the renew interval.
-        return open_storage(url_or_storage, renew_interval_ms=renew_ms), True
-    if isinstance(url_or_storage, Storage):
-        return url_or_storage, False
-    raise TypeError(
-        f"Ownership.open() needs a storage URL (sqlite:///…, postgresql://…) or a Storage, got "
-        f"{type(url_or_storage).__name__} {url_or_storage!r:.80}"
-    )
-
-
-def _close_quietly(storage: Storage) -> None:
-    try:
-        storage.close()
-    except Exception:
-        _log.warning("could not close the store after a failed open", exc_info=True)
 
 
 def _warnings_warn(warning: Warning) -> None:

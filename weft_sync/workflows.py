@@ -35,11 +35,13 @@ from __future__ import annotations
 
 import builtins
 import logging
+import os
 import threading
 from collections.abc import Callable, Iterable
 from typing import Any, Final
 
 from . import keys
+from ._fork import process_bound, process_bound_class
 from .claims.registry import ClaimRegistry, WarnSink
 from .clock import Clock, system_clock
 from .codec import (
@@ -107,8 +109,12 @@ START_MAX_ATTEMPTS: Final = 3
 _RESUMABLE: Final = frozenset({"running", "suspended"})
 
 
+@process_bound_class
 class Workflows:
     """The workflow ledger of one engine (reached as ``Ownership.workflows``).
+
+    In a child that inherited it across ``os.fork()`` every method but :meth:`close` raises
+    :class:`~weft_sync.errors.ClosedError` (it would write under the parent's engine id).
 
     :param storage: the shared store; it must be the registry's own store, since acquire and
         release fragments are committed in the ledger's writes.
@@ -135,6 +141,7 @@ class Workflows:
             raise TypeError(f"warn must be a callable taking a Warning, or None, got {warn!r}")
         self._storage = storage
         self._clock = clock
+        self._fork_pid = os.getpid()  # see process_bound_class
         self._metrics = metrics
         # _lock guards _registry and _closed.
         self._lock = threading.Lock()
@@ -160,6 +167,7 @@ class Workflows:
         return self._storage
 
     @property
+    @process_bound
     def registry(self) -> ClaimRegistry | None:
         """The bound claim registry, or ``None``."""
         return self._current_registry()
@@ -232,6 +240,11 @@ class Workflows:
         wid = keys.validate_workflow_id(workflow_id)
         validate_name("workflow type", type)
         registry = self._fence.registry()
+        # In flight for the registry's close(): it waits for this start before releasing all.
+        with registry.operation("Workflows.start()"):
+            return self._start(registry, wid, type, input)
+
+    def _start(self, registry: ClaimRegistry, wid: str, type: str, input: Any) -> WorkflowRecord:
         now = self._clock()
         record = WorkflowRecord(wid, type, "running", input, now, now)
         record_bytes = encode_workflow_record(record)
@@ -412,16 +425,17 @@ class Workflows:
         """
         wid = keys.validate_workflow_id(workflow_id)
         registry = self._fence.registry()
-        _raw, record = self._require_record(wid)
-        if record.status not in _RESUMABLE:
-            raise WorkflowStateError(wid, record.status, "resume", _RESUMABLE)
-        epoch = self._acquire_standalone(registry, wid)
-        try:
-            return self._mark_running(wid)
-        except (WorkflowStateError, WorkflowNotFoundError):
-            # Finished or purged between the check and the acquire: give the claim back.
-            registry.release(wid, expected_epoch=epoch)
-            raise
+        with registry.operation("Workflows.resume()"):
+            _raw, record = self._require_record(wid)
+            if record.status not in _RESUMABLE:
+                raise WorkflowStateError(wid, record.status, "resume", _RESUMABLE)
+            epoch = self._acquire_standalone(registry, wid)
+            try:
+                return self._mark_running(wid)
+            except (WorkflowStateError, WorkflowNotFoundError):
+                # Finished or purged between the check and the acquire: give the claim back.
+                registry.release(wid, expected_epoch=epoch)
+                raise
 
     def _acquire_standalone(self, registry: ClaimRegistry, wid: str) -> int:
         epoch = registry.current_epoch(wid)

@@ -1,207 +1,286 @@
-"""A Flask app whose jobs are weft_sync workflows, driven by worker threads of the app process.
+"""A Flask app whose jobs are weft_sync workflows: started over HTTP, resumed after a crash.
 
-Serve it, then drive a job with curl::
+Run it from the repository root (the store defaults to ``instance/weft_sync.db``)::
 
-    python examples/flask_app/app.py --url sqlite:///jobs.db        # http://127.0.0.1:5000
-    curl -X POST localhost:5000/jobs -H 'content-type: application/json' -d '{"steps": 3}'
-    curl -X POST localhost:5000/jobs/<id>/approve -H 'content-type: application/json' \\
-         -d '{"by": "ann"}'
-    curl localhost:5000/jobs/<id>
-    curl localhost:5000/metrics
+    flask --app examples.flask_app.app run
+    gunicorn -w 4 -b 127.0.0.1:8000 -c examples/flask_app/gunicorn.conf.py \\
+        'examples.flask_app.app:create_app()'
 
-or run one job end to end through Flask's test client and exit (``--url`` defaults to a SQLite
-file in a temporary directory)::
+    curl -X POST localhost:8000/jobs -H 'content-type: application/json' -d '{"steps": 5}'
+    curl localhost:8000/jobs/<id>       # status, steps done (by which worker), result
+    curl localhost:8000/worker          # this worker's counts: steps, completions, refusals
+
+or run one job end to end through Flask's test client and exit::
 
     python examples/flask_app/app.py --self-test
 
-The app holds one ``Ownership`` per process. ``POST /jobs`` starts a workflow (claimed by this
-process in the same write) and a worker thread drives it: one fenced checkpoint per step, then
-a wait for the ``approval`` signal, then ``complete``. ``POST /jobs/<id>/approve`` sends that
-signal; from a request of this process it wakes the worker at once, from another process (a
-second gunicorn worker, a CLI) the owner's signal poll picks it up within a renew interval.
-If this process dies mid-job, the claim expires and another process's maintenance pass takes
-the job over (see ``cron_maintenance.py``); this process's late writes are refused by the store.
+Config comes from Flask's prefixed environment (``FLASK_WEFT_SYNC_URL=postgresql://…``,
+``FLASK_WEFT_SYNC_OPTIONS='{"claim_ttl": "30s", "claim_renew_interval": "5s"}'``,
+``FLASK_JOBS_STEP_MS=200``, ``FLASK_JOBS_EVENTS_DIR=/tmp/events``); ``WEFT_SYNC_URL`` works
+too, as for the ``weft-sync`` command.
 
-Under gunicorn, create the app in each worker (``gunicorn 'app:create_app("postgresql://…")'``):
-an ``Ownership`` must not cross ``fork()``.
+How it works: ``POST /jobs`` starts a workflow (created and claimed by the worker that accepted
+the request, in one write) and a thread of that worker drives it, one step at a time; each step
+is a fenced checkpoint write that appends ``[step, pid, epoch]`` to the job's history. When a
+worker dies, its claims expire and another worker's ``Ownership`` takes the jobs over and calls
+:func:`resume_job` (the handler registered for the job type), which continues each from its last
+checkpoint on a thread of the new owner. A worker that was only paused and wakes up after the
+takeover has its next write refused by the store (``EngineDeposedError``) and drops the job.
+With ``JOBS_EVENTS_DIR`` set, every worker appends what happened (steps written, completions,
+refusals, resumptions, with the time each write was issued and logged) to
+``events-<pid>.jsonl`` there.
 """
 
 from __future__ import annotations
 
 import argparse
-import atexit
+import json
 import logging
+import os
 import sys
 import tempfile
 import threading
 import time
 import uuid
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from flask import Flask, Response, jsonify, request
+from flask import Flask, Response, current_app, jsonify, request
 
-from weft_sync import EngineDeposedError, Ownership, OwnershipOptions, WeftError
+from weft_sync import EngineDeposedError, Ownership, WeftError
+from weft_sync.errors import ClosedError
+from weft_sync.flask import WeftSync
 from weft_sync.metrics import serialize_prometheus
-from weft_sync.workflows import WorkflowNotFoundError, WorkflowStateError
+from weft_sync.workflows import WorkflowStateError
 
 _log = logging.getLogger(__name__)
 
-JOB_TYPE = "approval-job"
-APPROVAL = "approval"
+JOB_TYPE = "flask-job"
 MAX_STEPS = 100
-WAIT_SLICE_S = 0.25
-"""How long one wait for the approval lasts before the worker checks for shutdown."""
+JOBS_KEY = "flask_jobs"
+"""Where the app keeps its :class:`Jobs` in ``app.extensions``."""
+
+weft = WeftSync()
 
 
-class JobRunner:
-    """Starts jobs and drives each on its own worker thread; :meth:`close` stops everything.
+@weft.handler(JOB_TYPE)
+def resume_job(ctx: Any) -> None:
+    """Continue a job this worker took over, from its last checkpoint, on a job thread.
 
-    :param ownership: this process's ``Ownership``; closed by :meth:`close`.
+    Runs on a maintenance thread of the new owner inside an app context; it hands the job to a
+    thread of its own so the maintenance pass is not held up for the job's length.
+    """
+    jobs_of(current_app).resume(ctx.ownership, ctx.workflow_id, ctx.epoch)
+
+
+class Events:
+    """This process's counts, and (optionally) its event log ``events-<pid>.jsonl``.
+
+    One line per event, flushed as it is written so a killed worker's log is complete up to
+    the kill.
     """
 
-    def __init__(self, ownership: Ownership) -> None:
-        self.ownership = ownership
+    def __init__(self, directory: str | None) -> None:
+        self._directory = directory
+        # _lock guards _counts, _pid and _file.
+        self._lock = threading.Lock()
+        self._counts: dict[str, int] = {}
+        self._pid = -1
+        self._file: Any = None
+
+    def record(self, event: str, job_id: str, **fields: Any) -> None:
+        line = json.dumps({"event": event, "job": job_id, "t": time.time(), **fields})
+        with self._lock:
+            if self._pid != os.getpid():
+                # A forked worker starts its own counts and log.
+                self._pid, self._counts, self._file = os.getpid(), {}, None
+            self._counts[event] = self._counts.get(event, 0) + 1
+            if self._directory is not None:
+                if self._file is None:
+                    path = Path(self._directory) / f"events-{self._pid}.jsonl"
+                    self._file = path.open("a", encoding="utf-8")
+                # Writing under the lock keeps lines whole; a local file, no store I/O.
+                self._file.write(line + "\n")
+                self._file.flush()
+
+    def close(self) -> None:
+        with self._lock:
+            log, self._file = self._file, None
+        if log is not None:
+            log.close()
+
+    def counts(self) -> dict[str, int]:
+        with self._lock:
+            return dict(self._counts) if self._pid == os.getpid() else {}
+
+
+class Jobs:
+    """Drives this process's jobs, one thread each; :meth:`close` stops and joins them."""
+
+    def __init__(self, step_ms: int, events: Events) -> None:
+        self.step_s = step_ms / 1000
+        self.events = events
         self._stop = threading.Event()
         # _lock guards _threads.
         self._lock = threading.Lock()
         self._threads: list[threading.Thread] = []
 
-    def start_job(self, steps: int) -> str:
-        """Start a job workflow (claimed by this process) and its worker thread; return its id."""
+    def start(self, ownership: Ownership, steps: int) -> str:
+        """Create and claim a job workflow, then drive it on a new thread; return its id."""
         job_id = f"job-{uuid.uuid4().hex[:12]}"
-        self.ownership.workflows.start(job_id, JOB_TYPE, input={"steps": steps})
+        ownership.workflows.start(job_id, JOB_TYPE, input={"steps": steps})
+        epoch = ownership.registry.current_epoch(job_id)
+        self.events.record(
+            "started", job_id, pid=os.getpid(), epoch=epoch, engine=ownership.engine_id
+        )
+        self._spawn(ownership, job_id, epoch)
+        return job_id
+
+    def resume(self, ownership: Ownership, job_id: str, epoch: int) -> None:
+        """Drive a job this process took over at ``epoch``."""
+        self.events.record(
+            "resumed", job_id, pid=os.getpid(), epoch=epoch, engine=ownership.engine_id
+        )
+        self._spawn(ownership, job_id, epoch)
+
+    def _spawn(self, ownership: Ownership, job_id: str, epoch: int | None) -> None:
         thread = threading.Thread(
-            target=self._drive, args=(job_id, steps), name=f"flask-{job_id}", daemon=True
+            target=self._drive,
+            args=(ownership, job_id, epoch),
+            name=f"flask-{job_id}",
+            daemon=True,
         )
         with self._lock:
             self._threads = [t for t in self._threads if t.is_alive()]
             self._threads.append(thread)
         thread.start()
-        return job_id
 
-    def _drive(self, job_id: str, steps: int) -> None:
-        workflows = self.ownership.workflows
+    def _drive(self, ownership: Ownership, job_id: str, epoch: int | None) -> None:
+        pid = os.getpid()
+        workflows = ownership.workflows
+        step = 0
         try:
-            for step in range(1, steps + 1):
-                if self._stop.is_set():
-                    return
-                workflows.save_checkpoint(job_id, f"step {step} of {steps}".encode())
-            approval = self._wait_for_approval(job_id)
-            if approval is None:
-                # Shutting down: the claim is released on close, another process resumes it.
-                return
-            workflows.complete(job_id, result={"steps": steps, "approved_by": approval.get("by")})
+            record = workflows.get(job_id)
+            assert record is not None and isinstance(record.input, dict)
+            steps = int(record.input["steps"])
+            history: list[list[int]] = json.loads(workflows.load_checkpoint(job_id) or b"[]")
+            for step in range(len(history) + 1, steps + 1):
+                if self._stop.wait(self.step_s):
+                    return  # shutting down: the claim is released, another worker resumes it
+                history.append([step, pid, epoch or 0])
+                # When the write was issued: a write issued after a takeover must be refused.
+                issued = time.time()
+                workflows.save_checkpoint(job_id, json.dumps(history).encode())
+                self.events.record("step", job_id, pid=pid, epoch=epoch, step=step, issued=issued)
+            step = steps + 1
+            issued = time.time()
+            workflows.complete(job_id, result={"steps": steps, "pid": pid, "epoch": epoch})
+            self.events.record("completed", job_id, pid=pid, epoch=epoch, issued=issued)
         except EngineDeposedError:
-            _log.warning("job %s was cancelled or taken over elsewhere; this worker stops", job_id)
-        except Exception as exc:
-            _log.exception("job %s failed", job_id)
-            try:
-                workflows.fail(job_id, exc)
-            except WeftError:
-                _log.warning("could not record the failure of job %s", job_id, exc_info=True)
-
-    def _wait_for_approval(self, job_id: str) -> dict[str, Any] | None:
-        while not self._stop.is_set():
-            try:
-                payload = self.ownership.workflows.wait_for_signal(job_id, APPROVAL, WAIT_SLICE_S)
-            except TimeoutError:
-                continue
-            return payload if isinstance(payload, dict) else {}
-        return None
+            # Another worker took the job over while this one was stalled: the store refused.
+            self.events.record("refused", job_id, pid=pid, epoch=epoch, step=step)
+            _log.warning("job %s: this worker was deposed; the new owner drives it", job_id)
+        except WorkflowStateError as exc:
+            self.events.record("refused", job_id, pid=pid, epoch=epoch, step=step)
+            _log.warning("job %s is no longer running here: %s", job_id, exc)
+        except ClosedError:
+            # This worker is exiting: its claims are released and another worker resumes.
+            self.events.record("stopped", job_id, pid=pid, epoch=epoch, step=step)
+        except WeftError:
+            _log.exception("job %s stopped", job_id)
 
     def close(self, timeout: float = 10.0) -> None:
-        """Stop the worker threads, join them, then close the ``Ownership``; idempotent."""
+        """Stop the job threads and join them; idempotent."""
         self._stop.set()
         with self._lock:
-            threads = list(self._threads)
-            self._threads.clear()
+            threads, self._threads = self._threads, []
         for thread in threads:
             thread.join(timeout)
-        self.ownership.close()
-        atexit.unregister(self.close)
+        self.events.close()
 
 
-def create_app(url: str, *, options: OwnershipOptions | None = None) -> Flask:
-    """Build the app over the store at ``url``, with one ``Ownership`` for this process.
+def jobs_of(app: Flask) -> Jobs:
+    jobs: Jobs = app.extensions[JOBS_KEY]
+    return jobs
 
-    Flask has no application-shutdown hook (``teardown_appcontext`` runs after every request),
-    so the ``Ownership`` is closed by :func:`shutdown` or, failing that, at interpreter exit.
-    """
+
+def create_app(config: Mapping[str, Any] | None = None) -> Flask:
+    """Build the app; nothing is opened until the first request that needs the store."""
     app = Flask(__name__)
-    runner = JobRunner(Ownership.open(url, options=options))
-    app.extensions["weft_sync"] = runner
-    atexit.register(runner.close)
+    app.config.from_mapping(JOBS_STEP_MS=200, JOBS_EVENTS_DIR=None)
+    if "WEFT_SYNC_URL" in os.environ:
+        app.config["WEFT_SYNC_URL"] = os.environ["WEFT_SYNC_URL"]
+    app.config.from_prefixed_env()
+    if config is not None:
+        app.config.update(config)
+    weft.init_app(app)
+    app.extensions[JOBS_KEY] = Jobs(
+        int(app.config["JOBS_STEP_MS"]), Events(app.config["JOBS_EVENTS_DIR"])
+    )
+    _add_routes(app)
+    return app
 
+
+def _add_routes(app: Flask) -> None:
     @app.post("/jobs")
     def start_job() -> tuple[Response, int]:
         body = request.get_json(silent=True) or {}
         steps = body.get("steps", 3)
         if isinstance(steps, bool) or not isinstance(steps, int) or not 1 <= steps <= MAX_STEPS:
             return jsonify(error=f"steps must be an int from 1 to {MAX_STEPS}, got {steps!r}"), 400
-        job_id = runner.start_job(steps)
-        return jsonify(id=job_id, status="running"), 201
-
-    @app.post("/jobs/<job_id>/approve")
-    def approve(job_id: str) -> tuple[Response, int]:
-        body = request.get_json(silent=True) or {}
-        runner.ownership.workflows.send_signal(job_id, APPROVAL, {"by": str(body.get("by", "?"))})
-        return jsonify(id=job_id, approval="sent"), 202
+        job_id = jobs_of(app).start(weft.ownership, steps)
+        return jsonify(id=job_id, status="running", pid=os.getpid()), 201
 
     @app.get("/jobs/<job_id>")
     def show_job(job_id: str) -> tuple[Response, int]:
-        workflows = runner.ownership.workflows
+        workflows = weft.ownership.workflows
         record = workflows.get(job_id)
         if record is None:
-            raise WorkflowNotFoundError(job_id)
-        checkpoint = workflows.load_checkpoint(job_id)
+            return jsonify(error=f"no job {job_id!r}"), 404
+        history = json.loads(workflows.load_checkpoint(job_id) or b"[]")
         outcome = workflows.get_outcome(job_id)
         return jsonify(
             id=job_id,
             status=record.status,
-            checkpoint=None if checkpoint is None else checkpoint.decode(),
+            steps=record.input.get("steps") if isinstance(record.input, dict) else None,
+            history=history,
             result=None if outcome is None else outcome.result,
         ), 200
 
+    @app.get("/worker")
+    def worker() -> Response:
+        return jsonify(pid=os.getpid(), counts=jobs_of(app).events.counts())
+
+    @app.get("/healthz")
+    def healthz() -> str:
+        return "ok"
+
     @app.get("/metrics")
     def metrics() -> Response:
-        text = serialize_prometheus(runner.ownership.metrics.snapshot())
+        text = serialize_prometheus(weft.ownership.metrics.snapshot())
         return Response(text, content_type="text/plain; version=0.0.4; charset=utf-8")
-
-    @app.errorhandler(WorkflowNotFoundError)
-    def not_found(exc: WorkflowNotFoundError) -> tuple[Response, int]:
-        return jsonify(error=str(exc)), 404
-
-    @app.errorhandler(WorkflowStateError)
-    def wrong_state(exc: WorkflowStateError) -> tuple[Response, int]:
-        return jsonify(error=str(exc)), 409
-
-    return app
 
 
 def shutdown(app: Flask) -> None:
-    """Stop the app's job threads and close its ``Ownership`` (releasing its claims)."""
-    runner: JobRunner = app.extensions["weft_sync"]
-    runner.close()
+    """Stop the app's job threads, then close its ``Ownership`` (releasing its claims)."""
+    jobs_of(app).close()
+    weft.close(app)
 
 
 def self_test(url: str) -> int:
-    """Start a job, approve it, wait until it completes and print /metrics; 0 when it did."""
-    app = create_app(url)
+    """Start a job, wait until it completes and print it; 0 when it did."""
+    app = create_app({"WEFT_SYNC_URL": url, "JOBS_STEP_MS": 20})
     try:
         client = app.test_client()
         job_id = client.post("/jobs", json={"steps": 3}).get_json()["id"]
         print(f"started {job_id}")
-        client.post(f"/jobs/{job_id}/approve", json={"by": "self-test"})
         deadline = time.monotonic() + 10
         job = client.get(f"/jobs/{job_id}").get_json()
         while job["status"] != "completed" and time.monotonic() < deadline:
             time.sleep(0.05)
             job = client.get(f"/jobs/{job_id}").get_json()
-        print(
-            f"{job_id}: {job['status']}, checkpoint {job['checkpoint']!r}, result {job['result']}"
-        )
-        print(client.get("/metrics").get_data(as_text=True), end="")
+        print(f"{job_id}: {job['status']}, {len(job['history'])} steps, result {job['result']}")
         return 0 if job["status"] == "completed" else 1
     finally:
         shutdown(app)
@@ -210,16 +289,15 @@ def self_test(url: str) -> int:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="A Flask app whose jobs are weft_sync workflows.")
     parser.add_argument("--url", help="store URL (default: a SQLite file in a temporary dir)")
-    parser.add_argument("--port", type=int, default=5000)
     parser.add_argument("--self-test", action="store_true", help="run one job, then exit")
     args = parser.parse_args(argv)
     with tempfile.TemporaryDirectory(prefix="weft-flask-") as tmp:
         url = args.url or f"sqlite:///{Path(tmp) / 'jobs.db'}"
         if args.self_test:
             return self_test(url)
-        app = create_app(url)
+        app = create_app({"WEFT_SYNC_URL": url})
         try:
-            app.run(port=args.port)
+            app.run()
         finally:
             shutdown(app)
     return 0

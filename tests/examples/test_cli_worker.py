@@ -1,15 +1,20 @@
-"""``examples/cli_worker.py``: two worker processes share one store; each item is done once."""
+"""``examples/cli_worker.py``: worker processes drive items through a handler; each is done once.
+
+The handler is called with a ``ReclaimedWorkflow`` by each worker's reclaim pass, for seeded
+items nobody holds and for the item of a worker that was SIGKILLed.
+"""
 
 from __future__ import annotations
 
 import io
+import signal
 import subprocess
 from collections import Counter
 
 import pytest
 
 from tests.examples.helpers import WAIT_S, load_example, run_script, script_command, script_env
-from tests.workflows.helpers import holder_engine
+from tests.workflows.helpers import holder_engine, stored_epoch
 from weft_sync.storage import Storage
 from weft_sync.workflows import Workflows
 
@@ -68,3 +73,59 @@ def test_self_contained_mode_checks_exactly_once_itself() -> None:
 
     assert (done.returncode, done.stderr) == (0, "")
     assert done.stdout.splitlines()[-1] == ("8 items, all completed: True, each exactly once: True")
+
+
+@pytest.mark.slow
+def test_a_killed_workers_item_is_taken_over_and_finished_by_another_worker(
+    storage_url: str, storage: Storage
+) -> None:
+    worker = load_example(SCRIPT)
+    assert worker.seed(storage_url, 4, 2, io.StringIO()) == 0
+    # One item at a time, and a step long enough to be killed in the middle of it.
+    slow = subprocess.Popen(
+        script_command(
+            SCRIPT,
+            "--url",
+            storage_url,
+            "work",
+            "--name",
+            "w1",
+            "--step-ms",
+            "60000",
+            "--concurrency",
+            "1",
+        ),
+        stdout=subprocess.PIPE,
+        text=True,
+        env=script_env(),
+    )
+    try:
+        assert slow.stdout is not None
+        started = slow.stdout.readline().split()
+        assert started[:2] == ["w1", "started"], started
+        victim = started[2]
+    finally:
+        slow.send_signal(signal.SIGKILL)
+        slow.communicate(timeout=WAIT_S)
+    assert holder_engine(storage, victim) is not None  # the dead worker's claim is left behind
+
+    done = subprocess.run(
+        script_command(SCRIPT, "--url", storage_url, "work", "--name", "w2"),
+        capture_output=True,
+        text=True,
+        timeout=WAIT_S,
+        env=script_env(),
+        check=False,
+    )
+
+    assert (done.returncode, done.stderr) == (0, "")
+    assert f"w2 processed {victim}" in done.stdout.splitlines()
+    ledger = Workflows(storage)
+    for number in range(4):
+        item_id = f"item-{number:03d}"
+        outcome = ledger.get_outcome(item_id)
+        assert outcome is not None
+        assert (outcome.status, outcome.result) == ("completed", {"worker": "w2"})
+        assert holder_engine(storage, item_id) is None
+    # Seeded at epoch 1, claimed by w1 at 2, taken over from the dead w1 at 3.
+    assert stored_epoch(storage, victim) == 3

@@ -1,33 +1,45 @@
-"""``examples/flask_app/app.py``: jobs driven by worker threads, approved from another request."""
+"""``examples/flask_app/app.py`` through Flask's test client: jobs, resumption, refusals."""
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
 from flask import Flask
 from flask.testing import FlaskClient
-from prometheus_client.parser import text_string_to_metric_families
 
-from tests.examples.helpers import load_example, run_script
+from tests.examples.helpers import abandon, load_example, run_script
 from tests.workflows.helpers import holder_engine
-from weft_sync import OwnershipOptions
+from weft_sync.errors import WorkflowClaimLostWarning
 from weft_sync.storage import Storage
 from weft_sync.workflows import Workflows
 
 WAIT_S = 10.0
+FAST = {"claim_ttl": "900ms", "claim_renew_interval": "300ms"}
 
 flask_example = load_example("flask_app/app.py")
 
 
+def make_app(url: str, tmp_path: Path, **config: Any) -> Flask:
+    return flask_example.create_app(  # type: ignore[no-any-return]
+        {
+            "WEFT_SYNC_URL": url,
+            "WEFT_SYNC_OPTIONS": FAST,
+            "JOBS_STEP_MS": 10,
+            "JOBS_EVENTS_DIR": str(tmp_path),
+            **config,
+        }
+    )
+
+
 @pytest.fixture
-def app(storage_url: str) -> Iterator[Flask]:
-    # A short renew interval, so the active-claims gauge follows the jobs within a test.
-    options = OwnershipOptions(claim_ttl="1s", claim_renew_interval="100ms")
-    app = flask_example.create_app(storage_url, options=options)
+def app(storage_url: str, tmp_path: Path) -> Iterator[Flask]:
+    app = make_app(storage_url, tmp_path)
     yield app
     flask_example.shutdown(app)
 
@@ -49,98 +61,115 @@ def wait_for(probe: Callable[[], Any], accept: Callable[[Any], bool], what: str)
         time.sleep(0.02)
 
 
-def active_claims(client: FlaskClient) -> float:
-    text = client.get("/metrics").get_data(as_text=True)
-    families = {f.name: f for f in text_string_to_metric_families(text)}
-    return families["weft_workflow_claims_active"].samples[0].value
+def events(directory: Path) -> list[dict[str, Any]]:
+    return [
+        json.loads(line)
+        for path in sorted(directory.glob("events-*.jsonl"))
+        for line in path.read_text().splitlines()
+    ]
 
 
-def test_a_job_checkpoints_waits_for_approval_and_completes(
-    client: FlaskClient, storage: Storage
+def test_a_job_writes_one_checkpoint_per_step_and_completes(
+    client: FlaskClient, storage: Storage, tmp_path: Path
 ) -> None:
-    started = client.post("/jobs", json={"steps": 3})
+    started = client.post("/jobs", json={"steps": 4})
     assert started.status_code == 201
     job_id = started.get_json()["id"]
-
-    waiting = wait_for(
-        lambda: client.get(f"/jobs/{job_id}").get_json(),
-        lambda job: job["checkpoint"] == "step 3 of 3",
-        "the last checkpoint",
-    )
-    assert (waiting["status"], waiting["result"]) == ("running", None)
-    assert holder_engine(storage, job_id) is not None
-    wait_for(lambda: active_claims(client), lambda n: n == 1, "the gauge to count the job")
-
-    approved = client.post(f"/jobs/{job_id}/approve", json={"by": "ann"})
-    assert approved.status_code == 202
 
     done = wait_for(
         lambda: client.get(f"/jobs/{job_id}").get_json(),
         lambda job: job["status"] == "completed",
         "the job to complete",
     )
-    assert done["result"] == {"steps": 3, "approved_by": "ann"}
+
+    pid = started.get_json()["pid"]
+    assert [step for step, _, _ in done["history"]] == [1, 2, 3, 4]
+    assert {(p, e) for _, p, e in done["history"]} == {(pid, 1)}
+    assert done["result"] == {"steps": 4, "pid": pid, "epoch": 1}
     assert holder_engine(storage, job_id) is None
-    wait_for(lambda: active_claims(client), lambda n: n == 0, "the gauge to drop the job")
+    kinds = [e["event"] for e in events(tmp_path) if e["job"] == job_id]
+    assert kinds == ["started", "step", "step", "step", "step", "completed"]
+    counts = client.get("/worker").get_json()["counts"]
+    assert (counts["started"], counts["step"], counts["completed"]) == (1, 4, 1)
 
 
-def test_metrics_are_prometheus_text_with_every_family(client: FlaskClient) -> None:
-    response = client.get("/metrics")
-
-    assert response.status_code == 200
-    assert response.content_type == "text/plain; version=0.0.4; charset=utf-8"
-    text = response.get_data(as_text=True)
-    for family, kind in (
-        ("weft_workflow_claim_attempts_total", "counter"),
-        ("weft_workflow_claims_active", "gauge"),
-        ("weft_workflow_claim_renewal_failures_total", "counter"),
-    ):
-        assert f"# TYPE {family} {kind}" in text.splitlines()
-    assert 'weft_workflow_claim_attempts_total{outcome="takeover"} 0' in text.splitlines()
-
-
-def test_requests_naming_bad_input_or_unknown_jobs_are_refused(client: FlaskClient) -> None:
+def test_requests_with_bad_input_or_unknown_jobs_are_refused(client: FlaskClient) -> None:
     assert client.post("/jobs", json={"steps": 0}).status_code == 400
     assert client.post("/jobs", json={"steps": "3"}).status_code == 400
-    assert client.get("/jobs/job-nope").status_code == 404
-    missing = client.post("/jobs/job-nope/approve", json={"by": "ann"})
+    assert client.post("/jobs", json={"steps": True}).status_code == 400
+    missing = client.get("/jobs/job-nope")
     assert missing.status_code == 404
     assert "job-nope" in missing.get_json()["error"]
+    assert client.get("/healthz").get_data(as_text=True) == "ok"
 
 
-def test_approving_a_finished_job_is_a_conflict(client: FlaskClient) -> None:
-    job_id = client.post("/jobs", json={"steps": 1}).get_json()["id"]
-    client.post(f"/jobs/{job_id}/approve", json={"by": "ann"})
+def test_a_reclaimed_job_resumes_from_its_last_checkpoint(
+    storage_url: str, storage: Storage, tmp_path: Path
+) -> None:
+    history = [[1, 111, 1], [2, 111, 1]]
+    abandon(
+        storage_url,
+        "job-abandoned",
+        flask_example.JOB_TYPE,
+        input={"steps": 4},
+        checkpoint=json.dumps(history).encode(),
+    )
+    app = make_app(storage_url, tmp_path, WEFT_SYNC_BACKGROUND="manual")
+    try:
+        ownership = flask_example.weft.get_ownership(app)
+        ownership.run_maintenance()
+        ledger = Workflows(storage)
+        wait_for(
+            lambda: ledger.get("job-abandoned").status,  # type: ignore[union-attr]
+            lambda status: status == "completed",
+            "the resumed job to complete",
+        )
+    finally:
+        flask_example.shutdown(app)
+
+    final = json.loads(ledger.load_checkpoint("job-abandoned") or b"[]")
+    assert final[:2] == history
+    assert [step for step, _, _ in final[2:]] == [3, 4]
+    assert {epoch for _, _, epoch in final[2:]} == {2}
+    kinds = [e["event"] for e in events(tmp_path)]
+    assert kinds == ["resumed", "step", "step", "completed"]
+
+
+def test_a_deposed_worker_has_its_next_write_refused_and_stops(
+    client: FlaskClient, storage: Storage, tmp_path: Path
+) -> None:
+    job_id = client.post("/jobs", json={"steps": 100}).get_json()["id"]
     wait_for(
-        lambda: client.get(f"/jobs/{job_id}").get_json()["status"],
-        lambda status: status == "completed",
-        "the job to complete",
+        lambda: client.get(f"/jobs/{job_id}").get_json()["history"],
+        lambda history: len(history) >= 1,
+        "the first step",
     )
 
-    again = client.post(f"/jobs/{job_id}/approve", json={"by": "bob"})
+    # An operator cancels the job from outside: the epoch rotates and the owner is deposed.
+    with pytest.warns(WorkflowClaimLostWarning):
+        Workflows(storage).cancel(job_id)
+        refused = wait_for(
+            lambda: [e for e in events(tmp_path) if e["event"] == "refused"],
+            lambda found: len(found) == 1,
+            "the refused write",
+        )
+    assert refused[0]["job"] == job_id
+    assert client.get(f"/jobs/{job_id}").get_json()["status"] == "cancelled"
 
-    assert again.status_code == 409
-    assert "completed" in again.get_json()["error"]
 
-
-def test_shutdown_stops_a_waiting_job_and_releases_its_claim(
-    storage_url: str, storage: Storage
+def test_shutdown_stops_a_running_job_and_releases_its_claim(
+    storage_url: str, storage: Storage, tmp_path: Path
 ) -> None:
-    app = flask_example.create_app(storage_url)
+    app = make_app(storage_url, tmp_path, JOBS_STEP_MS=50)
     try:
         client = app.test_client()
-        job_id = client.post("/jobs", json={"steps": 2}).get_json()["id"]
-        wait_for(
-            lambda: client.get(f"/jobs/{job_id}").get_json()["checkpoint"],
-            lambda checkpoint: checkpoint == "step 2 of 2",
-            "the last checkpoint",
-        )
+        job_id = client.post("/jobs", json={"steps": 100}).get_json()["id"]
         (worker,) = [t for t in threading.enumerate() if t.name == f"flask-{job_id}"]
     finally:
         flask_example.shutdown(app)
 
     assert not worker.is_alive()
-    # Still running and unclaimed: any other process's maintenance pass resumes it.
+    # Still running and unclaimed: another worker's reclaim pass resumes it.
     assert Workflows(storage).get(job_id).status == "running"  # type: ignore[union-attr]
     assert holder_engine(storage, job_id) is None
 
@@ -150,5 +179,4 @@ def test_self_test_mode_runs_one_job_end_to_end() -> None:
     done = run_script("flask_app/app.py", "--self-test")
 
     assert (done.returncode, done.stderr) == (0, "")
-    assert ": completed, checkpoint 'step 3 of 3'" in done.stdout
-    assert "# TYPE weft_workflow_claims_active gauge" in done.stdout
+    assert ": completed, 3 steps, result {" in done.stdout

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from weft_sync import ManualClock, Ownership, OwnershipOptions
-from weft_sync.errors import StorageError, StoreIdentityError
+from weft_sync.errors import EngineDeposedError, StoreIdentityError, WeftError
 from weft_sync.storage import SqliteStorage
 
 WORKFLOWS = 5
@@ -51,14 +51,14 @@ def engine_a(db_path: Path) -> Iterator[Ownership]:
             ownership.close(timeout=5)
 
 
-def _accepted_writes(ownership: Ownership, value: bytes) -> tuple[int, list[StorageError]]:
+def _accepted_writes(ownership: Ownership, value: bytes) -> tuple[int, list[WeftError]]:
     """Try one checkpoint per workflow; return how many the engine accepted, and the errors."""
     accepted = 0
-    errors: list[StorageError] = []
+    errors: list[WeftError] = []
     for i in range(WORKFLOWS):
         try:
             ownership.workflows.save_checkpoint(f"wf-{i}", value)
-        except StorageError as exc:
+        except WeftError as exc:
             errors.append(exc)
         else:
             accepted += 1
@@ -71,13 +71,18 @@ def _assert_refuses_everything(ownership: Ownership, db_path: Path, detail: str)
     assert accepted == 0
     assert len(errors) == WORKFLOWS
     for exc in errors:
-        assert isinstance(exc, StoreIdentityError)
-        assert exc.location == str(db_path)
-        assert str(db_path) in str(exc)
-        assert detail in exc.detail
+        # The pass lost every claim locally (so the write is refused as deposed), or the write
+        # met the store's identity error itself.
+        assert isinstance(exc, (StoreIdentityError, EngineDeposedError))
+    # Every claim was lost for the store's identity, and the store names the path and the fault.
+    assert ownership.metrics.snapshot().lost["store_identity"] == WORKFLOWS
+    assert ownership.registry.list_held_workflow_ids() == []
     # Reads fail too: the engine no longer trusts anything it would read from that file.
-    with pytest.raises(StoreIdentityError):
+    with pytest.raises(StoreIdentityError) as info:
         ownership.storage.get("wf:wf-0")
+    assert info.value.location == str(db_path)
+    assert str(db_path) in str(info.value)
+    assert detail in info.value.detail
 
 
 def _unlink_all(db_path: Path) -> None:

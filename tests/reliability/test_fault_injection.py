@@ -67,6 +67,7 @@ class Ledger:
     lost: Counter[str] = field(default_factory=Counter)
     failed_outcomes: int = 0
     lost_outcomes_in_passes: int = 0
+    deadline_losses: int = 0
     transient_failures: int = 0
     released_on_purpose: int = 0
     b_takeovers: int = 0
@@ -236,6 +237,9 @@ class Harness:
             if isinstance(outcome.error, ClaimRenewalLostError):
                 self.ledger.lost[outcome.workflow_id] += 1
                 self.ledger.lost_outcomes_in_passes += 1
+                # A fault after a clock jump past the renew deadline gives the claim up locally.
+                if outcome.error.cause == "deadline":
+                    self.ledger.deadline_losses += 1
             else:
                 assert isinstance(outcome.error, InjectedFault), repr(outcome.error)
                 self.ledger.transient_failures += 1
@@ -321,7 +325,13 @@ def test_transient_faults_never_kill_maintenance_or_drop_a_claim_silently(
     assert warned == ledger.lost
     snapshot = harness.engine.metrics.snapshot()
     assert snapshot.renewal_failures == ledger.failed_outcomes
-    assert snapshot.attempts["deposed"] == ledger.lost_outcomes_in_passes
+    deposed = ledger.lost_outcomes_in_passes - ledger.deadline_losses
+    assert snapshot.attempts["deposed"] == deposed
+    assert snapshot.lost == {
+        "deposed": deposed,
+        "deadline": ledger.deadline_losses,
+        "store_identity": 0,
+    }
     assert snapshot.active_claims == len(harness.held_a())
 
 

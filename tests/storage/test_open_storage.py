@@ -45,7 +45,8 @@ def test_query_parameters_configure_the_sqlite_storage(tmp_path: Path) -> None:
     with open_storage(url) as store:
         assert isinstance(store, SqliteStorage)
         assert store.table == "my_table"
-        conn = store._reader()
+        conn = store._readers.for_thread().conn
+        assert conn is not None
         assert conn.execute("PRAGMA busy_timeout").fetchone()[0] == 250
         assert conn.execute("PRAGMA synchronous").fetchone()[0] == 1
     assert _tables(path) == ["my_table"]

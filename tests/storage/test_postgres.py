@@ -756,7 +756,7 @@ def _backend_pids(raw: psycopg.Connection[Any], app: str) -> set[int]:
     return {int(row[0]) for row in rows}
 
 
-def test_forked_child_opens_its_own_connections_and_leaves_the_parents_alone(
+def test_forked_child_refuses_the_inherited_pool_and_leaves_the_parents_sessions_alone(
     postgres_base_url: str, raw: psycopg.Connection[Any], table: str
 ) -> None:
     app = "weft-fork-" + uuid.uuid4().hex[:8]
@@ -773,10 +773,16 @@ def test_forked_child_opens_its_own_connections_and_leaves_the_parents_alone(
         if pid == 0:  # pragma: no cover - runs in the child
             code = 1
             try:
-                if store.get("parent") == b"1":
-                    store.put("child", b"2")
-                    code = 0
-                store.close()
+                try:
+                    store.get("parent")
+                except ClosedError as exc:
+                    code = 0 if "inherited across os.fork()" in str(exc) else 4
+                store.close()  # must not close the parent's sessions
+                with PostgresStorage(dsn, table=table, min_size=1) as own:
+                    if code == 0 and own.get("parent") == b"1":
+                        own.put("child", b"2")
+                    else:
+                        code = code or 3
             finally:
                 os._exit(code)
         _, status = os.waitpid(pid, 0)

@@ -41,6 +41,13 @@ def _raw(path: Path) -> sqlite3.Connection:
     return sqlite3.connect(path, isolation_level=None, timeout=5)
 
 
+def _read_conn(store: SqliteStorage) -> sqlite3.Connection:
+    """The calling thread's read connection of ``store``."""
+    conn = store._readers.for_thread().conn
+    assert conn is not None
+    return conn
+
+
 def _wal_frames(path: Path) -> int:
     wal = Path(f"{path}-wal")
     if not wal.exists() or wal.stat().st_size < 32:
@@ -97,7 +104,7 @@ def _run_threads(targets: list[threading.Thread]) -> None:
 
 def test_database_uses_wal_journal_and_the_configured_busy_timeout(db_path: Path) -> None:
     with SqliteStorage(db_path, busy_timeout_ms=1234) as store:
-        conn = store._reader()
+        conn = _read_conn(store)
         assert conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
         assert conn.execute("PRAGMA busy_timeout").fetchone()[0] == 1234
     raw = _raw(db_path)
@@ -108,11 +115,11 @@ def test_database_uses_wal_journal_and_the_configured_busy_timeout(db_path: Path
 @pytest.mark.parametrize(("mode", "level"), [("FULL", 2), ("NORMAL", 1), ("normal", 1)])
 def test_synchronous_mode_is_applied_to_connections(db_path: Path, mode: str, level: int) -> None:
     with SqliteStorage(db_path, synchronous=mode) as store:
-        assert store._reader().execute("PRAGMA synchronous").fetchone()[0] == level
+        assert _read_conn(store).execute("PRAGMA synchronous").fetchone()[0] == level
 
 
 def test_synchronous_defaults_to_full(store: SqliteStorage) -> None:
-    assert store._reader().execute("PRAGMA synchronous").fetchone()[0] == 2
+    assert _read_conn(store).execute("PRAGMA synchronous").fetchone()[0] == 2
 
 
 @pytest.mark.parametrize("mode", ["OFF", "EXTRA", "FULL; DROP TABLE kv", 2])
@@ -470,18 +477,19 @@ def test_reader_connections_of_finished_threads_are_closed(store: SqliteStorage)
         thread.start()
         thread.join()
     store.get("k")
-    assert len(store._readers) == 1
+    assert len(store._readers._readers) == 1
 
 
 # -- fork -----------------------------------------------------------------------------------
 
 
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
-def test_forked_child_uses_fresh_connections_and_parent_keeps_working(
+def test_forked_child_refuses_the_inherited_storage_and_writes_through_its_own(
     store: SqliteStorage,
 ) -> None:
     store.put("n", b"parent")
     assert store.get("n") == b"parent"  # the parent now has a reader and a writer thread
+    path = store_path(store)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", DeprecationWarning)  # fork() with threads on 3.12+
         pid = os.fork()
@@ -489,11 +497,18 @@ def test_forked_child_uses_fresh_connections_and_parent_keeps_working(
         signal.alarm(20)  # a child stuck on inherited state dies instead of hanging the test
         status = 1
         try:
-            ok = store.conditional_batch([Condition("n", b"parent")], [Put("n", b"child")])
-            ok = ok and store.get("n") == b"child"
-            ok = ok and store.conditional_batches([([], [Put("c", b"1")])]) == [True]
-            store.close()
-            status = 0 if ok else 3
+            refused = 0
+            for use in (lambda: store.get("n"), lambda: store.put("c", b"0")):
+                try:
+                    use()
+                except ClosedError:
+                    refused += 1
+            store.close()  # quiet: lets go of the inherited copies only
+            with SqliteStorage(path, table=TABLE) as own:
+                ok = own.conditional_batch([Condition("n", b"parent")], [Put("n", b"child")])
+                ok = ok and own.get("n") == b"child"
+                ok = ok and own.conditional_batches([([], [Put("c", b"1")])]) == [True]
+            status = 0 if ok and refused == 2 else 3
         finally:
             os._exit(status)
     _, status = os.waitpid(pid, 0)

@@ -234,8 +234,8 @@ def test_a_foreign_process_lock_fails_an_uncontended_write_with_storage_error(
 
 
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
-def test_a_child_forked_during_a_callers_commit_writes_with_its_own_lock_and_connection(
-    store: SqliteStorage, monkeypatch: pytest.MonkeyPatch
+def test_a_fork_during_a_callers_commit_waits_for_it_and_the_child_writes_on_its_own(
+    store: SqliteStorage, db_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     store.put("before", b"v")  # the parent has a write connection
     gate = _Gate(store, monkeypatch)
@@ -243,6 +243,9 @@ def test_a_child_forked_during_a_callers_commit_writes_with_its_own_lock_and_con
     committing = _thread("fast", lambda: store.put("parent", b"v"), errors)
     committing.start()
     assert gate.first_entered.wait(timeout=10)  # "fast" holds the transaction lock
+    # The fork waits for that commit (its before-fork hook holds the transaction lock next).
+    opener = threading.Timer(0.05, gate.release.set)
+    opener.start()
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", DeprecationWarning)  # fork() with threads on 3.12+
@@ -251,8 +254,8 @@ def test_a_child_forked_during_a_callers_commit_writes_with_its_own_lock_and_con
             signal.alarm(20)  # a child stuck on the inherited lock dies instead of hanging
             status = 1
             try:
-                ok = store.conditional_batch([Condition("child", None)], [Put("child", b"v")])
-                store.close()
+                with SqliteStorage(db_path, table=TABLE) as own:
+                    ok = own.conditional_batch([Condition("child", None)], [Put("child", b"v")])
                 status = 0 if ok else 3
             finally:
                 os._exit(status)
@@ -260,6 +263,7 @@ def test_a_child_forked_during_a_callers_commit_writes_with_its_own_lock_and_con
         assert os.waitstatus_to_exitcode(status) == 0
     finally:
         gate.release.set()
+        opener.join()
         committing.join(timeout=30)
     for exc in errors:
         raise exc

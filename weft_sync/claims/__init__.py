@@ -1,8 +1,10 @@
-"""Claims: pure transitions, the takeover cooldown, the registry and the mode gates."""
+"""Claims: pure transitions, the takeover cooldown, the registry, the mode gates, the store
+clock and the corrupt-epoch repair."""
 
 from __future__ import annotations
 
 from .cooldown import TakeoverCooldown
+from .epochs import CorruptEpoch, find_corrupt_epochs, repair_corrupt_epoch
 from .gates import (
     OWNERSHIP_MODES,
     OwnershipModeName,
@@ -23,6 +25,7 @@ from .results import (
     TakeoverResult,
     TakeoverStatus,
 )
+from .store_clock import StoreClock
 from .transitions import (
     TAKEOVER_GRACE_MULTIPLIER,
     TTL_SAFETY_MULTIPLIER,
@@ -43,6 +46,7 @@ __all__ = [
     "AcquireStatus",
     "ClaimRegistry",
     "ClaimRenewalLostError",
+    "CorruptEpoch",
     "DEFAULT_RENEW_CHUNK_SIZE",
     "Fragment",
     "OWNERSHIP_MODES",
@@ -53,6 +57,7 @@ __all__ = [
     "ReleaseStatus",
     "RenewResult",
     "RenewStatus",
+    "StoreClock",
     "TAKEOVER_GRACE_MULTIPLIER",
     "TTL_SAFETY_MULTIPLIER",
     "TakeoverCooldown",
@@ -69,6 +74,8 @@ __all__ = [
     "build_takeover_transition",
     "create_renewal_target",
     "extract_put_value",
+    "find_corrupt_epochs",
     "is_claim_expired",
     "next_epoch",
+    "repair_corrupt_epoch",
 ]

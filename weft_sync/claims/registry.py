@@ -7,26 +7,37 @@ renewal machinery is in :mod:`~weft_sync.claims.renewals`, release in
 :mod:`~weft_sync.claims.releases`, and the tracked state in :mod:`~weft_sync.claims.tracking`.
 
 Threading: one lock, the :class:`~weft_sync.claims.tracking.ClaimTable`'s, guards the claims map,
-the per-workflow in-flight renewal groups, the releasing counts and the mutable fields of every
-tracked entry; the registry and its renewal and release parts all use that one table. The lock is
-never held across storage I/O, clock reads, warning sinks or logging. Identity guards compare
-tracking entries with ``is``: a renewal or release only touches the entry it started from, never
-a newer one a concurrent acquire or takeover installed.
+the per-workflow in-flight renewal groups, the releasing counts, the closed flag and the mutable
+fields of every tracked entry; the registry and its renewal, release and loss parts all use that
+one table. The operation gate (claim operations in flight, for :meth:`ClaimRegistry.close`) and
+the replaced-store record each have a lock guarding only themselves. No lock is held across
+storage I/O, clock reads, warning sinks or logging. Identity guards compare tracking entries with
+``is``: a renewal or release only touches the entry it started from, never a newer one a
+concurrent acquire or takeover installed. Local losses (renew deadline, replaced store) are in
+:mod:`~weft_sync.claims.losses`, the close gate in :mod:`~weft_sync.claims.gate`.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Container, Iterable
+import os
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from typing import cast
 
 from .. import keys
+from .._fork import process_bound_class
 from ..clock import Clock
 from ..codec import decode_epoch, decode_holder
+from ..errors import ClosedError, CorruptEpochError, StoreIdentityError
 from ..keys import validate_workflow_id
+from ..metrics import ClaimLossCause, ClaimMetrics
 from ..options import MAX_CLAIM_TTL_MS
 from ..storage.base import Storage, storage_conditional_batch
 from ..storage.reads import storage_get_many
+from .arguments import optional_epoch, positive_int, workflow_ids_arg
+from .gate import OperationGate
+from .losses import DEADLINE, LocalLosses
 from .releases import RELEASE_ALL_CONCURRENCY, ReleasePreparation, Releases
 from .renewals import DEFAULT_RENEW_CHUNK_SIZE, Renewals, WarnSink, default_warn, renewal_split
 from .results import (
@@ -57,37 +68,13 @@ __all__ = [
 _log = logging.getLogger(__name__)
 
 
-def _positive_int(name: str, value: object) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-        raise ValueError(f"{name} must be a positive int number of milliseconds, got {value!r}")
-    return value
-
-
-def _optional_epoch(expected_epoch: object) -> int | None:
-    if expected_epoch is not None and (
-        isinstance(expected_epoch, bool) or not isinstance(expected_epoch, int)
-    ):
-        raise TypeError(f"expected_epoch must be an int or None, got {expected_epoch!r}")
-    return expected_epoch
-
-
-def _workflow_ids(workflow_ids: Iterable[str], tracked: Container[str] = ()) -> list[str]:
-    """Validate ``workflow_ids``; ids found in ``tracked`` were validated when they were claimed."""
-    # A str (or bytes) is iterable too: renewing its characters is never what the caller meant.
-    if isinstance(workflow_ids, (str, bytes, bytearray, memoryview)):
-        raise TypeError(
-            f"workflow_ids must be an iterable of workflow ids such as a list, got the "
-            f"{type(workflow_ids).__name__} {workflow_ids!r:.80}; pass [{workflow_ids!r:.80}] "
-            f"to renew one workflow"
-        )
-    return [w if type(w) is str and w in tracked else validate_workflow_id(w) for w in workflow_ids]
-
-
+@process_bound_class
 class ClaimRegistry:
     """Acquires, renews, releases and takes over per-workflow claims for one engine.
 
     No method raises on a lost compare-and-swap: contention is reported in the result. Storage
-    errors propagate (``release_all`` excepted).
+    errors propagate (``release_all`` excepted). In a child process that inherited the registry
+    across ``os.fork()`` every method raises :class:`~weft_sync.errors.ClosedError`.
 
     :param storage: the shared store; it must declare the ``conditional_batch`` capability.
     :param engine_id: this engine's id, written into every holder record it creates.
@@ -98,6 +85,17 @@ class ClaimRegistry:
         the cooldown window after this engine lost a claim.
     :param warn: receives a :class:`~weft_sync.errors.WorkflowClaimLostWarning` once per lost
         claim; default :func:`warnings.warn`.
+    :param metrics: counts lost claims by cause (``weft_workflow_claims_lost_total``).
+    :param judge_clock: the clock other holders' expiry is judged on (default: ``clock``); see
+        :class:`~weft_sync.claims.store_clock.StoreClock`.
+
+    Local renew deadline: a claim whose renewal fails when no renewal of it has succeeded for
+    ``claim_ttl_ms - claim_renew_interval_ms`` (counted from the clock reading that started the
+    last successful write of its holder) is lost locally with cause ``deadline``: it is dropped,
+    reported once, and its renewal returns ``lost``; before the deadline a failed renewal only
+    raises, and the next pass retries it. A :class:`~weft_sync.errors.StoreIdentityError` from
+    any renewal or fenced write loses every claim locally (cause ``store_identity``); from then
+    on acquire and takeover raise that error without touching the store.
     """
 
     def __init__(
@@ -109,6 +107,8 @@ class ClaimRegistry:
         claim_ttl_ms: int,
         claim_renew_interval_ms: int,
         warn: WarnSink | None = None,
+        metrics: ClaimMetrics | None = None,
+        judge_clock: Clock | None = None,
     ) -> None:
         if not isinstance(engine_id, str) or not engine_id:
             raise ValueError(f"engine_id must be a non-empty str, got {engine_id!r}")
@@ -116,25 +116,36 @@ class ClaimRegistry:
             raise TypeError(f"clock must be a callable returning int milliseconds, got {clock!r}")
         if warn is not None and not callable(warn):
             raise TypeError(f"warn must be a callable taking a Warning, or None, got {warn!r}")
-        self._claim_ttl_ms = _positive_int("claim_ttl_ms", claim_ttl_ms)
+        if judge_clock is not None and not callable(judge_clock):
+            raise TypeError(f"judge_clock must be a callable or None, got {judge_clock!r}")
+        self._claim_ttl_ms = positive_int("claim_ttl_ms", claim_ttl_ms)
         if claim_ttl_ms > MAX_CLAIM_TTL_MS:
             raise ValueError(
                 f"claim_ttl_ms ({claim_ttl_ms}) is longer than the supported maximum of "
                 f"{MAX_CLAIM_TTL_MS}ms (365 days)"
             )
-        self._renew_interval_ms = _positive_int("claim_renew_interval_ms", claim_renew_interval_ms)
+        self._renew_interval_ms = positive_int("claim_renew_interval_ms", claim_renew_interval_ms)
         self._storage = storage
         self._engine_id = engine_id
+        self._fork_pid = os.getpid()  # see process_bound_class
         self._clock = clock
-        # The table's lock is the registry's one lock (see the module docstring).
+        # The table's lock is the registry's one lock (see the module docstring); the gate's
+        # and the losses' own locks guard only their own state.
         self._table = ClaimTable(self._renew_interval_ms)
+        self._gate = OperationGate(engine_id)
+        sink = warn if warn is not None else default_warn
+        self._losses = LocalLosses(
+            self._table, sink, engine_id, self._claim_ttl_ms - self._renew_interval_ms, metrics
+        )
         self._renewals = Renewals(
             self._table,
             storage,
             clock,
             self._claim_ttl_ms,
-            warn if warn is not None else default_warn,
+            sink,
             engine_id,
+            self._losses,
+            self.lose_store,
         )
         self._releases = Releases(self._table, storage)
         self._takeovers = Takeovers(
@@ -145,6 +156,7 @@ class ClaimRegistry:
             engine_id=engine_id,
             claim_ttl_ms=self._claim_ttl_ms,
             renew_interval_ms=self._renew_interval_ms,
+            judge_clock=judge_clock,
         )
 
     # -- read-only views -------------------------------------------------------------------
@@ -174,10 +186,35 @@ class ClaimRegistry:
         """The renew interval: takeover grace unit and cooldown window."""
         return self._renew_interval_ms
 
+    @property
+    def renew_deadline_ms(self) -> int:
+        """The local renew deadline: how long a claim may go without a successful renewal."""
+        return self._losses.deadline_ms
+
     def current_epoch(self, workflow_id: str) -> int | None:
         """The epoch this engine holds for ``workflow_id``, or ``None`` if it holds none."""
         entry = self._table.get(validate_workflow_id(workflow_id))
         return None if entry is None else entry.epoch
+
+    def confirm_held(self, workflow_id: str, epoch: int) -> bool:
+        """Whether this engine still holds ``workflow_id`` at ``epoch``, on local evidence only.
+
+        No storage I/O. A claim with no successful renewal for :attr:`renew_deadline_ms` (its
+        renewals failing, or hanging) is lost locally here, as a failed renewal would lose it:
+        dropped, reported once with cause ``deadline``, and ``False`` returned.
+        """
+        wid = validate_workflow_id(workflow_id)
+        now = self._clock()
+        with self._table.lock:
+            entry = self._table.claims.get(wid)
+            if entry is None or entry.epoch != epoch:
+                return False
+            if now - entry.renewed_at < self._losses.deadline_ms:
+                return True
+        dropped = self._losses.drop_overdue([(wid, entry)], now)
+        for lost, exc in self._losses.report(dropped, DEADLINE).items():
+            _log.warning("the warn sink raised reporting workflow %r lost: %r", lost, exc)
+        return False
 
     def current_epoch_bytes(self, workflow_id: str) -> bytes | None:
         """The exact epoch bytes this engine wrote for ``workflow_id`` (the fence), or ``None``."""
@@ -197,20 +234,21 @@ class ClaimRegistry:
 
         :returns: ``acquired`` with the new epoch, or ``lost-race`` with the holder's engine id
             (``None`` when there is no readable holder).
+        :raises CorruptEpochError: the epoch key is corrupt (nothing is written; see
+            :func:`~weft_sync.claims.epochs.repair_corrupt_epoch`).
         """
         wid = validate_workflow_id(workflow_id)
+        with self.operation("acquire()"):
+            return self._acquire(wid)
+
+    def _acquire(self, wid: str) -> AcquireResult:
+        self._losses.refuse_lost_store()
         holder_key = keys.workflow_owner_holder(wid)
         observed_holder, observed_epoch = storage_get_many(
             self._storage, [holder_key, keys.workflow_owner_epoch(wid)]
         )
         now = self._clock()
-        fragment = build_acquire_transition(
-            workflow_id=wid,
-            engine_id=self._engine_id,
-            now=now,
-            claim_ttl_ms=self._claim_ttl_ms,
-            observed_epoch_bytes=observed_epoch,
-        )
+        fragment = self._acquire_fragment(wid, now, observed_epoch)
         if not self._commit(fragment):
             held_by = self._held_by(holder_key, observed_holder)
             _log.debug("acquire of workflow %r lost the race (held by %r)", wid, held_by)
@@ -227,15 +265,10 @@ class ClaimRegistry:
         (which must include every condition and operation of the fragment) committed.
         """
         wid = validate_workflow_id(workflow_id)
+        self._losses.refuse_lost_store()
         observed_epoch = self._storage.get(keys.workflow_owner_epoch(wid))
         now = self._clock()
-        fragment = build_acquire_transition(
-            workflow_id=wid,
-            engine_id=self._engine_id,
-            now=now,
-            claim_ttl_ms=self._claim_ttl_ms,
-            observed_epoch_bytes=observed_epoch,
-        )
+        fragment = self._acquire_fragment(wid, now, observed_epoch)
         epoch = decode_epoch(extract_put_value(fragment.operations, keys.workflow_owner_epoch(wid)))
         assert epoch is not None  # the fragment was just encoded from a valid epoch
         _log.debug("prepared an acquire fragment for workflow %r at epoch %d", wid, epoch)
@@ -274,8 +307,12 @@ class ClaimRegistry:
         :returns: ``renewed``; ``lost`` when another writer replaced the holder (the local entry is
             dropped, the takeover cooldown starts and one
             :class:`~weft_sync.errors.WorkflowClaimLostWarning` is emitted); ``not-held`` when the
-            workflow is not tracked or is being released.
-        :raises StorageError: the commit failed; the claim stays tracked and nothing is emitted.
+            workflow is not tracked or is being released; ``lost`` with cause ``deadline``
+            when the commit failed past the local renew deadline (dropped, cooldown started and
+            reported once, as above).
+        :raises StorageError: the commit failed before the deadline; the claim stays tracked
+            and nothing is emitted. A :class:`~weft_sync.errors.StoreIdentityError` is raised
+            after every claim was lost locally.
         """
         return self._renewals.renew(validate_workflow_id(workflow_id))
 
@@ -314,7 +351,7 @@ class ClaimRegistry:
         """
         # Membership alone is read without the lock: a dict lookup is atomic, and an id that was
         # ever tracked is known to be valid whether or not it still is.
-        ids = _workflow_ids(workflow_ids, self._table.claims)
+        ids = workflow_ids_arg(workflow_ids, self._table.claims)
         if isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size < 1:
             raise ValueError(f"chunk_size must be an int >= 1, got {chunk_size!r}")
         return self._renewals.renew_many_outcomes(ids, chunk_size)
@@ -337,7 +374,7 @@ class ClaimRegistry:
             renewal task does not keep renewing a claim the caller meant to give up.
         """
         wid = validate_workflow_id(workflow_id)
-        return self._releases.release(wid, _optional_epoch(expected_epoch))
+        return self._releases.release(wid, optional_epoch(expected_epoch))
 
     def prepare_release_fragment(
         self, workflow_id: str, expected_epoch: int | None = None
@@ -355,7 +392,7 @@ class ClaimRegistry:
         :raises StorageError: re-reading the holder after an ambiguous renewal failed.
         """
         wid = validate_workflow_id(workflow_id)
-        return self._releases.prepare(wid, _optional_epoch(expected_epoch))
+        return self._releases.prepare(wid, optional_epoch(expected_epoch))
 
     def finish_folded_release(
         self, workflow_id: str, preparation: ReleasePreparation, committed: bool
@@ -386,6 +423,64 @@ class ClaimRegistry:
         except Exception:
             _log.exception("releasing all claims failed")
 
+    # -- closing ---------------------------------------------------------------------------
+
+    @property
+    def closing(self) -> bool:
+        """Whether :meth:`close` was called (new claim operations raise ``ClosedError``)."""
+        return self._gate.closing
+
+    @contextmanager
+    def operation(self, what: str) -> Iterator[None]:
+        """Run a claim-creating operation (the caller's, e.g. a folded acquire) as in flight.
+
+        :meth:`close` waits for it before its final release, so what it claimed is released.
+
+        :raises ClosedError: :meth:`close` was called.
+        """
+        with self._gate.operation(what):
+            try:
+                yield
+            except StoreIdentityError as exc:
+                self.lose_store(exc)
+                raise
+
+    def close(self, timeout: float | None = None) -> None:
+        """Refuse new claims, wait for claim operations in flight, then release every claim.
+
+        Waits up to ``timeout`` seconds (``None``: no bound) for operations running inside
+        :meth:`operation` (acquire, takeover and the ledger's folded acquires); any claim one
+        of them installs after the final release began is given back by that operation, which
+        raises :class:`~weft_sync.errors.ClosedError`. Idempotent; never raises.
+        """
+        if not self._gate.close(timeout):
+            _log.warning(
+                "claim operations of engine %s were still running %s s into close(); a claim "
+                "they make now is released by them",
+                self._engine_id,
+                timeout,
+            )
+        with self._table.lock:
+            self._table.closed = True
+        self.release_all()
+
+    # -- a replaced store ------------------------------------------------------------------
+
+    def lose_store(self, error: StoreIdentityError) -> None:
+        """Lose every claim locally because the store was replaced; refuse new claims on it.
+
+        Logs one ERROR naming the store's location (the first time) and reports each claim
+        with cause ``store_identity``. Never raises; warn-sink errors are logged.
+        """
+        self._losses.lose_store(error, self._clock())
+
+    def lose_all_locally(self, cause: ClaimLossCause) -> list[str]:
+        """Drop every tracked claim without touching the store and report each with ``cause``.
+
+        :returns: the ids dropped.
+        """
+        return self._losses.lose_all(cause, self._clock())
+
     def forget_local_claim(self, workflow_id: str, expected_epoch: int | None = None) -> None:
         """Drop the local entry for ``workflow_id`` without touching the store.
 
@@ -396,7 +491,7 @@ class ClaimRegistry:
             generation of the same id survives.
         """
         wid = validate_workflow_id(workflow_id)
-        expected = _optional_epoch(expected_epoch)
+        expected = optional_epoch(expected_epoch)
         table = self._table
         with table.lock:
             entry = table.claims.get(wid)
@@ -418,8 +513,13 @@ class ClaimRegistry:
         :returns: ``acquired`` with the new epoch; ``backoff-skipped`` during the cooldown;
             ``no-claim`` when there is no holder or no epoch; ``not-expired`` with the live
             holder's engine id and expiry; ``lost-race`` with the new holder's engine id.
+        :raises CorruptEpochError: the holder is takeover-eligible but the epoch key is corrupt
+            (nothing is written; :meth:`takeover_many` reports it as that id's outcome).
         """
-        return self._takeovers.takeover(validate_workflow_id(workflow_id))
+        wid = validate_workflow_id(workflow_id)
+        with self.operation("takeover()"):
+            self._losses.refuse_lost_store()
+            return self._takeovers.takeover(wid)
 
     def takeover_many(
         self, workflow_ids: Iterable[str], *, chunk_size: int = DEFAULT_TAKEOVER_CHUNK_SIZE
@@ -437,15 +537,30 @@ class ClaimRegistry:
         :raises TypeError: ``workflow_ids`` is a ``str`` or ``bytes`` rather than ids.
         :raises ValueError: an invalid id, or ``chunk_size`` is not a positive int.
         """
-        ids = _workflow_ids(workflow_ids)
+        ids = workflow_ids_arg(workflow_ids)
         if isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size < 1:
             raise ValueError(f"chunk_size must be an int >= 1, got {chunk_size!r}")
-        return self._takeovers.takeover_many(ids, chunk_size)
+        with self.operation("takeover_many()"):
+            self._losses.refuse_lost_store()
+            return self._takeovers.takeover_many(ids, chunk_size)
 
     # -- helpers ---------------------------------------------------------------------------
 
     def _commit(self, fragment: Fragment) -> bool:
         return storage_conditional_batch(self._storage, fragment.conditions, fragment.operations)
+
+    def _acquire_fragment(self, wid: str, now: int, observed_epoch: bytes | None) -> Fragment:
+        try:
+            return build_acquire_transition(
+                workflow_id=wid,
+                engine_id=self._engine_id,
+                now=now,
+                claim_ttl_ms=self._claim_ttl_ms,
+                observed_epoch_bytes=observed_epoch,
+            )
+        except CorruptEpochError as exc:
+            _log.warning("%s", exc)
+            raise
 
     def _held_by(self, holder_key: str, observed: bytes | None) -> str | None:
         """The engine id in ``observed`` holder bytes, or in a fresh read when none were seen."""
@@ -465,7 +580,12 @@ class ClaimRegistry:
         entry = TrackedClaim(
             epoch, claimed_at, epoch_bytes, holder_bytes, holder_key, head_len, tail_len
         )
-        self._table.install(wid, entry)
+        if not self._table.install(wid, entry):
+            self._releases.give_back(wid, epoch_bytes, holder_bytes)
+            raise ClosedError(
+                f"the claim registry of engine {self._engine_id} closed while workflow {wid!r} "
+                f"was being claimed; the claim was released again"
+            )
         return epoch
 
     def _after_fork_in_child(self) -> None:
@@ -476,6 +596,8 @@ class ClaimRegistry:
         takeover cooldown starts afresh.
         """
         self._table.reset()
+        self._gate.reset()
+        self._losses.reset()
 
     def __repr__(self) -> str:
         with self._table.lock:

@@ -215,6 +215,21 @@ class Releases:
 
     # -- every claim -----------------------------------------------------------------------
 
+    def give_back(self, wid: str, epoch_bytes: bytes, holder_bytes: bytes) -> None:
+        """Delete a holder written after the registry's final release began (best effort).
+
+        Conditioned on the exact epoch and holder bytes written, so nothing newer is touched.
+        """
+        fragment = build_release_transition(
+            workflow_id=wid, current_epoch_bytes=epoch_bytes, current_holder_bytes=holder_bytes
+        )
+        try:
+            storage_conditional_batch(self._storage, fragment.conditions, fragment.operations)
+        except Exception:
+            _log.warning(
+                "could not release the claim on workflow %r made after close()", wid, exc_info=True
+            )
+
     def release_all(self, ids: Sequence[str]) -> None:
         """Release ``ids`` concurrently; swallow (and log) every failure."""
         if ids:

@@ -2,14 +2,15 @@
 
 The renewal task only knows "renewed" and "failed". ``renewed`` and ``not-held`` (a benign race
 with this engine's own release) are successes; ``lost`` becomes a raised
-:class:`ClaimRenewalLostError` and counts one ``deposed`` attempt. The registry has already emitted
+:class:`ClaimRenewalLostError` and, when another writer deposed the claim (not when it was given
+up locally at its renew deadline), counts one ``deposed`` attempt. The registry has already emitted
 the claim-lost warning, so the adapter does not emit another; when the warning sink raised that
 warning (warnings turned into errors), the renewal is still reported as lost.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Final
 
 from ..errors import WorkflowClaimLostError, WorkflowClaimLostWarning
@@ -28,12 +29,19 @@ class ClaimRenewalLostError(WorkflowClaimLostError):
     :param workflow_id: the workflow whose claim was lost.
     """
 
-    def __init__(self, workflow_id: str) -> None:
+    def __init__(self, workflow_id: str, cause: str | None = None) -> None:
         super().__init__(workflow_id)
+        self.cause = cause
+        if cause == "deadline":
+            why = (
+                "no renewal succeeded within the local renew deadline, so this engine gave it "
+                "up before the store could expire it"
+            )
+        else:
+            why = "another engine or an external cancel/timeout/suspend/purge now owns its epoch"
         self.args = (
-            f'workflow "{workflow_id}" lost its ownership claim during renewal; another engine '
-            f"or an external cancel/timeout/suspend/purge now owns its epoch, so this engine "
-            f"must stop driving it",
+            f'workflow "{workflow_id}" lost its ownership claim during renewal; {why}, so this '
+            f"engine must stop driving it",
         )
 
 
@@ -42,14 +50,27 @@ class RegistryRenewalTarget:
 
     :param registry: the registry whose claims are renewed.
     :param metrics: where ``deposed`` attempts are counted (optional).
+    :param before_renewals: called (it must not raise) at the start of each renewal pass, when
+        the held ids are listed, e.g. :meth:`~weft_sync.claims.store_clock.StoreClock.refresh`.
     """
 
-    def __init__(self, registry: ClaimRegistry, metrics: ClaimMetrics | None = None) -> None:
+    def __init__(
+        self,
+        registry: ClaimRegistry,
+        metrics: ClaimMetrics | None = None,
+        before_renewals: Callable[[], object] | None = None,
+    ) -> None:
         self._registry = registry
         self._metrics = metrics
+        self._before_renewals = before_renewals
 
     def list_held_workflow_ids(self) -> list[str]:
-        """The ids the registry currently holds (a snapshot)."""
+        """The ids the registry currently holds (a snapshot); read once per renewal pass.
+
+        Calls ``before_renewals`` first, so it runs once per pass even when nothing is held.
+        """
+        if self._before_renewals is not None:
+            self._before_renewals()
         return self._registry.list_held_workflow_ids()
 
     def renew_workflow_claim(self, workflow_id: str) -> None:
@@ -63,7 +84,7 @@ class RegistryRenewalTarget:
         except WorkflowClaimLostWarning as warning:
             raise self._lost(workflow_id) from warning
         if result.status is RenewStatus.LOST:
-            raise self._lost(workflow_id)
+            raise self._lost(workflow_id, result.cause)
 
     def renew_workflow_claims(
         self, workflow_ids: Sequence[str], *, chunk_size: int = DEFAULT_RENEW_CHUNK_SIZE
@@ -92,16 +113,20 @@ class RegistryRenewalTarget:
             return lost
         if isinstance(outcome, Exception):
             return outcome
-        return self._lost(workflow_id) if outcome.status is RenewStatus.LOST else None
+        if outcome.status is RenewStatus.LOST:
+            return self._lost(workflow_id, outcome.cause)
+        return None
 
-    def _lost(self, workflow_id: str) -> ClaimRenewalLostError:
-        if self._metrics is not None:
+    def _lost(self, workflow_id: str, cause: str | None = None) -> ClaimRenewalLostError:
+        if self._metrics is not None and cause is None:
             self._metrics.record_claim_attempt("deposed")
-        return ClaimRenewalLostError(workflow_id)
+        return ClaimRenewalLostError(workflow_id, cause)
 
 
 def create_renewal_target(
-    registry: ClaimRegistry, metrics: ClaimMetrics | None = None
+    registry: ClaimRegistry,
+    metrics: ClaimMetrics | None = None,
+    before_renewals: Callable[[], object] | None = None,
 ) -> RegistryRenewalTarget:
     """Build the renewal task's target over ``registry`` (see :class:`RegistryRenewalTarget`)."""
-    return RegistryRenewalTarget(registry, metrics)
+    return RegistryRenewalTarget(registry, metrics, before_renewals)

@@ -23,10 +23,11 @@ import msgpack
 
 from ..clock import Clock
 from ..codec import SAFE_INT_MAX, decode_holder, encode_holder
-from ..errors import WorkflowClaimLostWarning
+from ..errors import StoreIdentityError, WorkflowClaimLostWarning
 from ..storage.base import Condition, Put, Storage, storage_conditional_batch
 from ..storage.cas import CasRow
 from ..storage.isolation import Judged, storage_compare_and_set_many_isolated
+from .losses import DEADLINE, DEPOSED, LocalLosses
 from .results import RenewResult, RenewStatus
 from .tracking import ClaimTable, RenewalGroup, TrackedClaim
 from .transitions import build_renew_transition, extract_put_value
@@ -55,6 +56,8 @@ Member = tuple[str, TrackedClaim, bytes]
 # locked by another session (not judged: a failed renewal, retried on the next pass).
 Committer = Callable[[Sequence[CasRow]], Sequence[Judged]]
 Outcomes = dict[str, "RenewResult | Exception"]
+# Called with the error once a renewal finds the store replaced; loses every claim locally.
+StoreLostHandler = Callable[[StoreIdentityError], None]
 
 
 def default_warn(warning: Warning) -> None:
@@ -99,6 +102,9 @@ class Renewals:
     :param claim_ttl_ms: the new ``expires_at`` is the renewal's clock reading plus this.
     :param warn: receives one :class:`~weft_sync.errors.WorkflowClaimLostWarning` per lost claim.
     :param engine_id: this engine's id, for log messages.
+    :param losses: drops claims past the local renew deadline after a failed renewal.
+    :param on_store_lost: called when a renewal raised
+        :class:`~weft_sync.errors.StoreIdentityError`.
     """
 
     def __init__(
@@ -109,8 +115,12 @@ class Renewals:
         claim_ttl_ms: int,
         warn: WarnSink,
         engine_id: str,
+        losses: LocalLosses,
+        on_store_lost: StoreLostHandler,
     ) -> None:
         self._table = table
+        self._losses = losses
+        self._on_store_lost = on_store_lost
         self._storage = storage
         self._clock = clock
         self._claim_ttl_ms = claim_ttl_ms
@@ -140,7 +150,11 @@ class Renewals:
         outcome = outcomes[wid]
         if isinstance(outcome, Exception):
             _log.debug("renewal of workflow %r failed: %r", wid, outcome)
-            raise outcome
+            self._after_failures([member], outcomes)
+            outcome = outcomes[wid]
+            if isinstance(outcome, Exception):
+                raise outcome
+            return outcome
         if lost:
             self._report_lost(wid)
         else:
@@ -177,20 +191,45 @@ class Renewals:
                 in_flight.update(dict.fromkeys([wid for wid, _, _ in members], group))
                 groups.append((group, members))
         lost: list[str] = []
+        failed = 0
         try:
             for group, members in groups:
                 if members:
-                    self._renew_chunk(group, members, outcomes, lost)
+                    failed += self._renew_chunk(group, members, outcomes, lost)
         except BaseException as exc:
             for group, members in groups:
                 if not group.done.is_set():
                     self._fail_group(group, members, [], exc)
             raise
+        if failed:
+            self._after_failures([m for _, members in groups for m in members], outcomes)
         for wid, running in joined.items():
             outcomes[wid] = running.outcome(wid)
         # A warn sink that raises fails only the id it was reporting, as renew() would.
         outcomes.update(self._report_all_lost(lost))
         return [outcomes[wid] for wid in ids]
+
+    # -- failed renewals: the local renew deadline and a replaced store --------------------
+
+    def _after_failures(self, members: Sequence[Member], outcomes: Outcomes) -> None:
+        """Give up the failed renewals' claims that are past the deadline (or whose store went).
+
+        A claim past its deadline gets a ``lost`` result with cause ``deadline`` in
+        ``outcomes`` (or what the warn sink raised reporting it); one that is not keeps its
+        error, and is renewed again by the next pass.
+        """
+        failed = [(wid, entry) for wid, entry, _ in members if isinstance(outcomes[wid], Exception)]
+        if not failed:
+            return
+        for wid, _ in failed:
+            error = outcomes[wid]
+            if isinstance(error, StoreIdentityError):
+                self._on_store_lost(error)
+                return
+        dropped = self._losses.drop_overdue(failed, self._clock())
+        for wid in dropped:
+            outcomes[wid] = RenewResult(_LOST, wid, DEADLINE)
+        outcomes.update(self._losses.report(dropped, DEADLINE))
 
     # -- one group: commit, resolve ambiguous renewals, settle -----------------------------
 
@@ -207,7 +246,8 @@ class Renewals:
 
     def _renew_chunk(
         self, group: RenewalGroup, members: list[Member], outcomes: Outcomes, lost: list[str]
-    ) -> None:
+    ) -> int:
+        """Renew one chunk in one transaction; return how many of its renewals failed."""
         lost_before = len(lost)
         failed = self._run_group(group, members, self._commit_many, outcomes, lost)
         lost_here = len(lost) - lost_before
@@ -218,6 +258,7 @@ class Renewals:
             lost_here,
             failed,
         )
+        return failed
 
     def _run_group(
         self,
@@ -388,6 +429,7 @@ class Renewals:
                 if ok:
                     if claims.get(wid) is entry:
                         entry.holder_bytes = row[2]
+                        entry.renewed_at = now
                         if entry.pending:
                             entry.pending = ()
                     result = entry.renewed
@@ -448,6 +490,9 @@ class Renewals:
             self._engine_id,
             wid,
         )
+        metrics = self._losses.metrics
+        if metrics is not None:
+            metrics.record_claims_lost(DEPOSED)
         self._warn(WorkflowClaimLostWarning(wid))
 
     def _report_all_lost(self, lost: Sequence[str]) -> dict[str, Exception]:

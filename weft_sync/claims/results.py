@@ -75,10 +75,16 @@ class AcquireResult:
 
 @dataclass(frozen=True, slots=True)
 class RenewResult:
-    """``renewed``, ``lost`` (another engine deposed us) or ``not-held`` (nothing to renew)."""
+    """``renewed``, ``lost`` or ``not-held`` (nothing to renew).
+
+    ``cause`` is ``None`` except for a claim this engine gave up locally: ``"deadline"`` (no
+    renewal succeeded within the local renew deadline) or ``"store_identity"`` (the store was
+    replaced). A plain ``lost`` means another writer deposed this engine.
+    """
 
     status: RenewStatus
     workflow_id: str
+    cause: str | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -16,7 +16,7 @@ from typing import Final
 from .. import keys
 from ..clock import Clock
 from ..codec import decode_holder
-from ..errors import StorageCapabilityError
+from ..errors import CorruptEpochError, StorageCapabilityError
 from ..storage.base import Storage, storage_conditional_batch
 from ..storage.isolation import Judged, storage_conditional_batches_isolated
 from ..storage.reads import storage_get_many
@@ -48,6 +48,8 @@ class Takeovers:
     :param engine_id: written into the new holder records.
     :param claim_ttl_ms: the new holder's ``expires_at`` is the takeover's clock reading plus this.
     :param renew_interval_ms: the takeover grace unit.
+    :param judge_clock: the clock a holder's expiry is judged on (default: ``clock``); with the
+        store's clock, its lower bound while ``clock`` is its upper bound.
     """
 
     def __init__(
@@ -60,8 +62,10 @@ class Takeovers:
         engine_id: str,
         claim_ttl_ms: int,
         renew_interval_ms: int,
+        judge_clock: Clock | None = None,
     ) -> None:
         self._table = table
+        self._judge_clock = judge_clock
         self._storage = storage
         self._clock = clock
         self._install = install
@@ -78,7 +82,7 @@ class Takeovers:
         observed_holder, observed_epoch = storage_get_many(
             self._storage, [keys.workflow_owner_holder(wid), keys.workflow_owner_epoch(wid)]
         )
-        judged = self._judge(wid, now, observed_holder, observed_epoch)
+        judged = self._judge(wid, now, self._judge_now(now), observed_holder, observed_epoch)
         if isinstance(judged, TakeoverResult):
             return judged
         fragment, previous = judged
@@ -98,10 +102,11 @@ class Takeovers:
                 outcomes[wid] = TakeoverResult(TakeoverStatus.BACKOFF_SKIPPED, wid)
             else:
                 pending.append(wid)
+        judge_now = self._judge_now(now) if pending else now
         for start in range(0, len(pending), chunk_size):
             chunk = pending[start : start + chunk_size]
             try:
-                self._takeover_chunk(chunk, now, outcomes)
+                self._takeover_chunk(chunk, now, judge_now, outcomes)
             except Exception as exc:
                 for wid in chunk:
                     outcomes.setdefault(wid, exc)
@@ -114,10 +119,14 @@ class Takeovers:
             _log.debug("batched takeover of %d workflows: %d acquired", len(pending), acquired)
         return [outcomes[wid] for wid in ids]
 
+    def _judge_now(self, now: int) -> int:
+        # One clock reading serves both uses unless expiry is judged on a clock of its own.
+        return now if self._judge_clock is None else self._judge_clock()
+
     # -- steps -----------------------------------------------------------------------------
 
     def _takeover_chunk(
-        self, chunk: list[str], now: int, outcomes: dict[str, TakeoverOutcome]
+        self, chunk: list[str], now: int, judge_now: int, outcomes: dict[str, TakeoverOutcome]
     ) -> None:
         """Read, judge and commit the takeovers of ``chunk``, storing each outcome.
 
@@ -131,7 +140,13 @@ class Takeovers:
         planned: list[tuple[str, Fragment, str | None]] = []
         for i, wid in enumerate(chunk):
             holder, epoch = values[i], values[len(chunk) + i]
-            judged = self._judge(wid, now, holder, epoch if holder is not None else None)
+            try:
+                judged = self._judge(
+                    wid, now, judge_now, holder, epoch if holder is not None else None
+                )
+            except CorruptEpochError as exc:
+                outcomes[wid] = exc
+                continue
             if isinstance(judged, TakeoverResult):
                 outcomes[wid] = judged
             else:
@@ -156,10 +171,16 @@ class Takeovers:
                 outcomes[wid] = self._lost(wid, holder)
 
     def _judge(
-        self, wid: str, now: int, holder_bytes: bytes | None, epoch_bytes: bytes | None
+        self,
+        wid: str,
+        now: int,
+        judge_now: int,
+        holder_bytes: bytes | None,
+        epoch_bytes: bytes | None,
     ) -> TakeoverResult | tuple[Fragment, str | None]:
         """Decide a takeover from what was read: a final result, or the fragment to commit and
-        the previous holder's engine id."""
+        the previous holder's engine id. Expiry is judged at ``judge_now``; the new holder is
+        written at ``now``."""
         if holder_bytes is None or epoch_bytes is None:
             # A holder without an epoch breaks the invariant: there is nothing safe to fence on.
             _log.debug(
@@ -170,7 +191,9 @@ class Takeovers:
             return TakeoverResult(TakeoverStatus.NO_CLAIM, wid)
         holder = decode_holder(holder_bytes)
         if holder is not None and not is_claim_expired(
-            expires_at=holder.expires_at, now=now, renew_interval_ms=self._renew_interval_ms
+            expires_at=holder.expires_at,
+            now=judge_now,
+            renew_interval_ms=self._renew_interval_ms,
         ):
             _log.debug(
                 "takeover of workflow %r: held by %r until %d",
@@ -184,14 +207,18 @@ class Takeovers:
                 held_by=holder.engine_id,
                 expires_at=holder.expires_at,
             )
-        fragment = build_takeover_transition(
-            workflow_id=wid,
-            engine_id=self._engine_id,
-            now=now,
-            claim_ttl_ms=self._claim_ttl_ms,
-            observed_holder_bytes=holder_bytes,
-            observed_epoch_bytes=epoch_bytes,
-        )
+        try:
+            fragment = build_takeover_transition(
+                workflow_id=wid,
+                engine_id=self._engine_id,
+                now=now,
+                claim_ttl_ms=self._claim_ttl_ms,
+                observed_holder_bytes=holder_bytes,
+                observed_epoch_bytes=epoch_bytes,
+            )
+        except CorruptEpochError as exc:
+            _log.warning("%s", exc)
+            raise
         return fragment, None if holder is None else holder.engine_id
 
     def _commit(self, fragments: list[Fragment]) -> list[Judged]:

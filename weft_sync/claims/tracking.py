@@ -2,7 +2,8 @@
 
 :class:`ClaimTable` is the registry's whole mutable state; the registry and its renewal and
 release parts share one table. Its lock guards the claims map, the in-flight renewal groups, the
-releasing counts and the mutable fields (``holder_bytes``, ``pending``) of every tracked entry.
+releasing counts and the mutable fields (``holder_bytes``, ``pending``, ``renewed``,
+``renewed_at``) of every tracked entry.
 The lock is never held across storage I/O, clock reads, warning sinks or logging.
 """
 
@@ -37,6 +38,9 @@ class TrackedClaim:
 
     ``renewed`` is the ``renewed`` result of this claim, made at its first successful renewal
     and returned by every later one (results are immutable, so one object serves them all).
+
+    ``renewed_at`` is the clock reading that started the last successful write of the holder
+    (acquire, takeover or renewal): the local renew deadline counts from it.
     """
 
     epoch: int
@@ -48,6 +52,11 @@ class TrackedClaim:
     tail_len: int = 0
     pending: tuple[bytes, ...] = ()
     renewed: RenewResult | None = None
+    renewed_at: int = -1
+
+    def __post_init__(self) -> None:
+        if self.renewed_at < 0:
+            self.renewed_at = self.claimed_at
 
     def remember_pending(self, value: bytes) -> None:
         """Add the value of a renewal whose commit raised. Call with the table lock held."""
@@ -104,6 +113,8 @@ class ClaimTable:
         self.in_flight: dict[str, RenewalGroup] = {}
         self.releasing: dict[str, int] = {}
         self.cooldown = TakeoverCooldown(cooldown_window_ms)
+        # Set (under lock) once the registry's final release began: no claim is tracked after.
+        self.closed = False
 
     def reset(self) -> None:
         """Replace everything with fresh, empty state (a new lock, claims, cooldown).
@@ -116,16 +127,23 @@ class ClaimTable:
         self.in_flight = {}
         self.releasing = {}
         self.cooldown = TakeoverCooldown(self._cooldown_window_ms)
+        self.closed = False
 
     def get(self, workflow_id: str) -> TrackedClaim | None:
         with self.lock:
             return self.claims.get(workflow_id)
 
-    def install(self, workflow_id: str, entry: TrackedClaim) -> None:
-        """Track ``entry`` (replacing any older one) and end the id's takeover cooldown."""
+    def install(self, workflow_id: str, entry: TrackedClaim) -> bool:
+        """Track ``entry`` (replacing any older one) and end the id's takeover cooldown.
+
+        :returns: ``False`` (nothing tracked) once ``closed`` is set.
+        """
         with self.lock:
+            if self.closed:
+                return False
             self.claims[workflow_id] = entry
             self.cooldown.clear(workflow_id)
+            return True
 
     def drop_if_same(self, workflow_id: str, entry: TrackedClaim) -> bool:
         """Stop tracking ``workflow_id`` if ``entry`` is still its entry; say whether it was."""

@@ -12,6 +12,7 @@ from typing import Final
 
 from .. import keys
 from ..codec import HolderRecord, decode_epoch, decode_holder, encode_epoch, encode_holder
+from ..errors import CorruptEpochError
 from ..storage.base import Condition, Delete, Operation, Put
 
 __all__ = [
@@ -40,9 +41,18 @@ class Fragment:
     operations: tuple[Operation, ...]
 
 
-def next_epoch(observed_epoch_bytes: bytes | None) -> int:
-    """Mint the epoch after the observed one; absent or corrupt bytes mint 1."""
-    return (decode_epoch(observed_epoch_bytes) or 0) + 1
+def next_epoch(observed_epoch_bytes: bytes | None, workflow_id: str = "") -> int:
+    """Mint the epoch after the observed one; absent bytes (never claimed) mint 1.
+
+    :raises CorruptEpochError: the bytes are present but do not decode: an epoch is never
+        minted over them, since anything chosen could repeat one handed out before.
+    """
+    if observed_epoch_bytes is None:
+        return 1
+    current = decode_epoch(observed_epoch_bytes)
+    if current is None:
+        raise CorruptEpochError(workflow_id, keys.workflow_owner_epoch(workflow_id))
+    return current + 1
 
 
 def _claim_puts(
@@ -63,8 +73,11 @@ def build_acquire_transition(
     claim_ttl_ms: int,
     observed_epoch_bytes: bytes | None,
 ) -> Fragment:
-    """Claim a workflow nobody holds: the holder must be absent, the epoch unchanged."""
-    epoch = next_epoch(observed_epoch_bytes)
+    """Claim a workflow nobody holds: the holder must be absent, the epoch unchanged.
+
+    :raises CorruptEpochError: the observed epoch bytes are present but corrupt.
+    """
+    epoch = next_epoch(observed_epoch_bytes, workflow_id)
     return Fragment(
         conditions=(
             Condition(keys.workflow_owner_holder(workflow_id), None),
@@ -118,8 +131,11 @@ def build_takeover_transition(
     observed_holder_bytes: bytes,
     observed_epoch_bytes: bytes,
 ) -> Fragment:
-    """Replace an expired or garbage holder; the new epoch follows the epoch key, not the holder."""
-    epoch = next_epoch(observed_epoch_bytes)
+    """Replace an expired or garbage holder; the new epoch follows the epoch key, not the holder.
+
+    :raises CorruptEpochError: the observed epoch bytes are corrupt.
+    """
+    epoch = next_epoch(observed_epoch_bytes, workflow_id)
     return Fragment(
         conditions=(
             Condition(keys.workflow_owner_holder(workflow_id), observed_holder_bytes),
@@ -135,13 +151,15 @@ def build_external_rotation_transition(
     """Depose whoever owns the workflow: bump the epoch and delete the holder.
 
     Fold it into the same write as a terminal or suspending state change only.
+
+    :raises CorruptEpochError: the observed epoch bytes are present but corrupt.
     """
     return Fragment(
         conditions=(Condition(keys.workflow_owner_epoch(workflow_id), observed_epoch_bytes),),
         operations=(
             Put(
                 keys.workflow_owner_epoch(workflow_id),
-                encode_epoch(next_epoch(observed_epoch_bytes)),
+                encode_epoch(next_epoch(observed_epoch_bytes, workflow_id)),
             ),
             Delete(keys.workflow_owner_holder(workflow_id)),
         ),

@@ -15,6 +15,7 @@ from .. import keys
 from ..claims.transitions import build_external_rotation_transition, extract_put_value
 from ..clock import Clock
 from ..codec import WORKFLOW_STATUSES, WorkflowRecord, try_decode_workflow_record
+from ..errors import CorruptEpochError
 from ..storage.base import Condition, Delete, Operation, Storage, storage_conditional_batch
 from .fencing import Fence
 from .records import (
@@ -124,9 +125,13 @@ class ExternalTransitions:
         registry = self._fence.optional_registry()
         held_before = None if registry is None else registry.current_epoch(wid)
         epoch_key = keys.workflow_owner_epoch(wid)
-        rotation = build_external_rotation_transition(
-            workflow_id=wid, observed_epoch_bytes=self._storage.get(epoch_key)
-        )
+        try:
+            rotation = build_external_rotation_transition(
+                workflow_id=wid, observed_epoch_bytes=self._storage.get(epoch_key)
+            )
+        except CorruptEpochError as exc:
+            _log.warning("%s", exc)
+            raise
         if not storage_conditional_batch(
             self._storage,
             [*conditions, *rotation.conditions],

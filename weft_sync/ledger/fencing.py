@@ -25,6 +25,7 @@ from ..claims.registry import ClaimRegistry, WarnSink
 from ..codec import decode_epoch, decode_holder
 from ..errors import (
     EngineDeposedError,
+    StoreIdentityError,
     WeftError,
     WorkflowClaimLostWarning,
     WorkflowWakeDiscardedWarning,
@@ -207,12 +208,19 @@ class Fence:
         :raises EngineDeposedError: the registry holds no epoch (no storage round trip), or the
             CAS failed and the epoch key is now absent, different, corrupt or unreadable.
         :raises StorageError: the commit itself failed.
+        :raises StoreIdentityError: the store was replaced; every claim of this engine has been
+            lost locally (cause ``store_identity``).
         """
         fence = self.fence_bytes(workflow_id)
         epoch_key = keys.workflow_owner_epoch(workflow_id)
         fenced = [*conditions, Condition(epoch_key, fence)]
-        if storage_conditional_batch(self._storage, fenced, operations):
-            return True
+        try:
+            if storage_conditional_batch(self._storage, fenced, operations):
+                return True
+        except StoreIdentityError as exc:
+            # Another store now sits at this location: nothing this engine holds is vouched for.
+            self.registry().lose_store(exc)
+            raise
         try:
             observed = self._storage.get(epoch_key)
         except Exception as exc:

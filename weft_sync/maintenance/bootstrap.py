@@ -10,9 +10,11 @@ from dataclasses import dataclass
 from ..claims.gates import bootstrap_ownership_gates
 from ..claims.registry import ClaimRegistry, WarnSink
 from ..claims.renewal_target import create_renewal_target
+from ..claims.store_clock import StoreClock
 from ..clock import Clock
 from ..metrics import ClaimMetrics
 from ..storage.base import Storage
+from .fair_share import validate_max_claims
 from .reclaim_target import EligibilityPredicate, ReclaimTargetHandle, create_reclaim_target
 from .scheduler import IntervalScheduler
 from .targets import PassResult, RenewalStatus, SignalPollTarget, UpdatePollTarget
@@ -71,7 +73,10 @@ def bootstrap_workflow_lease_ownership(
     warn: WarnSink | None = None,
     engine_id: str | None = None,
     skip_live_holders: bool = False,
+    store_clock: StoreClock | None = None,
     metrics: ClaimMetrics | None = None,
+    max_claims: int | None = None,
+    fair_share: bool = False,
 ) -> OwnershipBootstrap:
     """Run the ownership gates, then build everything one engine needs; start nothing.
 
@@ -83,10 +88,14 @@ def bootstrap_workflow_lease_ownership(
     :param on_pass_complete: also receives every pass result, after the metrics bridge.
     :param engine_id: this engine's id; a fresh UUID when omitted.
     :param skip_live_holders: see :class:`~.reclaim_target.ReclaimTargetHandle`.
+    :param store_clock: write and judge claim expiry on the store's clock (its upper and lower
+        bounds) instead of ``clock``; the renewal sub-pass refreshes its offset when due.
+        ``clock`` still times the gates' marker and the passes.
+    :param max_claims: fair_share: see :class:`~.reclaim_target.ReclaimTargetHandle`.
     :param metrics: the engine's metrics, when the caller shares them with other parts (a
         fresh :class:`~weft_sync.metrics.ClaimMetrics` when omitted).
-    :raises ValueError: a duration is not a positive int, or ``engine_id`` is empty (checked
-        before the store is touched).
+    :raises ValueError: a duration is not a positive int, ``engine_id`` is empty, or
+        ``max_claims`` is not ``None`` or an ``int >= 1`` (checked before the store is touched).
     :raises TypeError: ``clock`` or ``warn`` is not callable (checked before the store is
         touched).
     :raises StorageCapabilityError: the store has no compare-and-swap (nothing is built).
@@ -95,17 +104,20 @@ def bootstrap_workflow_lease_ownership(
     """
     # The registry validates the arguments without touching the store, so a misconfigured
     # engine fails before the gates can stamp a fresh store.
+    validate_max_claims(max_claims)
+    if metrics is None:
+        metrics = ClaimMetrics()
     registry = ClaimRegistry(
         storage,
         engine_id=str(uuid.uuid4()) if engine_id is None else engine_id,
-        clock=clock,
+        clock=clock if store_clock is None else store_clock.upper,
         claim_ttl_ms=claim_ttl_ms,
         claim_renew_interval_ms=claim_renew_interval_ms,
         warn=warn,
+        metrics=metrics,
+        judge_clock=None if store_clock is None else store_clock.lower,
     )
     bootstrap_ownership_gates(storage, mode="workflow-lease", clock=clock)
-    if metrics is None:
-        metrics = ClaimMetrics()
     reclaim_target = create_reclaim_target(
         registry,
         storage,
@@ -113,9 +125,13 @@ def bootstrap_workflow_lease_ownership(
         on_reclaimed=on_workflow_claim_reclaimed,
         is_eligible=is_workflow_type_registered,
         skip_live_holders=skip_live_holders,
+        max_claims=max_claims,
+        fair_share=fair_share,
     )
     task = create_renewal_task(
-        target=create_renewal_target(registry, metrics),
+        target=create_renewal_target(
+            registry, metrics, None if store_clock is None else store_clock.refresh
+        ),
         clock=clock,
         interval_ms=claim_renew_interval_ms,
         scheduler=scheduler,

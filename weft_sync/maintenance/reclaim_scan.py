@@ -13,6 +13,10 @@ Three scans, in order, each adding only ids not found before and not excluded:
 
 Keys are decoded strictly: a key whose id component is malformed or not in the canonical
 encoding the library writes is skipped, never guessed at.
+
+:func:`discover_reclaim_candidates` also reports what fair takeover needs from the same reads:
+which candidates look *stranded* (a holder the scan judged expired or undecodable, or no holder
+at all) and how many live claims each other engine holds.
 """
 
 from __future__ import annotations
@@ -22,13 +26,20 @@ import os
 import threading
 import weakref
 from collections.abc import Callable, Collection
+from dataclasses import dataclass, field
 from typing import Final
 
 from .. import keys
 from ..codec import try_decode_workflow_record
 from ..storage.base import Storage
 
-__all__ = ["AUTHORITATIVE_SCAN_LIMIT", "list_reclaim_candidates"]
+__all__ = [
+    "AUTHORITATIVE_SCAN_LIMIT",
+    "HolderJudge",
+    "ReclaimDiscovery",
+    "discover_reclaim_candidates",
+    "list_reclaim_candidates",
+]
 
 _log = logging.getLogger(__name__)
 
@@ -57,6 +68,26 @@ if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_reset_cursor_lock_in_child)
 
 
+HolderJudge = Callable[[bytes], "str | None"]
+"""Given holder bytes the scan read: the holder's engine id if the claim is live, else ``None``."""
+
+
+@dataclass(slots=True)
+class ReclaimDiscovery:
+    """What one discovery found, from one set of reads.
+
+    :param candidates: every id worth a takeover attempt, without duplicates, in scan order.
+    :param stranded: the candidates that looked takeover-ready (expired or undecodable holder,
+        or a running record with no holder), in scan order.
+    :param live_claims: other engines' live claims the holder scan read, per engine id
+        (excluded ids are not counted).
+    """
+
+    candidates: list[str] = field(default_factory=list)
+    stranded: list[str] = field(default_factory=list)
+    live_claims: dict[str, int] = field(default_factory=dict)
+
+
 def list_reclaim_candidates(
     storage: Storage,
     exclude: Collection[str],
@@ -72,16 +103,48 @@ def list_reclaim_candidates(
         this saves the reads of a doomed attempt without ever hiding an expired claim for long.
     :raises StorageError: a scan or read failed (the cursor does not move then).
     """
+    if holder_is_live is None:
+        return discover_reclaim_candidates(storage, exclude, judge=None).candidates
+    is_live = holder_is_live
+
+    def judge(holder_bytes: bytes) -> str | None:
+        return "" if is_live(holder_bytes) else None
+
+    return discover_reclaim_candidates(storage, exclude, judge=judge, skip_live=True).candidates
+
+
+def discover_reclaim_candidates(
+    storage: Storage,
+    exclude: Collection[str],
+    *,
+    judge: HolderJudge | None,
+    skip_live: bool = False,
+) -> ReclaimDiscovery:
+    """Run the three scans; classify every holder read with ``judge``.
+
+    :param judge: tells a live holder (its engine id) from a stranded one (``None``). Without a
+        judge every holder counts as stranded and no live claims are reported.
+    :param skip_live: leave holders judged live out of the candidates (see
+        :func:`list_reclaim_candidates`).
+    :raises StorageError: a scan or read failed (the cursor does not move then).
+    """
     excluded = set(exclude)
     found: dict[str, None] = {}
+    found_stranded: dict[str, None] = {}
+    live_claims: dict[str, int] = {}
     live: set[str] = set()
     for key, value in storage.scan(_HOLDER_PREFIX):
         workflow_id = _decode_id(key, _HOLDER_PREFIX)
         if workflow_id is None or workflow_id in excluded:
             continue
-        if holder_is_live is not None and holder_is_live(value):
-            live.add(workflow_id)
-            continue
+        engine = None if judge is None else judge(value)
+        if engine is not None:
+            live_claims[engine] = live_claims.get(engine, 0) + 1
+            if skip_live:
+                live.add(workflow_id)
+                continue
+        else:
+            found_stranded.setdefault(workflow_id)
         found.setdefault(workflow_id)
     excluded |= live
     for key, _ in storage.scan(_RUNNING_INDEX_PREFIX):
@@ -90,8 +153,12 @@ def list_reclaim_candidates(
             continue
         if storage.get(keys.workflow_owner_holder(workflow_id)) is None:
             found[workflow_id] = None
+            found_stranded[workflow_id] = None
+    before = len(found)
     _authoritative_scan(storage, excluded, found)
-    return list(found)
+    for workflow_id in list(found)[before:]:
+        found_stranded[workflow_id] = None
+    return ReclaimDiscovery(list(found), list(found_stranded), live_claims)
 
 
 def _authoritative_scan(storage: Storage, excluded: set[str], found: dict[str, None]) -> None:

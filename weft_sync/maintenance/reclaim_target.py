@@ -14,6 +14,10 @@ each candidate is then finished (retries, the re-check of its record, the drive)
 single attempt would finish it. The re-check reads the record at completion, right before the
 drive, however long after the takeover that is; and a claim is driven only while this engine
 still holds it at the epoch it won.
+
+With ``fair_share`` (the ``Ownership`` facade turns it on) a pass attempts only this engine's
+fair share of the stranded candidates, in an order of its own (:mod:`.fair_share`); with
+``max_claims`` it never takes over beyond that many held claims.
 """
 
 from __future__ import annotations
@@ -32,7 +36,8 @@ from ..codec import WorkflowRecord, decode_holder, try_decode_workflow_record
 from ..metrics import ClaimMetrics
 from ..storage.base import Storage
 from ..storage.reads import storage_get_many
-from .reclaim_scan import list_reclaim_candidates
+from .fair_share import FAIR_SHARE_WINDOW_INTERVALS, select_takeovers, validate_max_claims
+from .reclaim_scan import discover_reclaim_candidates, list_reclaim_candidates
 from .targets import TAKEOVER_MAX_ATTEMPTS, ReclaimAttemptResult
 
 __all__ = ["EligibilityPredicate", "ReclaimPlan", "ReclaimTargetHandle", "create_reclaim_target"]
@@ -89,16 +94,26 @@ class ReclaimTargetHandle:
         is_eligible: EligibilityPredicate | None = None,
         *,
         skip_live_holders: bool = False,
+        max_claims: int | None = None,
+        fair_share: bool = False,
     ) -> None:
+        self._max_claims = validate_max_claims(max_claims)
+        self._fair_share = fair_share
         self._registry = registry
         self._skip_live_holders = skip_live_holders
         self._storage = storage
         self._metrics = metrics
         self._on_reclaimed = on_reclaimed
         self._is_eligible = is_eligible
-        # _lock guards _pending_redrive, _disposing and the completed flag of every plan.
+        # _lock guards _pending_redrive, _disposing, _first_seen, _ineligible and the completed
+        # flag of every plan.
         self._lock = threading.Lock()
         self._pending_redrive: dict[str, int] = {}
+        # Stranded candidate -> when this engine first saw it stranded (its clock, ms).
+        self._first_seen: dict[str, int] = {}
+        # Candidates whose record the last check found ineligible: still attempted every pass
+        # (a handler may be added), but left out of the fair share they would otherwise use up.
+        self._ineligible: set[str] = set()
         self._disposing = False
 
     @property
@@ -127,14 +142,62 @@ class ReclaimTargetHandle:
         if self._is_disposing():
             return []
         held = self._registry.list_held_workflow_ids()
-        found = list_reclaim_candidates(
-            self._storage,
-            held,
-            holder_is_live=self._holder_is_live if self._skip_live_holders else None,
-        )
+        if self._fair_share or self._max_claims is not None:
+            found = self._select_candidates(held)
+        else:
+            found = list_reclaim_candidates(
+                self._storage,
+                held,
+                holder_is_live=self._holder_is_live if self._skip_live_holders else None,
+            )
         ids = dict.fromkeys(found)
         ids.update(dict.fromkeys(self.pending_redrive_ids()))
         return list(ids)
+
+    def _select_candidates(self, held: list[str]) -> list[str]:
+        """Discovery limited to this pass's takeovers: the fair share, within ``max_claims``."""
+        discovery = discover_reclaim_candidates(
+            self._storage, held, judge=self._live_engine, skip_live=self._skip_live_holders
+        )
+        now = self._registry.clock()
+        window = FAIR_SHARE_WINDOW_INTERVALS * self._registry.claim_renew_interval_ms
+        with self._lock:
+            self._ineligible.intersection_update(discovery.stranded)
+            known_ineligible = [wid for wid in discovery.stranded if wid in self._ineligible]
+            shared = [wid for wid in discovery.stranded if wid not in self._ineligible]
+            seen = {wid: self._first_seen.get(wid, now) for wid in shared}
+            self._first_seen = seen
+        if self._fair_share:
+            overdue = {wid for wid, first in seen.items() if now - first >= window}
+        else:
+            overdue = set(shared)
+        chosen = select_takeovers(
+            engine_id=self._registry.engine_id,
+            stranded=shared,
+            overdue=overdue,
+            held=len(held),
+            live_claims=discovery.live_claims,
+            max_claims=self._max_claims,
+        )
+        if discovery.stranded:
+            _log.debug(
+                "reclaim pass takes %d of %d stranded workflows (%d overdue, %d ineligible "
+                "before, %d other engines)",
+                len(chosen),
+                len(shared),
+                len(overdue),
+                len(known_ineligible),
+                len(discovery.live_claims),
+            )
+        stranded = set(discovery.stranded)
+        rest = [wid for wid in discovery.candidates if wid not in stranded]
+        return chosen + known_ineligible + rest
+
+    def _capacity_left(self) -> int | None:
+        """How many more claims ``max_claims`` allows now; ``None`` without a limit."""
+        if self._max_claims is None:
+            return None
+        return max(0, self._max_claims - len(self._registry.list_held_workflow_ids()))
 
     def attempt_workflow_claim_takeover(self, workflow_id: str) -> ReclaimAttemptResult:
         """Reclaim one candidate: redrive our own failed drive, or take over / acquire and drive.
@@ -187,6 +250,11 @@ class ReclaimTargetHandle:
             # Not held here, so no drive of ours can be pending (as in the single attempt).
             self._drop_pending(wid)
         eligible = self._eligible_or_decide(fresh, plans)
+        capacity = self._capacity_left()
+        if capacity is not None and len(eligible) > capacity:
+            for wid in eligible[capacity:]:
+                plans[wid] = ReclaimPlan(wid, final=_NOT_ELIGIBLE)
+            eligible = eligible[:capacity]
         if eligible:
             self._first_attempts(eligible, plans)
         # A repeated id gets a plain plan after the first: attempted alone, it finds the claim
@@ -235,11 +303,21 @@ class ReclaimTargetHandle:
                 # Attempted alone, the candidate asks the predicate again and fails by itself.
                 _log.debug("eligibility check of %r raised %r; attempting alone", wid, exc)
                 continue
+            self._note_eligibility(wid, ok)
             if ok:
                 eligible.append(wid)
             else:
                 plans[wid] = ReclaimPlan(wid, final=_NOT_ELIGIBLE)
         return eligible
+
+    def _note_eligibility(self, workflow_id: str, eligible: bool) -> None:
+        if not self._fair_share and self._max_claims is None:
+            return  # only the limited selection reads it (and prunes it every pass)
+        with self._lock:
+            if eligible:
+                self._ineligible.discard(workflow_id)
+            else:
+                self._ineligible.add(workflow_id)
 
     def _first_attempts(self, eligible: list[str], plans: dict[str, ReclaimPlan]) -> None:
         """Attempt ``eligible`` in one ``takeover_many``; a failed id is attempted alone later."""
@@ -279,12 +357,13 @@ class ReclaimTargetHandle:
 
         ``first`` is a first attempt already made (eligibility was checked before it).
         """
-        if (
-            first is None
-            and self._is_eligible is not None
-            and not self._check_eligible(self._read_record(workflow_id))
-        ):
+        if first is None and self._capacity_left() == 0:
             return _NOT_ELIGIBLE
+        if first is None and self._is_eligible is not None:
+            eligible = self._check_eligible(self._read_record(workflow_id))
+            self._note_eligibility(workflow_id, eligible)
+            if not eligible:
+                return _NOT_ELIGIBLE
         for attempt in range(TAKEOVER_MAX_ATTEMPTS):
             if attempt == 0 and first is not None:
                 result = first
@@ -362,6 +441,13 @@ class ReclaimTargetHandle:
 
     # -- helpers --------------------------------------------------------------------------------
 
+    def _live_engine(self, holder_bytes: bytes) -> str | None:
+        # The engine of a holder the scan saw unexpired; None for an expired or garbage one.
+        holder = decode_holder(holder_bytes)
+        if holder is None or not self._holder_is_live(holder_bytes):
+            return None
+        return holder.engine_id
+
     def _holder_is_live(self, holder_bytes: bytes) -> bool:
         # A holder the scan saw unexpired would only come back not-expired from the takeover;
         # an undecodable one is never live (it is stolen at once).
@@ -422,6 +508,8 @@ def create_reclaim_target(
     is_eligible: EligibilityPredicate | None = None,
     *,
     skip_live_holders: bool = False,
+    max_claims: int | None = None,
+    fair_share: bool = False,
 ) -> ReclaimTargetHandle:
     """Build the reclaim target of one engine (see :class:`ReclaimTargetHandle`)."""
     return ReclaimTargetHandle(
@@ -431,4 +519,6 @@ def create_reclaim_target(
         on_reclaimed,
         is_eligible,
         skip_live_holders=skip_live_holders,
+        max_claims=max_claims,
+        fair_share=fair_share,
     )

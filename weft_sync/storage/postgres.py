@@ -24,6 +24,7 @@ except ImportError as exc:  # pragma: no cover - depends on the installed extras
         f"'pip install weft_sync[postgres]'"
     ) from exc
 
+from .._fork import inherited_error, pin, process_bound_class, register_at_fork
 from ..errors import ClosedError, MissingStoreError, ReadOnlyStorageError, StorageError
 from ..redaction import redact_text
 from .base import (
@@ -65,25 +66,23 @@ _CAPABILITIES: Final = StorageCapabilities(
 )
 # Written into a key that a batch requires absent but does not write; deleted before commit.
 _PLACEHOLDER: Final = b""
-# Pools inherited across os.fork() are never closed in the child (closing would end the parent's
-# sessions); keeping them referenced here keeps their finalisers from running in the child.
-_INHERITED: list[object] = []
+_SERVER_TIME: Final = "SELECT (extract(epoch FROM clock_timestamp()) * 1000)::bigint"
 _LIVE: weakref.WeakSet[PostgresStorage] = weakref.WeakSet()
 
 
 def _after_fork_in_child() -> None:
     for store in list(_LIVE):
-        store._reset_lock_after_fork()
+        store._abandon_in_child()
 
 
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_after_fork_in_child)
+register_at_fork(after_in_child=_after_fork_in_child)
 
 
 class _Refused(Exception):
     """A conditional batch failed after it had written; its transaction or savepoint rolls back."""
 
 
+@process_bound_class
 class PostgresStorage(IsolatedBatches):
     """Store keys in one PostgreSQL table, safely across threads, processes and hosts.
 
@@ -108,8 +107,9 @@ class PostgresStorage(IsolatedBatches):
     Connections come from a ``psycopg_pool.ConnectionPool`` (autocommit sessions) that checks each
     connection before lending it, so calls succeed again once a restarted server is back. A
     connection lost during COMMIT leaves the outcome unknown: ``StorageError`` is raised and the
-    caller must re-read. After ``os.fork()`` the child leaves the inherited pool alone and opens
-    its own on first use.
+    caller must re-read. In a child that inherited this instance across ``os.fork()`` it raises
+    :class:`~weft_sync.errors.ClosedError`; the inherited pool is left alone, never closed (that
+    would end the parent's sessions, which share its sockets): the child opens its own storage.
 
     Every wait is bounded (see :mod:`~weft_sync.storage.postgres_settings`): each session runs
     with a ``statement_timeout`` and a ``lock_timeout``, and the pool wait is bounded, all derived
@@ -174,9 +174,9 @@ class PostgresStorage(IsolatedBatches):
         self._read_only = bool(read_only)
         self._connect_kwargs = _connect_kwargs(dsn, self._bounds)
         self._q = Queries(self._table)
-        self._lock = threading.Lock()  # guards _pool, _pool_pid and _closed
+        self._lock = threading.Lock()  # guards _pool and _closed
         self._pool: ConnectionPool[_Conn] | None = None
-        self._pool_pid = os.getpid()
+        self._fork_pid = os.getpid()
         self._closed = False
         self._fence_target: PostgresFenceTarget | None = None
         with self._translate("table setup"):
@@ -250,39 +250,33 @@ class PostgresStorage(IsolatedBatches):
 
     # -- connections -------------------------------------------------------------------------
 
-    def _reset_lock_after_fork(self) -> None:
+    def _abandon_in_child(self) -> None:
+        """In a forked child: keep the inherited pool referenced and unused, never closed."""
         # Another parent thread may have held the lock at fork(); the child has only this thread.
         self._lock = threading.Lock()
+        pool, self._pool = self._pool, None
+        if pool is not None:
+            pin(pool)
+        self._closed = True
+        _LIVE.discard(self)
 
     def _check_open(self) -> None:
+        if self._fork_pid != os.getpid():
+            raise inherited_error(self, self._fork_pid)
         with self._lock:
             closed = self._closed
         if closed:
             raise self._closed_error()
 
     def _current_pool(self) -> ConnectionPool[_Conn]:
-        """Return this process's pool, abandoning one inherited across ``fork()``."""
-        pid = os.getpid()
+        """Return the pool, unless this instance is closed or was inherited across a fork."""
+        if self._fork_pid != os.getpid():
+            raise inherited_error(self, self._fork_pid)
         with self._lock:
-            if self._closed:
-                raise self._closed_error()
-            if self._pool is not None and self._pool_pid == pid:
-                return self._pool
-            if self._pool is not None:
-                _INHERITED.append(self._pool)
-                self._pool = None
-        fresh = self._new_pool()
-        fresh.open(wait=False)
-        with self._lock:
-            current, closed = self._state()
-            if current is None and not closed:
-                self._pool, self._pool_pid = fresh, pid
-                _log.debug("PostgresStorage(%r) opened a new pool in process %d", self._table, pid)
-                return fresh
-        fresh.close()
-        if current is None:
+            pool, closed = self._state()
+        if closed or pool is None:
             raise self._closed_error()
-        return current
+        return pool
 
     def _state(self) -> tuple[ConnectionPool[_Conn] | None, bool]:
         return self._pool, self._closed
@@ -356,6 +350,15 @@ class PostgresStorage(IsolatedBatches):
     @property
     def capabilities(self) -> StorageCapabilities:
         return _CAPABILITIES
+
+    def server_time_ms(self) -> int:
+        """The database server's clock: milliseconds since the Unix epoch (one round trip).
+
+        ``clock_timestamp()`` is read when the statement runs, not at transaction start, so a
+        caller that notes its own clock before and after the call bounds the server's reading.
+        """
+        rows = self._read("server clock read", _SERVER_TIME, [])
+        return int(rows[0][0])
 
     @property
     def read_only(self) -> bool:
@@ -504,19 +507,20 @@ class PostgresStorage(IsolatedBatches):
         return ReplicationSettings(str(commit), str(standbys), bool(standby))
 
     def close(self) -> None:
+        """Close the pool; idempotent. In a forked child it only lets go of the inherited one."""
+        if self._fork_pid != os.getpid():
+            if not self._closed:
+                self._abandon_in_child()
+            return
         with self._lock:
             if self._closed:
                 return
             self._closed = True
-            pool, owned = self._pool, self._pool_pid == os.getpid()
+            pool = self._pool
             self._pool = None
         _LIVE.discard(self)
-        if pool is None:
-            return
-        if owned:
+        if pool is not None:
             pool.close()
-        else:
-            _INHERITED.append(pool)
 
     def __enter__(self) -> PostgresStorage:
         return self

@@ -7,11 +7,13 @@ import logging
 import os
 import sqlite3
 import threading
+import time
 import weakref
 from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Final
 from urllib.parse import quote
 
+from .._fork import process_bound_class, register_at_fork
 from ..errors import ClosedError, MissingStoreError, ReadOnlyStorageError, StorageError
 from .base import (
     Batch,
@@ -31,6 +33,7 @@ from .cas import CasRow, validate_cas_rows
 from .fence_target import SqliteFenceTarget
 from .reads import validate_keys
 from .sqlite_identity import StoreIdentity, ensure_store_id
+from .sqlite_readers import ReaderConnections
 from .sqlite_writer import (
     RenewalRow,
     RequestQueue,
@@ -57,31 +60,61 @@ _JOIN_GRACE_S: Final = 5.0
 # Keys per ``SELECT … WHERE key IN (…)`` of get_many (SQLite allows 32,766 parameters).
 _GET_MANY_CHUNK: Final = 500
 
-# Connections inherited across os.fork() are never closed in the child (closing a copied handle
-# can checkpoint or unlink the parent's WAL); keeping them referenced here stops finalisation.
-_INHERITED: list[object] = []
-# Guards the one-time reset of a storage object in a forked child; recreated in every child.
-_fork_lock = threading.Lock()
+# How much longer than its busy timeout a fork waits for a storage's reads and writes to pause.
+_FORK_GRACE_S: Final = 5.0
+# Held while a storage creates its table (outside any writer), so a fork waits for that too.
+_opening = threading.Lock()
 _LIVE: weakref.WeakSet[SqliteStorage] = weakref.WeakSet()
+# Per forking thread (the fork handlers of one fork run on one thread, which the child keeps):
+# ``paused``, the storages this fork paused, and ``opening``, whether it holds _opening.
+_fork_state = threading.local()
+
+
+def _before_fork() -> None:
+    # SQLite keeps per-process lock bookkeeping for each file, and a child inherits a copy: a
+    # connection copied mid-transaction would make every write of the child's own connections
+    # fail as "database is locked". Pausing every read and write until the fork is done lets
+    # the child close its copies safely, so its own connections start from clean bookkeeping.
+    start = time.monotonic()
+    _fork_state.opening = _opening.acquire(timeout=_FORK_GRACE_S)
+    _fork_state.paused = [s for s in list(_LIVE) if s._pause_for_fork(start)]
+
+
+def _forked() -> tuple[list[SqliteStorage], bool]:
+    paused: list[SqliteStorage] = getattr(_fork_state, "paused", [])
+    opening: bool = getattr(_fork_state, "opening", False)
+    _fork_state.paused, _fork_state.opening = [], False
+    return paused, opening
+
+
+def _after_fork_in_parent() -> None:
+    paused, opening = _forked()
+    for storage in paused:
+        storage._resume_after_fork()
+    if opening:
+        _opening.release()
 
 
 def _after_fork_in_child() -> None:
-    # Reset eagerly so inherited handles are pinned even if the child never uses the storage;
-    # the pid check on every call covers forks that skip these hooks.
-    global _fork_lock
-    _fork_lock = threading.Lock()
+    global _opening
+    _opening = threading.Lock()
+    paused, _ = _forked()
     for storage in list(_LIVE):
-        storage._ensure_process()
+        storage._abandon_in_child(paused=any(storage is p for p in paused))
 
 
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_after_fork_in_child)
+register_at_fork(
+    before=_before_fork,
+    after_in_parent=_after_fork_in_parent,
+    after_in_child=_after_fork_in_child,
+)
 
 
 def _identity(value: object) -> object:
     return value
 
 
+@process_bound_class
 class SqliteStorage:
     """Store keys in one SQLite file, safely across threads and processes on one host.
 
@@ -101,8 +134,14 @@ class SqliteStorage:
 
     Processes: writers in different processes are serialised by ``flock`` on ``<path>.lock``,
     held only while a write transaction runs, and ``BEGIN IMMEDIATE`` takes SQLite's write lock
-    before any condition is read. After ``os.fork()`` the child leaves the inherited connections
-    and writer thread alone and opens its own. Several hosts must not share the file.
+    before any condition is read. Several hosts must not share the file.
+
+    Fork: a fork waits (up to the busy timeout and a few seconds more) until no read or write of
+    this instance runs, so that the child can close the connections it inherited without touching
+    anything the parent uses; the child then opens its own storage on the same file, which works
+    whatever the parent was doing. In the child this instance raises
+    :class:`~weft_sync.errors.ClosedError`. Connections the application opens itself on the same
+    file (a :meth:`dict_view` included) should not be open across a fork.
 
     :param path: the database file; created if missing. ``":memory:"`` is refused.
     :param table: the table name (letters, digits, underscores).
@@ -154,12 +193,16 @@ class SqliteStorage:
         self._sql_get_many = f"SELECT key, value FROM {quoted} WHERE key IN "
         self._sql_scan = f"SELECT key, value FROM {quoted} WHERE key >= ?"
 
-        # Guards _closed, _writer, _readers and _local, and orders each write's choice (commit on
-        # the calling thread, or queue) against other writes and against close(): no request is
-        # queued or started after close() has drained the queue. Recreated with the per-process
-        # state in a forked child.
+        # Guards _closed and _writer, and orders each write's choice (commit on the calling
+        # thread, or queue) against other writes, against close() (no request is queued or
+        # started after close() has drained the queue) and against a fork (see _pause_for_fork).
         self._lock = threading.Lock()
         self._closed = False
+        self._fork_pid = os.getpid()
+        self._queue = RequestQueue()
+        self._writer: SqliteWriter | None = None
+        self._file_lock = WriterFileLock(self._path + ".lock", self._busy_timeout_ms)
+        self._readers = ReaderConnections(self._connect, self._closed_error)
         self._identity = StoreIdentity(self._path, self._connect)
         # A lock file without its database: a store was here and its file was deleted.
         replaces_deleted = (
@@ -167,52 +210,70 @@ class SqliteStorage:
             and os.path.exists(self._path + ".lock")
             and not os.path.exists(self._path)
         )
-        self._init_process_state()
         try:
-            if self._read_only:
-                self._check_schema()
-            else:
-                if replaces_deleted:
-                    _log.warning(
-                        "creating a new, empty store at %r, where the lock file of a deleted one "
-                        "remains: its epochs start again, so every engine still running on the "
-                        "deleted file must be stopped (they stop writing at their next pass)",
-                        self._path,
-                    )
-                self._create_schema()
-                with self._translate("open"):
-                    self._identity.open()
+            with _opening:
+                if self._read_only:
+                    self._check_schema()
+                else:
+                    if replaces_deleted:
+                        _log.warning(
+                            "creating a new, empty store at %r, where the lock file of a deleted "
+                            "one remains: its epochs start again, so every engine still running "
+                            "on the deleted file must be stopped (they stop writing at their "
+                            "next pass)",
+                            self._path,
+                        )
+                    self._create_schema()
+                    with self._translate("open"):
+                        self._identity.open()
         except BaseException:
             self._file_lock.close()
             raise
         _LIVE.add(self)
 
-    # -- per-process state -------------------------------------------------------------------
+    # -- fork --------------------------------------------------------------------------------
 
-    def _init_process_state(self) -> None:
-        self._pid = os.getpid()
-        self._local = threading.local()
-        self._queue = RequestQueue()
-        self._writer: SqliteWriter | None = None
-        self._file_lock = WriterFileLock(self._path + ".lock", self._busy_timeout_ms)
-        self._readers: list[tuple[threading.Thread, sqlite3.Connection]] = []
+    def _pause_for_fork(self, start: float) -> bool:
+        """Hold every lock that a read or write runs under; ``False`` (nothing held) on timeout."""
+        deadline = start + self._busy_timeout_ms / 1000.0 + _FORK_GRACE_S
+        if not self._lock.acquire(timeout=max(0.0, deadline - time.monotonic())):
+            return False
+        writer = self._writer
+        if writer is not None and not writer.pause(deadline - time.monotonic()):
+            self._lock.release()
+            return False
+        if not self._readers.pause(deadline):
+            if writer is not None:
+                writer.resume()
+            self._lock.release()
+            return False
+        return True
 
-    def _ensure_process(self) -> None:
-        """Abandon state inherited from a parent process; the child opens its own lazily."""
-        if self._pid == os.getpid():
-            return
-        with _fork_lock:
-            if self._pid == os.getpid():
-                return
-            _INHERITED.extend(conn for _, conn in self._readers)
-            if self._writer is not None and self._writer.connection is not None:
-                _INHERITED.append(self._writer.connection)
-            _INHERITED.append(self._identity.reopen_in_child())
-            # Closing a duplicated descriptor never releases the parent's flock.
-            self._file_lock.close()
-            # The parent's lock may have been held by a thread that does not exist here.
-            self._lock = threading.Lock()
-            self._init_process_state()
+    def _resume_after_fork(self) -> None:
+        self._readers.resume()
+        if self._writer is not None:
+            self._writer.resume()
+        self._lock.release()
+
+    def _abandon_in_child(self, *, paused: bool) -> None:
+        """Let go of everything inherited: close the copies when paused, else pin them."""
+        if not paused and not self._closed:
+            _log.warning(
+                "process %d was forked while a read or write of %r was still running (or by a "
+                "fork that skips os.register_at_fork handlers): it keeps the SQLite connections "
+                "it inherited open, and its own connections to this file may fail with "
+                "'database is locked'",
+                os.getpid(),
+                self,
+            )
+        self._lock = threading.Lock()
+        if self._writer is not None:
+            self._writer.abandon_in_child(paused)
+        self._file_lock.close()
+        self._readers.abandon_in_child()
+        self._identity.abandon_in_child(paused)
+        self._closed = True
+        _LIVE.discard(self)
 
     # -- connections -------------------------------------------------------------------------
 
@@ -272,32 +333,14 @@ class SqliteStorage:
                 f"it is not created)"
             )
 
-    def _reader(self) -> sqlite3.Connection:
-        conn: sqlite3.Connection | None = getattr(self._local, "conn", None)
-        if conn is not None:
-            return conn
-        conn = self._connect()
-        me = threading.current_thread()
-        with self._lock:
-            if self._closed:
-                stale = [conn]
-            else:
-                # Connections of threads that have ended are closed here rather than leaked.
-                stale = [c for t, c in self._readers if not t.is_alive()]
-                self._readers = [(t, c) for t, c in self._readers if t.is_alive()]
-                self._readers.append((me, conn))
-                self._local.conn = conn
-        for old in stale:
-            with contextlib.suppress(sqlite3.Error):
-                old.close()
-        self._check_open()
-        return conn
-
     # -- errors ------------------------------------------------------------------------------
+
+    def _closed_error(self) -> ClosedError:
+        return ClosedError(f"SqliteStorage({self._path!r}) is closed")
 
     def _check_open(self) -> None:
         if self._closed:
-            raise ClosedError(f"SqliteStorage({self._path!r}) is closed")
+            raise self._closed_error()
         self._identity.raise_if_failed()
 
     @contextlib.contextmanager
@@ -347,10 +390,9 @@ class SqliteStorage:
 
     def get(self, key: str) -> bytes | None:
         validate_key(key)
-        self._ensure_process()
         self._check_open()
-        with self._translate("get"):
-            row = self._reader().execute(self._sql_get, (key,)).fetchone()
+        with self._translate("get"), self._readers.for_thread() as conn:
+            row = conn.execute(self._sql_get, (key,)).fetchone()
         return None if row is None else as_bytes(row[0])
 
     def get_many(self, keys: Sequence[str]) -> list[bytes | None]:
@@ -358,14 +400,12 @@ class SqliteStorage:
         per query. See :class:`~weft_sync.storage.reads.SupportsGetMany`.
         """
         checked = validate_keys(keys)
-        self._ensure_process()
         self._check_open()
         if not checked:
             return []
         unique = list(dict.fromkeys(checked))
         found: dict[str, bytes | None] = {}
-        with self._translate("get_many"):
-            conn = self._reader()
+        with self._translate("get_many"), self._readers.for_thread() as conn:
             conn.execute("BEGIN")
             try:
                 for start in range(0, len(unique), _GET_MANY_CHUNK):
@@ -390,10 +430,9 @@ class SqliteStorage:
     ) -> list[tuple[str, bytes]]:
         comparisons = validate_scan_args(prefix, gt, gte, lt, lte, limit)
         sql, args = self._scan_query(prefix, comparisons, limit, reverse)
-        self._ensure_process()
         self._check_open()
-        with self._translate("scan"):
-            rows = self._reader().execute(sql, args).fetchall()
+        with self._translate("scan"), self._readers.for_thread() as conn:
+            rows = conn.execute(sql, args).fetchall()
         # A NULL value (only a foreign writer can store one) reads as absent, as in get().
         return [(str(k), v) for k, raw in rows if (v := as_bytes(raw)) is not None]
 
@@ -424,7 +463,6 @@ class SqliteStorage:
         if checked:
             self._submit([([], checked)])
         else:
-            self._ensure_process()
             self._check_open()
 
     def conditional_batch(
@@ -446,7 +484,6 @@ class SqliteStorage:
             else:
                 checked.append(validate_batch(conditions, operations))
         if not rows and not checked:
-            self._ensure_process()
             self._check_open()
             return []
         if not checked:
@@ -463,7 +500,6 @@ class SqliteStorage:
         """
         checked = validate_cas_rows(rows)
         if not checked:
-            self._ensure_process()
             self._check_open()
             return []
         return self._submit([], checked)
@@ -473,7 +509,6 @@ class SqliteStorage:
         batches: list[tuple[list[Condition], list[Operation]]],
         renewals: list[RenewalRow] | None = None,
     ) -> list[bool]:
-        self._ensure_process()
         if self._read_only:
             self._check_open()
             raise ReadOnlyStorageError(
@@ -517,9 +552,9 @@ class SqliteStorage:
             before); every later call of this storage raises it too.
         :raises StorageError: the store id could not be read.
         """
-        self._ensure_process()
         self._check_open()
-        with self._translate("identity check"):
+        # The fresh connection is opened and closed under _opening, so a fork waits for it.
+        with _opening, self._translate("identity check"):
             self._identity.verify()
 
     # -- views and lifecycle -----------------------------------------------------------------
@@ -531,7 +566,6 @@ class SqliteStorage:
         """
         from sqlitedict import SqliteDict
 
-        self._ensure_process()
         self._check_open()
         return SqliteDict(
             self._path,
@@ -544,17 +578,22 @@ class SqliteStorage:
         )
 
     def close(self) -> None:
-        """Stop the writer thread and close every connection; idempotent."""
-        self._ensure_process()
+        """Stop the writer thread and close every connection; idempotent.
+
+        In a child that inherited this instance across ``os.fork()`` it only lets go of the
+        inherited copies (see the class docstring): the parent still uses the originals.
+        """
+        if self._fork_pid != os.getpid():
+            if not self._closed:
+                self._abandon_in_child(paused=False)
+            return
         with self._lock:
             if self._closed:
                 return
             self._closed = True
-            # _writer stays set: one that does not stop in time keeps a connection that a forked
-            # child must leave open (see _ensure_process).
-            writer, readers = self._writer, self._readers
-            self._readers = []
-            self._local = threading.local()
+            # _writer stays set: one that does not stop in time keeps a connection that a fork
+            # must still wait for (see _pause_for_fork).
+            writer = self._writer
             # Requests the writer has not taken yet fail; those being committed finish.
             pending = self._queue.drain()
             if writer is not None:
@@ -576,11 +615,10 @@ class SqliteStorage:
             self._file_lock.close()
         for request in self._queue.drain():
             request.finish(None, ClosedError(f"SqliteStorage({self._path!r}) is closed"))
-        for _, conn in readers:
-            with contextlib.suppress(sqlite3.Error):
-                conn.close()
+        self._readers.close_all()
         if stopped:
             self._identity.close()
+            _LIVE.discard(self)
 
     def __enter__(self) -> SqliteStorage:
         return self
@@ -589,7 +627,10 @@ class SqliteStorage:
         self.close()
 
     def __repr__(self) -> str:
-        state = "closed" if self._closed else "open"
+        if self._fork_pid != os.getpid():
+            state = f"inherited from process {self._fork_pid}"
+        else:
+            state = "closed" if self._closed else "open"
         if self._read_only:
             state += ", read-only"
         return f"SqliteStorage({self._path!r}, table={self._table!r}, {state})"

@@ -40,6 +40,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Final
 
+from .._fork import pin
 from ..errors import StoreIdentityError
 
 __all__ = ["StoreIdentity", "ensure_store_id"]
@@ -106,14 +107,19 @@ class StoreIdentity:
         self._anchor = anchor
         self._files = {suffix: _file_id(self._path + suffix) for suffix in _SUFFIXES}
 
-    def reopen_in_child(self) -> sqlite3.Connection | None:
-        """Forget the parent's anchor (returned, to be kept unclosed) and open one of our own.
-
-        The recorded files and store id stay the parent's: the child must find the same store.
-        """
-        inherited, self._anchor = self._anchor, None
+    def abandon_in_child(self, paused: bool) -> None:
+        """After a fork, in the child: close the inherited anchor when the fork paused the
+        storage, else pin it (as the storage does with its other connections); check nothing."""
+        anchor, self._anchor = self._anchor, None
+        self._files = {}
         self._lock = threading.Lock()
-        return inherited
+        if anchor is None:
+            return
+        if paused:
+            with contextlib.suppress(sqlite3.Error):
+                anchor.close()
+        else:
+            pin(anchor)
 
     @property
     def store_id(self) -> int:
@@ -132,8 +138,6 @@ class StoreIdentity:
         :raises StoreIdentityError: one was deleted or replaced (now, or earlier).
         """
         self.raise_if_failed()
-        if self._anchor is None and self._files:
-            self._reopen_anchor()
         for suffix, recorded in self._files.items():
             if recorded is None:
                 continue
@@ -176,12 +180,6 @@ class StoreIdentity:
         if anchor is not None:
             with contextlib.suppress(sqlite3.Error):
                 anchor.close()
-
-    def _reopen_anchor(self) -> None:
-        # A forked child: the parent's anchor is pinned elsewhere; hold our own.
-        anchor = self._connect()
-        anchor.execute("SELECT count(*) FROM sqlite_master").fetchone()
-        self._anchor = anchor
 
     def _fail(self, detail: str) -> None:
         found = StoreIdentityError(self._path, detail)

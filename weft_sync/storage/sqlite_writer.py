@@ -20,6 +20,7 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractContextManager
 from typing import Final
 
+from .._fork import pin
 from ..errors import StorageError
 from .base import Condition, Operation, Put, validate_key
 from .cas import CasRow
@@ -202,7 +203,8 @@ class WriterFileLock:
 
     Not thread-safe, and it need not be: one thread at a time uses it (the storage's constructor,
     then whichever thread holds the :class:`SqliteWriter`'s transaction lock), and the descriptor
-    is closed only once no writer thread runs and no caller is committing.
+    is closed only once no writer thread runs and no caller is committing. A forked child only
+    closes its copy of the descriptor: an unlock through it would release the parent's lock.
 
     :param path: the lock file; created if missing.
     :param timeout_ms: how long :meth:`hold` waits for another process to let go.
@@ -364,6 +366,36 @@ class SqliteWriter:
             with contextlib.suppress(sqlite3.Error):
                 conn.close()
         return True
+
+    # -- fork ----------------------------------------------------------------------------------
+
+    def pause(self, timeout: float) -> bool:
+        """Before a fork: take the transaction lock, so no write transaction is open or starts.
+
+        :returns: ``False`` if a transaction outlasted ``timeout`` seconds (nothing is held).
+        """
+        return self._txn_lock.acquire(timeout=max(0.0, timeout))
+
+    def resume(self) -> None:
+        """After a fork, in the parent: release the lock :meth:`pause` took."""
+        self._txn_lock.release()
+
+    def abandon_in_child(self, paused: bool) -> None:
+        """After a fork, in the child: close the inherited write connection, or pin it.
+
+        Closing is safe only when the fork paused this writer (no transaction open, no parent
+        thread inside SQLite on it); otherwise the connection is pinned. The flock descriptor
+        is only closed, never unlocked: the parent may hold the lock through the same open file.
+        """
+        conn, self._conn = self._conn, None
+        self._txn_lock = threading.Lock()
+        if conn is not None:
+            if paused:
+                with contextlib.suppress(sqlite3.Error):
+                    conn.close()
+            else:
+                pin(conn)
+        self._file_lock.close()
 
     def _run(self) -> None:
         stop = False

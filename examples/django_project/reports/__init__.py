@@ -1,0 +1,1 @@
+"""The ``reports`` app: report jobs over HTTP, each a weft_sync workflow."""

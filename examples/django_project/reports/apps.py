@@ -1,4 +1,4 @@
-"""The ``reports`` app: report workflows and the command that keeps them moving."""
+"""The ``reports`` app."""
 
 from __future__ import annotations
 
@@ -7,4 +7,5 @@ from django.apps import AppConfig
 
 class ReportsConfig(AppConfig):
     name = "reports"
-    verbose_name = "Report workflows"
+    verbose_name = "Reports"
+    default_auto_field = "django.db.models.BigAutoField"

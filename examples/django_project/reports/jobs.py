@@ -1,0 +1,127 @@
+"""Report jobs: each is a weft_sync workflow of type ``report``, one fenced checkpoint per page.
+
+A job starts in the request that asks for it (:func:`start_report`: the workflow is created and
+claimed by this process in one write) and is driven by this process's report threads. If the
+process dies, another one takes the workflow over and resumes it from its checkpoint with
+:func:`resume_report`, which ``settings.WEFT_SYNC["HANDLERS"]`` names. Each page is a fenced
+checkpoint in the weft_sync store and a fenced update of the job's ``Report`` row
+(``fenced_atomic``). A process that was paused past the claim TTL and wakes up finds its next
+write refused (``EngineDeposedError``): it records that and writes nothing more for the job.
+
+The checkpoint is the list of pages written so far, each as ``[page, pid, epoch]``: which
+process wrote it, under which fencing epoch.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import time
+import uuid
+
+from django.conf import settings
+from django.db import connections
+from django.db.models import F
+
+from weft_sync import EngineDeposedError, Ownership, ReclaimedWorkflow
+from weft_sync.django import fenced_atomic, get_ownership
+
+from . import runner
+from .models import Report, ReportEvent
+
+__all__ = ["JOB_TYPE", "drive_report", "resume_report", "start_report"]
+
+_log = logging.getLogger(__name__)
+
+JOB_TYPE = "report"
+MAX_PAGES = 1000
+
+
+def start_report(pages: int) -> str:
+    """Create a report job of ``pages`` pages, claimed by this process; return its id."""
+    if not 1 <= pages <= MAX_PAGES:
+        raise ValueError(f"pages must be between 1 and {MAX_PAGES}, got {pages}")
+    job_id = uuid.uuid4().hex
+    # The row first: whoever drives the workflow, now or after a takeover, finds it.
+    Report.objects.create(job_id=job_id, pages=pages)
+    get_ownership().workflows.start(job_id, JOB_TYPE, input={"pages": pages})
+    runner.submit(job_id, _drive_on_report_thread, settings.REPORT_THREADS)
+    return job_id
+
+
+def resume_report(workflow: ReclaimedWorkflow) -> None:
+    """The ``report`` handler: resume a report taken over from a dead or paused process.
+
+    Runs on the maintenance thread that took the workflow over, as its new owner.
+    """
+    _event(workflow.workflow_id, ReportEvent.RESUMED, workflow.ownership.engine_id)
+    drive_report(workflow.ownership, workflow.workflow_id)
+
+
+def drive_report(ownership: Ownership, job_id: str) -> None:
+    """Write the pages after the checkpoint, each fenced as ``ownership``'s, then complete.
+
+    ``ownership`` is the engine holding the claim: this process's own, or the one a handler was
+    given (in ``manage.py weft_sync maintain`` that is the command's engine, not this process's
+    ``get_ownership()``).
+    """
+    workflows, registry = ownership.workflows, ownership.registry
+    record = workflows.get(job_id)
+    if record is None or record.status != "running":
+        return
+    pages = int(record.input["pages"])
+    history = json.loads(workflows.load_checkpoint(job_id) or b"[]")
+    done = len(history)
+    page = done
+    try:
+        for page in range(done + 1, pages + 1):
+            if runner.STOPPING.wait(settings.REPORT_STEP_SECONDS):
+                # This process is exiting: its Ownership's close releases the claim, and
+                # another process resumes the report from this checkpoint.
+                return
+            history.append([page, os.getpid(), registry.current_epoch(job_id)])
+            workflows.save_checkpoint(job_id, json.dumps(history).encode())
+            # The project's own row, fenced too: refused once another process took over.
+            with fenced_atomic(job_id, ownership=ownership):
+                Report.objects.filter(pk=job_id).update(pages_done=page)
+        epoch = registry.current_epoch(job_id)
+        workflows.complete(
+            job_id,
+            result={"pages": pages, "resumed_after": done, "pid": os.getpid(), "epoch": epoch},
+        )
+    except EngineDeposedError:
+        _log.warning("report %s: another process took it over at page %d", job_id, page)
+        _event(job_id, ReportEvent.REFUSED, registry.engine_id, page=page)
+        return
+    # complete() released the claim, so this cannot be fenced; but only the one process whose
+    # complete() the store accepted gets here.
+    _event(job_id, ReportEvent.COMPLETED, registry.engine_id)
+    Report.objects.filter(pk=job_id).update(
+        status="completed",
+        pages_done=pages,
+        completions=F("completions") + 1,
+        completed_by_pid=os.getpid(),
+    )
+
+
+def _event(job_id: str, kind: str, engine: str, *, page: int | None = None) -> None:
+    ReportEvent.objects.create(
+        job_id=job_id, kind=kind, page=page, pid=os.getpid(), engine=engine, at=time.time()
+    )
+
+
+def _drive_on_report_thread(job_id: str) -> None:
+    ownership = get_ownership()
+    try:
+        drive_report(ownership, job_id)
+    except Exception:
+        # Held and renewed but driven by nobody, the job would be stranded: release the claim,
+        # and a reclaim pass (here or elsewhere) resumes it through the handler.
+        _log.exception("report %s failed; releasing it to be resumed by a handler", job_id)
+        try:
+            ownership.registry.release(job_id)
+        except Exception:
+            _log.exception("report %s: could not release its claim", job_id)
+    finally:
+        connections.close_all()
