@@ -29,6 +29,7 @@ import logging
 import os
 import threading
 import time
+import uuid
 import warnings
 import weakref
 from collections.abc import Callable, Iterator, Mapping
@@ -56,6 +57,7 @@ from .maintenance.reclaim_target import EligibilityPredicate
 from .maintenance.targets import PassResult
 from .maintenance.task import RenewalTask
 from .metrics import ClaimMetrics
+from .observability import build_instrumentation
 from .opening import EngineSettings, close_quietly, resolve_storage, validate_settings
 from .options import OwnershipOptions
 from .storage import Storage
@@ -109,15 +111,25 @@ class Ownership:
         self._lost_callbacks: list[LostCallback] = []
         # The renewal task needs the ledger's poll targets when the bootstrap builds it, and the
         # ledger needs the registry the bootstrap creates: the ledger is bound afterwards.
-        metrics = ClaimMetrics()
+        engine_id = str(uuid.uuid4()) if settings.engine_id is None else settings.engine_id
+        instruments = build_instrumentation(settings.options, engine_id, settings.tracing)
+        metrics = instruments.metrics
         table = HandlerTable(
             settings.handlers,
             on_reclaimed=settings.on_reclaimed,
             is_eligible=settings.is_eligible,
             metrics=metrics,
+            tracing=instruments.tracing,
         )
         clock = settings.clock
-        workflows = Workflows(storage, None, clock=clock, warn=self._on_warning, metrics=metrics)
+        workflows = Workflows(
+            storage,
+            None,
+            clock=clock,
+            warn=self._on_warning,
+            metrics=metrics,
+            fence_observers=instruments.fence_observers,
+        )
         store_clock = resolve_store_clock(storage, settings.options.time_source, clock)
         boot = bootstrap_workflow_lease_ownership(
             storage=storage,
@@ -129,9 +141,10 @@ class Ownership:
             on_workflow_claim_reclaimed=table.drive,
             is_workflow_type_registered=table.is_eligible,
             warn=self._on_warning,
-            engine_id=settings.engine_id,
+            engine_id=engine_id,
             store_clock=store_clock,
             metrics=metrics,
+            observers=instruments.pass_observers,
             max_claims=settings.max_claims,
             fair_share=True,
         )
@@ -162,6 +175,7 @@ class Ownership:
         clock: Clock = system_clock,
         warn: WarnSink | None = None,
         engine_id: str | None = None,
+        tracing: object = False,
     ) -> Ownership:
         """Open a store, run the ownership gates and bootstrap this engine's claims.
 
@@ -189,6 +203,8 @@ class Ownership:
         :param warn: receives every warning after this object has handled it; default
             :func:`warnings.warn`.
         :param engine_id: this engine's id in holder records; a fresh UUID when omitted.
+        :param tracing: ``True`` for OpenTelemetry spans on the global tracer provider, or a
+            ``TracerProvider``; needs the ``otel`` extra (see :mod:`weft_sync.tracing`).
         :raises ValueError: ``background`` is not ``"thread"`` or ``"manual"``; a bad URL;
             ``max_claims`` is not ``None`` or an ``int >= 1``.
         :raises TypeError: ``options`` is not an ``OwnershipOptions``, a callback is not
@@ -206,6 +222,7 @@ class Ownership:
             is_eligible=is_eligible,
             warn=warn,
             engine_id=engine_id,
+            tracing=tracing,
         )
         storage, owns_storage = resolve_storage(
             url_or_storage, settings.options.claim_renew_interval_ms

@@ -37,7 +37,7 @@ import builtins
 import logging
 import os
 import threading
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any, Final
 
 from . import keys
@@ -59,6 +59,7 @@ from .errors import (
 from .ledger.external import EXTERNAL_MAX_ATTEMPTS, SUSPENDABLE_STATUSES, ExternalTransitions
 from .ledger.fencing import (
     Fence,
+    FenceObserver,
     WakeCheckStatus,
     checked_conditions,
     checked_host_operations,
@@ -124,6 +125,7 @@ class Workflows:
     :param warn: receives claim-lost and wake-discarded warnings; default :func:`warnings.warn`.
     :param metrics: counts every claim ``start`` and ``resume`` acquire as an ``acquired``
         attempt.
+    :param fence_observers: told of every fenced commit (latency metrics, tracing).
     """
 
     def __init__(
@@ -134,6 +136,7 @@ class Workflows:
         clock: Clock = system_clock,
         warn: WarnSink | None = None,
         metrics: ClaimMetrics | None = None,
+        fence_observers: Sequence[FenceObserver] = (),
     ) -> None:
         if not callable(clock):
             raise TypeError(f"clock must be a callable returning int milliseconds, got {clock!r}")
@@ -147,7 +150,9 @@ class Workflows:
         self._lock = threading.Lock()
         self._registry: ClaimRegistry | None = None
         self._closed = False
-        self._fence = Fence(storage, self._current_registry, warn or default_warn)
+        self._fence = Fence(
+            storage, self._current_registry, warn or default_warn, fence_observers
+        )
         self._signals = SignalBuffer(storage, self._fence, clock)
         self._updates = UpdateQueue(storage, self._fence, clock)
         self._external = ExternalTransitions(

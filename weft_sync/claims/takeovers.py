@@ -15,7 +15,7 @@ from typing import Final
 
 from .. import keys
 from ..clock import Clock
-from ..codec import decode_holder
+from ..codec import HolderRecord, decode_holder
 from ..errors import CorruptEpochError, StorageCapabilityError
 from ..storage.base import Storage, storage_conditional_batch
 from ..storage.isolation import Judged, storage_conditional_batches_isolated
@@ -137,7 +137,7 @@ class Takeovers:
         values = storage_get_many(
             self._storage, holder_keys + [keys.workflow_owner_epoch(wid) for wid in chunk]
         )
-        planned: list[tuple[str, Fragment, str | None]] = []
+        planned: list[tuple[str, Fragment, HolderRecord | None]] = []
         for i, wid in enumerate(chunk):
             holder, epoch = values[i], values[len(chunk) + i]
             try:
@@ -177,10 +177,10 @@ class Takeovers:
         judge_now: int,
         holder_bytes: bytes | None,
         epoch_bytes: bytes | None,
-    ) -> TakeoverResult | tuple[Fragment, str | None]:
+    ) -> TakeoverResult | tuple[Fragment, HolderRecord | None]:
         """Decide a takeover from what was read: a final result, or the fragment to commit and
-        the previous holder's engine id. Expiry is judged at ``judge_now``; the new holder is
-        written at ``now``."""
+        the previous holder (``None`` if it did not decode). Expiry is judged at ``judge_now``;
+        the new holder is written at ``now``."""
         if holder_bytes is None or epoch_bytes is None:
             # A holder without an epoch breaks the invariant: there is nothing safe to fence on.
             _log.debug(
@@ -219,7 +219,7 @@ class Takeovers:
         except CorruptEpochError as exc:
             _log.warning("%s", exc)
             raise
-        return fragment, None if holder is None else holder.engine_id
+        return fragment, holder
 
     def _commit(self, fragments: list[Fragment]) -> list[Judged]:
         """Commit the fragments in one transaction; one on a row locked elsewhere fails alone."""
@@ -230,7 +230,7 @@ class Takeovers:
         )
 
     def _acquired(
-        self, wid: str, fragment: Fragment, now: int, previous: str | None
+        self, wid: str, fragment: Fragment, now: int, previous: HolderRecord | None
     ) -> TakeoverResult:
         epoch = self._install(wid, fragment, now)
         _log.info(
@@ -238,9 +238,14 @@ class Takeovers:
             self._engine_id,
             wid,
             epoch,
-            previous,
+            None if previous is None else previous.engine_id,
         )
-        return TakeoverResult(TakeoverStatus.ACQUIRED, wid, epoch=epoch)
+        return TakeoverResult(
+            TakeoverStatus.ACQUIRED,
+            wid,
+            epoch=epoch,
+            expires_at=None if previous is None else previous.expires_at,
+        )
 
     def _lost(self, wid: str, holder_bytes: bytes | None) -> TakeoverResult:
         holder = decode_holder(holder_bytes)
