@@ -82,6 +82,14 @@ def _build_parser() -> argparse.ArgumentParser:
     cancel.add_argument("workflow_id")
     release = command("release", "clear a bare claim (deposes its holder; see cancel)")
     release.add_argument("workflow_id")
+    repair = command("repair-epoch", "replace a corrupt epoch key (deposes its holder)")
+    repair.add_argument("workflow_id")
+    repair.add_argument(
+        "--at-least",
+        type=int,
+        metavar="N",
+        help="an epoch known to exceed every one handed out (default: derived from the clock)",
+    )
     demo = command("demo", "worker processes share a temporary SQLite store; one is killed")
     demo.add_argument("--workers", type=int, default=3, help="worker processes (default 3)")
     demo.add_argument("--workflows", type=int, default=9, help="workflows to share (default 9)")
@@ -159,6 +167,7 @@ def _dispatch(args: argparse.Namespace, out: TextIO) -> int:
         "doctor": lambda: commands.doctor(store, args.fix, out),
         "cancel": lambda: commands.cancel(store, args.workflow_id, out),
         "release": lambda: commands.release(store, args.workflow_id, out),
+        "repair-epoch": lambda: commands.repair_epoch(store, args.workflow_id, args.at_least, out),
         "demo": lambda: commands.demo(args.workers, args.workflows, args.keep, out),
     }
     return table[args.command]()

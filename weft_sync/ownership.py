@@ -29,7 +29,6 @@ import logging
 import os
 import threading
 import time
-import uuid
 import warnings
 import weakref
 from collections.abc import Callable, Iterator, Mapping
@@ -40,8 +39,8 @@ from typing import Any, Literal, TypeVar
 from .claiming import ClaimAttempt, attempt_claim, claim_is_gone, claim_with_wait, validate_wait
 from .claims.registry import ClaimRegistry, WarnSink
 from .claims.results import ReleaseStatus
-from .claims.store_clock import resolve_store_clock
 from .clock import Clock, system_clock
+from .engine import build_engine
 from .errors import (
     ClosedError,
     WorkflowClaimLostError,
@@ -52,12 +51,10 @@ from .fencing import fenced_transaction
 from .handlers import HandlerTable, ReclaimedWorkflow, WorkflowHandler
 from .handles import ClaimHandle
 from .keys import validate_workflow_id
-from .maintenance.bootstrap import bootstrap_workflow_lease_ownership
 from .maintenance.reclaim_target import EligibilityPredicate
 from .maintenance.targets import PassResult
 from .maintenance.task import RenewalTask
 from .metrics import ClaimMetrics
-from .observability import build_instrumentation
 from .opening import EngineSettings, close_quietly, resolve_storage, validate_settings
 from .options import OwnershipOptions
 from .storage import Storage
@@ -109,52 +106,13 @@ class Ownership:
         self._state = _State.OPEN
         self._handles: dict[str, ClaimHandle] = {}
         self._lost_callbacks: list[LostCallback] = []
-        # The renewal task needs the ledger's poll targets when the bootstrap builds it, and the
-        # ledger needs the registry the bootstrap creates: the ledger is bound afterwards.
-        engine_id = str(uuid.uuid4()) if settings.engine_id is None else settings.engine_id
-        instruments = build_instrumentation(settings.options, engine_id, settings.tracing)
-        metrics = instruments.metrics
-        table = HandlerTable(
-            settings.handlers,
-            on_reclaimed=settings.on_reclaimed,
-            is_eligible=settings.is_eligible,
-            metrics=metrics,
-            tracing=instruments.tracing,
-        )
-        clock = settings.clock
-        workflows = Workflows(
-            storage,
-            None,
-            clock=clock,
-            warn=self._on_warning,
-            metrics=metrics,
-            fence_observers=instruments.fence_observers,
-        )
-        store_clock = resolve_store_clock(storage, settings.options.time_source, clock)
-        boot = bootstrap_workflow_lease_ownership(
-            storage=storage,
-            clock=clock,
-            claim_ttl_ms=settings.options.claim_ttl_ms,
-            claim_renew_interval_ms=settings.options.claim_renew_interval_ms,
-            signal_poll_target=workflows.signal_poll_target,
-            update_poll_target=workflows.update_poll_target,
-            on_workflow_claim_reclaimed=table.drive,
-            is_workflow_type_registered=table.is_eligible,
-            warn=self._on_warning,
-            engine_id=engine_id,
-            store_clock=store_clock,
-            metrics=metrics,
-            observers=instruments.pass_observers,
-            max_claims=settings.max_claims,
-            fair_share=True,
-        )
-        workflows.bind_registry(boot.registry)
-        table.bind(self, workflows, boot.registry)
-        self._handlers = table
-        self._workflows = workflows
-        self._registry: ClaimRegistry = boot.registry
-        self._task: RenewalTask = boot.renewal_task
-        self._metrics: ClaimMetrics = boot.metrics
+        parts = build_engine(storage, settings, self._on_warning)
+        parts.handlers.bind(self, parts.workflows, parts.registry)
+        self._handlers = parts.handlers
+        self._workflows = parts.workflows
+        self._registry: ClaimRegistry = parts.registry
+        self._task: RenewalTask = parts.task
+        self._metrics: ClaimMetrics = parts.metrics
         _LIVE.add(self)
 
     # ----------------------------------------------------------------------------------------
