@@ -89,10 +89,11 @@ def validate_settings(
     )
 
 
-def resolve_storage(url_or_storage: str | Storage) -> tuple[Storage, bool]:
+def resolve_storage(url_or_storage: str | Storage, renew_ms: int) -> tuple[Storage, bool]:
     """The store to use, and whether it was opened here (so ``close()`` closes it)."""
     if isinstance(url_or_storage, str):
-        return open_storage(url_or_storage), True
+        # PostgreSQL derives its statement, lock and pool timeouts from the renew interval.
+        return open_storage(url_or_storage, renew_interval_ms=renew_ms), True
     if isinstance(url_or_storage, Storage):
         return url_or_storage, False
     raise TypeError(

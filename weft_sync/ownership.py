@@ -182,7 +182,9 @@ class Ownership:
             engine_id=engine_id,
             tracing=tracing,
         )
-        storage, owns_storage = resolve_storage(url_or_storage)
+        storage, owns_storage = resolve_storage(
+            url_or_storage, settings.options.claim_renew_interval_ms
+        )
         try:
             ownership = cls(storage, owns_storage=owns_storage, settings=settings)
         except BaseException:

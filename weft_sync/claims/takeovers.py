@@ -16,8 +16,9 @@ from typing import Final
 from .. import keys
 from ..clock import Clock
 from ..codec import HolderRecord, decode_holder
-from ..errors import CorruptEpochError, StorageCapabilityError, StorageError
+from ..errors import CorruptEpochError, StorageCapabilityError
 from ..storage.base import Storage, storage_conditional_batch
+from ..storage.isolation import Judged, storage_conditional_batches_isolated
 from ..storage.reads import storage_get_many
 from .results import TakeoverResult, TakeoverStatus
 from .tracking import ClaimTable
@@ -155,7 +156,10 @@ class Takeovers:
         committed = self._commit([fragment for _, fragment, _ in planned])
         lost: list[str] = []
         for (wid, fragment, previous), ok in zip(planned, committed, strict=True):
-            if ok:
+            if isinstance(ok, Exception):
+                # Its row was locked by another session: not judged, so not a lost race.
+                outcomes[wid] = ok
+            elif ok:
                 outcomes[wid] = self._acquired(wid, fragment, now, previous)
             else:
                 lost.append(wid)
@@ -217,18 +221,13 @@ class Takeovers:
             raise
         return fragment, holder
 
-    def _commit(self, fragments: list[Fragment]) -> list[bool]:
+    def _commit(self, fragments: list[Fragment]) -> list[Judged]:
+        """Commit the fragments in one transaction; one on a row locked elsewhere fails alone."""
         if not self._storage.capabilities.conditional_batch:
             raise StorageCapabilityError("batched claim takeover", "conditional_batch")
-        results = self._storage.conditional_batches(
-            [(fragment.conditions, fragment.operations) for fragment in fragments]
+        return storage_conditional_batches_isolated(
+            self._storage, [(fragment.conditions, fragment.operations) for fragment in fragments]
         )
-        if len(results) != len(fragments):
-            raise StorageError(
-                f"conditional_batches() returned {len(results)} results for {len(fragments)} "
-                f"batches; the backend breaks the Storage contract"
-            )
-        return [bool(ok) for ok in results]
 
     def _acquired(
         self, wid: str, fragment: Fragment, now: int, previous: HolderRecord | None

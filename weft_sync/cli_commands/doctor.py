@@ -91,6 +91,23 @@ def _check_store(storage: Storage, fix: bool, report: Report) -> None:
     _check_epochs(storage, report)
     report("info", f"expired claims awaiting takeover: {sum(view.expired.values())}")
     report("info", f"running workflows without a holder: {len(view.running_without_holder)}")
+    _report_replication(storage, report)
+
+
+def _report_replication(storage: Storage, report: Report) -> None:
+    """How the server replicates commits (PostgreSQL only): an asynchronous failover can roll an
+    epoch back and so hand a fence out twice; a standby takes no writes at all."""
+    settings_of = getattr(storage, "replication_settings", None)
+    if not callable(settings_of):
+        return
+    settings = settings_of()
+    durability = "survive" if settings.failover_safe else "may be lost in"
+    report(
+        "FAIL" if settings.is_standby else "info",
+        f"replication: synchronous_commit={settings.synchronous_commit}, "
+        f"synchronous_standby_names={settings.synchronous_standby_names!r}, "
+        f"standby={settings.is_standby}; acknowledged epochs {durability} a failover",
+    )
 
 
 def _far_future(storage: Storage, now: int) -> list[str]:

@@ -133,6 +133,7 @@ def bootstrap_workflow_lease_ownership(
         on_pass_complete=metrics_bridge(registry, metrics, on_pass_complete, renewal_target),
         before_stop=reclaim_target.mark_disposing,
         observers=(MetricsPassObserver(metrics), *observers),
+        verify_store=getattr(storage, "verify_identity", None),
     )
     _log.info("bootstrapped workflow-lease ownership for engine %s", registry.engine_id)
     return OwnershipBootstrap(registry, task, metrics, reclaim_target)

@@ -67,6 +67,7 @@ def create_renewal_task(
     executor_workers: int = RENEWAL_CONCURRENCY,
     before_stop: Callable[[], None] | None = None,
     observers: Sequence[PassObserver] = (),
+    verify_store: Callable[[], None] | None = None,
 ) -> RenewalTask:
     """Build a renewal task; it does nothing until ``run_once()`` or ``start()`` is called.
 
@@ -82,6 +83,9 @@ def create_renewal_task(
     :param before_stop: called first by every ``stop()`` (and so by ``close()``), even before
         ``start()``; the bootstrap passes the reclaim target's ``mark_disposing`` here.
     :param observers: told each sub-pass's duration and each skipped tick (metrics, tracing).
+    :param verify_store: called at the start of every pass that renews (the store's
+        ``verify_identity``, when it has one); a failure it raises is left for the renewal's own
+        writes to meet and report.
     :raises TypeError: a target lacks its methods, or ``clock``, ``on_pass_complete`` or
         ``before_stop`` is not callable, or an observer is not a :class:`~.observer.PassObserver`.
     :raises ValueError: ``interval_ms`` or ``executor_workers`` is not a positive integer.
@@ -128,6 +132,7 @@ def create_renewal_task(
         executor_workers=executor_workers,
         before_stop=before_stop,
         observers=tuple(observers),
+        verify_store=verify_store,
     )
 
 
@@ -148,9 +153,11 @@ class RenewalTask:
         executor_workers: int,
         before_stop: Callable[[], None] | None = None,
         observers: tuple[PassObserver, ...] = (),
+        verify_store: Callable[[], None] | None = None,
     ) -> None:
         self._target = target
         self._observers = observers
+        self._verify_store = verify_store
         self._clock = clock
         self._interval_ms = interval_ms
         self._scheduler = scheduler
@@ -393,7 +400,18 @@ class RenewalTask:
         with observed(self._observers, subpass):
             return body()
 
+    def _check_store(self) -> None:
+        if self._verify_store is None:
+            return
+        try:
+            self._verify_store()
+        except Exception as exc:
+            # The store keeps failing every call from now on: the renewal's writes meet the
+            # same error and the registry acts on it there.
+            _log.debug("weft_sync: the store identity check failed: %s", exc)
+
     def _renew_held(self, pool: ThreadPoolExecutor) -> RenewalSubpassResult:
+        self._check_store()
         held = list(self._target.list_held_workflow_ids())
         return run_renewal_subpass(self._target, held, executor=pool)
 
