@@ -10,8 +10,9 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from weft_sync.metrics import (
     CLAIM_ATTEMPT_OUTCOMES,
+    CLAIM_LOSS_CAUSES,
+    SUBPASSES,
     ClaimMetrics,
-    MetricsSnapshot,
     register_prometheus,
     serialize_prometheus,
 )
@@ -37,10 +38,25 @@ def test_outcomes_are_the_five_closed_values_in_order() -> None:
 
 def test_fresh_collector_is_all_zero() -> None:
     snap = ClaimMetrics().snapshot()
-    assert snap == MetricsSnapshot(
-        attempts=dict.fromkeys(CLAIM_ATTEMPT_OUTCOMES, 0), active_claims=0, renewal_failures=0
+    assert (snap.attempts, snap.active_claims, snap.renewal_failures) == (
+        dict.fromkeys(CLAIM_ATTEMPT_OUTCOMES, 0),
+        0,
+        0,
     )
     assert list(snap.attempts) == list(CLAIM_ATTEMPT_OUTCOMES)
+    histograms = [
+        snap.renewal_seconds,
+        snap.fenced_write_seconds,
+        snap.takeover_delay_seconds,
+        *snap.pass_seconds.values(),
+    ]
+    assert len(histograms) == 3 + len(SUBPASSES)
+    assert all(h is not None and h.count == 0 and h.total == 0 for h in histograms)
+    assert snap.expiry_margin_seconds is None
+    assert snap.lost == dict.fromkeys(CLAIM_LOSS_CAUSES, 0)
+    assert (snap.reclaimed, snap.driven, snap.handler_failures) == ({}, {}, {})
+    assert (snap.redrives, snap.reclaim_candidates, snap.reclaim_backlog) == (0, 0, 0)
+    assert snap.skipped_ticks == dict.fromkeys(SUBPASSES, 0)
 
 
 @pytest.mark.parametrize("outcome", CLAIM_ATTEMPT_OUTCOMES)
@@ -168,13 +184,14 @@ def test_prometheus_text_prints_every_line_and_ends_with_a_newline() -> None:
 def test_all_zero_snapshot_still_prints_the_full_schema() -> None:
     text = serialize_prometheus(ClaimMetrics().snapshot())
     sample_lines = [line for line in text.splitlines() if line and not line.startswith("#")]
-    # 5 attempt outcomes, the active gauge, renewal failures and 3 lost-claim causes.
-    assert len(sample_lines) == 10
-    assert all(line.endswith(" 0") for line in sample_lines)
-    # The handler-failure family is labelled by workflow type: no samples until one fails.
-    assert text.count("# TYPE ") == 5
-    assert "# TYPE weft_workflow_claims_lost_total counter" in text.splitlines()
-    assert "# TYPE weft_workflow_claim_handler_failures_total counter" in text.splitlines()
+    assert all(line.endswith((" 0", " 0.0")) for line in sample_lines)
+    # Every family is announced, the ones without samples yet included.
+    assert text.count("# TYPE ") == 16
+    assert "weft_workflow_claims_active 0" in sample_lines
+    assert 'weft_workflow_claims_lost_total{cause="deadline"} 0' in sample_lines
+    assert 'weft_workflow_claim_pass_seconds_count{subpass="reclaim"} 0' in sample_lines
+    # No expiry margin is known before the first renewal pass: no sample, not a made-up 0.
+    assert not any(line.startswith("weft_workflow_claim_expiry_margin") for line in sample_lines)
 
 
 def test_handler_failures_are_counted_per_type_and_escaped_in_the_text() -> None:

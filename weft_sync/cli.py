@@ -15,12 +15,15 @@ import os
 import signal
 import sys
 import threading
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from typing import Final, TextIO
+from typing import TYPE_CHECKING, Final, TextIO
 
 from . import cli_commands as commands
 from .errors import WeftError
+
+if TYPE_CHECKING:
+    from .handlers import WorkflowHandler
 
 __all__ = [
     "DEFAULT_URL",
@@ -82,6 +85,14 @@ def _build_parser() -> argparse.ArgumentParser:
     cancel.add_argument("workflow_id")
     release = command("release", "clear a bare claim (deposes its holder; see cancel)")
     release.add_argument("workflow_id")
+    repair = command("repair-epoch", "replace a corrupt epoch key (deposes its holder)")
+    repair.add_argument("workflow_id")
+    repair.add_argument(
+        "--at-least",
+        type=int,
+        metavar="N",
+        help="an epoch known to exceed every one handed out (default: derived from the clock)",
+    )
     demo = command("demo", "worker processes share a temporary SQLite store; one is killed")
     demo.add_argument("--workers", type=int, default=3, help="worker processes (default 3)")
     demo.add_argument("--workflows", type=int, default=9, help="workflows to share (default 9)")
@@ -147,7 +158,9 @@ def _stop_signals() -> Iterator[threading.Event]:
             signal.signal(sig, old)
 
 
-def _dispatch(args: argparse.Namespace, out: TextIO) -> int:
+def _dispatch(
+    args: argparse.Namespace, out: TextIO, handlers: Mapping[str, WorkflowHandler] | None
+) -> int:
     store = _store(args)
     table: dict[str, Callable[[], int]] = {
         "claims": lambda: commands.claims(store, args.json, out),
@@ -155,10 +168,11 @@ def _dispatch(args: argparse.Namespace, out: TextIO) -> int:
         "show": lambda: commands.show(store, args.workflow_id, args.json, out),
         "status": lambda: commands.status(store, args.json, out),
         "metrics": lambda: commands.metrics(store, out),
-        "maintain": lambda: commands.maintain(store, args, out, _stop_signals),
+        "maintain": lambda: commands.maintain(store, args, out, _stop_signals, handlers),
         "doctor": lambda: commands.doctor(store, args.fix, out),
         "cancel": lambda: commands.cancel(store, args.workflow_id, out),
         "release": lambda: commands.release(store, args.workflow_id, out),
+        "repair-epoch": lambda: commands.repair_epoch(store, args.workflow_id, args.at_least, out),
         "demo": lambda: commands.demo(args.workers, args.workflows, args.keep, out),
     }
     return table[args.command]()
@@ -178,8 +192,18 @@ def _silence_stdout() -> None:
         pass  # stdout is not a real file (a test's buffer); nothing will flush into a pipe
 
 
-def main(argv: Sequence[str] | None = None, out: TextIO | None = None) -> int:
-    """Run the command line; return its exit code (see the module docstring)."""
+def main(
+    argv: Sequence[str] | None = None,
+    out: TextIO | None = None,
+    *,
+    handlers: Mapping[str, WorkflowHandler] | None = None,
+) -> int:
+    """Run the command line; return its exit code (see the module docstring).
+
+    :param handlers: workflow type -> handler for ``maintain`` (what a Flask or Django
+        integration registered), in addition to a ``--handler`` on the command line, which
+        takes precedence for the types it names.
+    """
     try:
         args = _build_parser().parse_args(argv)
     except SystemExit as exc:
@@ -189,7 +213,7 @@ def main(argv: Sequence[str] | None = None, out: TextIO | None = None) -> int:
         return exc.code if isinstance(exc.code, int) else EXIT_USAGE
     stream = out if out is not None else sys.stdout
     try:
-        code = _dispatch(args, stream)
+        code = _dispatch(args, stream, handlers)
         stream.flush()
         return code
     except BrokenPipeError:

@@ -295,6 +295,10 @@ class _AppState:
             background=self.background,  # type: ignore[arg-type]
         )
 
+    def handlers(self) -> dict[str, WorkflowHandler]:
+        """The handlers registered on this app's extension, by workflow type."""
+        return self._extension.handlers()
+
     def sync_handlers(self) -> None:
         """Give the open ``Ownership`` (if any) the handlers registered since it opened."""
         with self._lock:
@@ -456,7 +460,11 @@ def _delegating_command(name: str, help_text: str) -> click.Command:
     def command(args: Sequence[str]) -> None:
         from .cli import main
 
-        code = main(["--url", _state_of(None).url, name, *args])
+        app = current_app._get_current_object()  # type: ignore[attr-defined]
+        state = _state_of(None)
+        # maintain drives what it takes over with this app's handlers, in an app context.
+        handlers = {t: _in_app_context(app, fn) for t, fn in state.handlers().items()}
+        code = main(["--url", state.url, name, *args], handlers=handlers)
         click.get_current_context().exit(code)
 
     return command

@@ -30,9 +30,11 @@ outside it.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 from collections.abc import Callable, Mapping
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, TypeVar
 
@@ -44,6 +46,7 @@ from .metrics import ClaimMetrics
 
 if TYPE_CHECKING:
     from .ownership import Ownership
+    from .tracing import Tracing
     from .workflows import Workflows
 
 __all__ = ["HandlerTable", "ReclaimedWorkflow", "WorkflowHandler", "validate_handlers"]
@@ -109,7 +112,9 @@ class HandlerTable:
     :param handlers: initial handlers by workflow type.
     :param on_reclaimed: drives reclaimed workflows of types without a handler.
     :param is_eligible: ``(type, revision) -> bool`` for types without a handler.
-    :param metrics: receives one handler failure per handler call that raised.
+    :param metrics: counts each workflow reclaimed (its first drive at an epoch), each drive
+        that returned, each drive again after a failure, and each handler call that raised.
+    :param tracing: records a ``weft_sync.takeover`` span around each drive.
     :raises TypeError: ``handlers`` is not a mapping, or a handler is not callable.
     :raises ValueError: a workflow type is not a valid name.
     """
@@ -121,14 +126,18 @@ class HandlerTable:
         on_reclaimed: Callable[[str], object] | None,
         is_eligible: EligibilityPredicate | None,
         metrics: ClaimMetrics,
+        tracing: Tracing | None = None,
     ) -> None:
         validate_handlers(handlers)
         self._on_reclaimed = on_reclaimed
         self._is_eligible = is_eligible
         self._metrics = metrics
-        # _lock guards _handlers and _bound.
+        self._tracing = tracing
+        # _lock guards _handlers, _bound and _failed_at (the epoch of each workflow whose last
+        # drive raised: its next drive at that epoch is a redrive).
         self._lock = threading.Lock()
         self._handlers: dict[str, WorkflowHandler] = {}
+        self._failed_at: dict[str, int] = {}
         self._bound: tuple[Ownership, Workflows, ClaimRegistry] | None = None
         for workflow_type, handler in (handlers or {}).items():
             self.register(workflow_type, handler)
@@ -209,15 +218,26 @@ class HandlerTable:
             )
             return
         handler = self.get(record.type)
-        if handler is None:
-            if self._on_reclaimed is not None:
-                self._on_reclaimed(workflow_id)
+        if handler is None and self._on_reclaimed is None:
             return
-        context = ReclaimedWorkflow(workflow_id, record.type, epoch, record, ownership, workflows)
+        self._count_start(workflow_id, record.type, epoch)
         try:
-            handler(context)
+            with self._span(workflow_id, record.type, epoch):
+                if handler is None:
+                    assert self._on_reclaimed is not None
+                    self._on_reclaimed(workflow_id)
+                else:
+                    handler(
+                        ReclaimedWorkflow(
+                            workflow_id, record.type, epoch, record, ownership, workflows
+                        )
+                    )
         except Exception:
+            with self._lock:
+                self._failed_at[workflow_id] = epoch
             self._metrics.record_handler_failure(record.type)
+            if handler is None:
+                raise
             _log.exception(
                 "handler for workflow type %r raised on workflow %r (epoch %d); the claim is "
                 "kept and the workflow driven again on a later pass",
@@ -226,6 +246,25 @@ class HandlerTable:
                 epoch,
             )
             raise
+        with self._lock:
+            self._failed_at.pop(workflow_id, None)
+        self._metrics.record_driven(record.type)
+
+    def _count_start(self, workflow_id: str, workflow_type: str, epoch: int) -> None:
+        """Count a first drive at ``epoch`` as reclaimed, a drive after a failed one as redrive."""
+        with self._lock:
+            redrive = self._failed_at.get(workflow_id) == epoch
+        if redrive:
+            self._metrics.record_redrive()
+        else:
+            self._metrics.record_reclaimed(workflow_type)
+
+    def _span(
+        self, workflow_id: str, workflow_type: str, epoch: int
+    ) -> AbstractContextManager[None]:
+        if self._tracing is None:
+            return contextlib.nullcontext()
+        return self._tracing.takeover(workflow_id, workflow_type, epoch)
 
     def __repr__(self) -> str:
         return f"HandlerTable(types={self.types()})"

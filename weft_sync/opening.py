@@ -17,6 +17,7 @@ from .maintenance.fair_share import validate_max_claims
 from .maintenance.reclaim_target import EligibilityPredicate
 from .options import BACKGROUND_MODES, OwnershipOptions
 from .storage import Storage, open_storage
+from .tracing import validate_tracing
 
 __all__ = ["EngineSettings", "close_quietly", "resolve_storage", "validate_settings"]
 
@@ -35,6 +36,7 @@ class EngineSettings:
     is_eligible: EligibilityPredicate | None = None
     warn: WarnSink | None = None
     engine_id: str | None = None
+    tracing: object = False
 
 
 def validate_settings(
@@ -48,6 +50,7 @@ def validate_settings(
     is_eligible: EligibilityPredicate | None,
     warn: WarnSink | None,
     engine_id: str | None,
+    tracing: object = False,
 ) -> EngineSettings:
     """Check the arguments of ``Ownership.open()`` (see there); raise naming a bad one.
 
@@ -82,13 +85,15 @@ def validate_settings(
         is_eligible=is_eligible,
         warn=warn,
         engine_id=engine_id,
+        tracing=validate_tracing(tracing),
     )
 
 
-def resolve_storage(url_or_storage: str | Storage) -> tuple[Storage, bool]:
+def resolve_storage(url_or_storage: str | Storage, renew_ms: int) -> tuple[Storage, bool]:
     """The store to use, and whether it was opened here (so ``close()`` closes it)."""
     if isinstance(url_or_storage, str):
-        return open_storage(url_or_storage), True
+        # PostgreSQL derives its statement, lock and pool timeouts from the renew interval.
+        return open_storage(url_or_storage, renew_interval_ms=renew_ms), True
     if isinstance(url_or_storage, Storage):
         return url_or_storage, False
     raise TypeError(

@@ -39,8 +39,8 @@ from typing import Any, Literal, TypeVar
 from .claiming import ClaimAttempt, attempt_claim, claim_is_gone, claim_with_wait, validate_wait
 from .claims.registry import ClaimRegistry, WarnSink
 from .claims.results import ReleaseStatus
-from .claims.store_clock import resolve_store_clock
 from .clock import Clock, system_clock
+from .engine import build_engine
 from .errors import (
     ClosedError,
     WorkflowClaimLostError,
@@ -51,7 +51,6 @@ from .fencing import fenced_transaction
 from .handlers import HandlerTable, ReclaimedWorkflow, WorkflowHandler
 from .handles import ClaimHandle
 from .keys import validate_workflow_id
-from .maintenance.bootstrap import bootstrap_workflow_lease_ownership
 from .maintenance.reclaim_target import EligibilityPredicate
 from .maintenance.targets import PassResult
 from .maintenance.task import RenewalTask
@@ -107,41 +106,13 @@ class Ownership:
         self._state = _State.OPEN
         self._handles: dict[str, ClaimHandle] = {}
         self._lost_callbacks: list[LostCallback] = []
-        # The renewal task needs the ledger's poll targets when the bootstrap builds it, and the
-        # ledger needs the registry the bootstrap creates: the ledger is bound afterwards.
-        metrics = ClaimMetrics()
-        table = HandlerTable(
-            settings.handlers,
-            on_reclaimed=settings.on_reclaimed,
-            is_eligible=settings.is_eligible,
-            metrics=metrics,
-        )
-        clock = settings.clock
-        workflows = Workflows(storage, None, clock=clock, warn=self._on_warning, metrics=metrics)
-        store_clock = resolve_store_clock(storage, settings.options.time_source, clock)
-        boot = bootstrap_workflow_lease_ownership(
-            storage=storage,
-            clock=clock,
-            claim_ttl_ms=settings.options.claim_ttl_ms,
-            claim_renew_interval_ms=settings.options.claim_renew_interval_ms,
-            signal_poll_target=workflows.signal_poll_target,
-            update_poll_target=workflows.update_poll_target,
-            on_workflow_claim_reclaimed=table.drive,
-            is_workflow_type_registered=table.is_eligible,
-            warn=self._on_warning,
-            engine_id=settings.engine_id,
-            store_clock=store_clock,
-            metrics=metrics,
-            max_claims=settings.max_claims,
-            fair_share=True,
-        )
-        workflows.bind_registry(boot.registry)
-        table.bind(self, workflows, boot.registry)
-        self._handlers = table
-        self._workflows = workflows
-        self._registry: ClaimRegistry = boot.registry
-        self._task: RenewalTask = boot.renewal_task
-        self._metrics: ClaimMetrics = boot.metrics
+        parts = build_engine(storage, settings, self._on_warning)
+        parts.handlers.bind(self, parts.workflows, parts.registry)
+        self._handlers = parts.handlers
+        self._workflows = parts.workflows
+        self._registry: ClaimRegistry = parts.registry
+        self._task: RenewalTask = parts.task
+        self._metrics: ClaimMetrics = parts.metrics
         _LIVE.add(self)
 
     # ----------------------------------------------------------------------------------------
@@ -162,6 +133,7 @@ class Ownership:
         clock: Clock = system_clock,
         warn: WarnSink | None = None,
         engine_id: str | None = None,
+        tracing: object = False,
     ) -> Ownership:
         """Open a store, run the ownership gates and bootstrap this engine's claims.
 
@@ -189,6 +161,8 @@ class Ownership:
         :param warn: receives every warning after this object has handled it; default
             :func:`warnings.warn`.
         :param engine_id: this engine's id in holder records; a fresh UUID when omitted.
+        :param tracing: ``True`` for OpenTelemetry spans on the global tracer provider, or a
+            ``TracerProvider``; needs the ``otel`` extra (see :mod:`weft_sync.tracing`).
         :raises ValueError: ``background`` is not ``"thread"`` or ``"manual"``; a bad URL;
             ``max_claims`` is not ``None`` or an ``int >= 1``.
         :raises TypeError: ``options`` is not an ``OwnershipOptions``, a callback is not
@@ -206,8 +180,11 @@ class Ownership:
             is_eligible=is_eligible,
             warn=warn,
             engine_id=engine_id,
+            tracing=tracing,
         )
-        storage, owns_storage = resolve_storage(url_or_storage)
+        storage, owns_storage = resolve_storage(
+            url_or_storage, settings.options.claim_renew_interval_ms
+        )
         try:
             ownership = cls(storage, owns_storage=owns_storage, settings=settings)
         except BaseException:

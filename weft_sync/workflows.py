@@ -37,8 +37,8 @@ import builtins
 import logging
 import os
 import threading
-from collections.abc import Callable, Iterable
-from typing import Any, Final
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any
 
 from . import keys
 from ._fork import process_bound, process_bound_class
@@ -46,26 +46,20 @@ from .claims.registry import ClaimRegistry, WarnSink
 from .clock import Clock, system_clock
 from .codec import (
     WorkflowRecord,
-    decode_holder,
-    encode_workflow_record,
-    try_decode_workflow_record,
 )
 from .errors import (
     ClosedError,
     FencedWriteConflict,
-    WorkflowClaimUnavailableError,
-    WorkflowExistsError,
 )
 from .ledger.external import EXTERNAL_MAX_ATTEMPTS, SUSPENDABLE_STATUSES, ExternalTransitions
 from .ledger.fencing import (
     Fence,
-    WakeCheckStatus,
+    FenceObserver,
     checked_conditions,
     checked_host_operations,
     default_warn,
-    wake_ownership_check,
 )
-from .ledger.finishing import SELF_MAX_ATTEMPTS, SelfTransitions
+from .ledger.finishing import SelfTransitions
 from .ledger.listing import list_records
 from .ledger.records import (
     ACTIVE_STATUSES,
@@ -76,18 +70,16 @@ from .ledger.records import (
     checkpoint_key,
     decode_payload_map,
     read_record,
-    related_prefix,
     result_key,
-    status_change_operations,
     validate_name,
     validate_status,
-    with_status,
 )
 from .ledger.signals import SignalBuffer
+from .ledger.starting import Starts
 from .ledger.updates import UpdateHandler, UpdateQueue, WorkflowUpdate
 from .maintenance.targets import ParkedSignalWait
 from .metrics import ClaimMetrics
-from .storage.base import Condition, Delete, Operation, Put, Storage, storage_conditional_batch
+from .storage.base import Condition, Operation, Put, Storage
 
 __all__ = [
     "EXTERNAL_MAX_ATTEMPTS",
@@ -102,11 +94,6 @@ __all__ = [
 ]
 
 _log = logging.getLogger(__name__)
-
-START_MAX_ATTEMPTS: Final = 3
-"""Acquire folds ``start`` re-prepares when only the epoch moved (a concurrent purge)."""
-
-_RESUMABLE: Final = frozenset({"running", "suspended"})
 
 
 @process_bound_class
@@ -124,6 +111,7 @@ class Workflows:
     :param warn: receives claim-lost and wake-discarded warnings; default :func:`warnings.warn`.
     :param metrics: counts every claim ``start`` and ``resume`` acquire as an ``acquired``
         attempt.
+    :param fence_observers: told of every fenced commit (latency metrics, tracing).
     """
 
     def __init__(
@@ -134,6 +122,7 @@ class Workflows:
         clock: Clock = system_clock,
         warn: WarnSink | None = None,
         metrics: ClaimMetrics | None = None,
+        fence_observers: Sequence[FenceObserver] = (),
     ) -> None:
         if not callable(clock):
             raise TypeError(f"clock must be a callable returning int milliseconds, got {clock!r}")
@@ -147,13 +136,16 @@ class Workflows:
         self._lock = threading.Lock()
         self._registry: ClaimRegistry | None = None
         self._closed = False
-        self._fence = Fence(storage, self._current_registry, warn or default_warn)
+        self._fence = Fence(
+            storage, self._current_registry, warn or default_warn, fence_observers
+        )
         self._signals = SignalBuffer(storage, self._fence, clock)
         self._updates = UpdateQueue(storage, self._fence, clock)
         self._external = ExternalTransitions(
             storage, self._fence, self._signals, self._updates, clock
         )
         self._self_transitions = SelfTransitions(storage, self._fence, clock)
+        self._starts = Starts(storage, self._fence, clock, metrics)
         self._signal_target = WorkflowSignalPollTarget(lambda: self)
         self._update_target = WorkflowUpdatePollTarget(lambda: self)
         if registry is not None:
@@ -242,48 +234,7 @@ class Workflows:
         registry = self._fence.registry()
         # In flight for the registry's close(): it waits for this start before releasing all.
         with registry.operation("Workflows.start()"):
-            return self._start(registry, wid, type, input)
-
-    def _start(self, registry: ClaimRegistry, wid: str, type: str, input: Any) -> WorkflowRecord:
-        now = self._clock()
-        record = WorkflowRecord(wid, type, "running", input, now, now)
-        record_bytes = encode_workflow_record(record)
-        record_key = keys.workflow(wid)
-        for _ in range(START_MAX_ATTEMPTS):
-            existing = self._storage.get(record_key)
-            if existing is not None:
-                raise self._exists_error(wid, existing)
-            leftovers = [Delete(key) for key, _ in self._storage.scan(related_prefix(wid))]
-            prep = registry.prepare_acquire_fragment(wid)
-            conditions = [Condition(record_key, None), *prep.fragment.conditions]
-            operations: list[Operation] = [
-                *leftovers,
-                Put(record_key, record_bytes),
-                Put(keys.workflow_status_index("running", wid), b""),
-                *prep.fragment.operations,
-            ]
-            if storage_conditional_batch(self._storage, conditions, operations):
-                registry.record_folded_acquire(wid, prep)
-                if self._metrics is not None:
-                    self._metrics.record_claim_attempt("acquired")
-                _log.info("started workflow %r (%s) at epoch %d", wid, type, prep.epoch)
-                return record
-            existing = self._storage.get(record_key)
-            if existing is not None:
-                raise self._exists_error(wid, existing)
-            holder = self._storage.get(keys.workflow_owner_holder(wid))
-            if holder is not None:
-                decoded = decode_holder(holder)
-                raise WorkflowClaimUnavailableError(
-                    wid, None if decoded is None else decoded.engine_id
-                )
-            _log.debug("start of workflow %r: only the epoch moved; preparing again", wid)
-        raise WorkflowClaimUnavailableError(wid, None)
-
-    def _exists_error(self, wid: str, record_bytes: bytes) -> WorkflowExistsError:
-        record = try_decode_workflow_record(record_bytes)
-        status = "unreadable" if record is None else record.status
-        return WorkflowExistsError(wid, status, self._holder_engine(wid))
+            return self._starts.start(registry, wid, type, input)
 
     def get(self, workflow_id: str) -> WorkflowRecord | None:
         """The workflow's record, or ``None``.
@@ -426,52 +377,7 @@ class Workflows:
         wid = keys.validate_workflow_id(workflow_id)
         registry = self._fence.registry()
         with registry.operation("Workflows.resume()"):
-            _raw, record = self._require_record(wid)
-            if record.status not in _RESUMABLE:
-                raise WorkflowStateError(wid, record.status, "resume", _RESUMABLE)
-            epoch = self._acquire_standalone(registry, wid)
-            try:
-                return self._mark_running(wid)
-            except (WorkflowStateError, WorkflowNotFoundError):
-                # Finished or purged between the check and the acquire: give the claim back.
-                registry.release(wid, expected_epoch=epoch)
-                raise
-
-    def _acquire_standalone(self, registry: ClaimRegistry, wid: str) -> int:
-        epoch = registry.current_epoch(wid)
-        if epoch is not None:
-            check = wake_ownership_check(
-                self._storage,
-                wid,
-                "signal",
-                expected_engine_id=registry.engine_id,
-                expected_epoch=epoch,
-                warn=self._fence.warn,
-            )
-            if check.status is WakeCheckStatus.MATCH:
-                return epoch
-            if check.status is not WakeCheckStatus.HOLDER_ABSENT:
-                raise WorkflowClaimUnavailableError(wid, check.observed_engine_id)
-        result = registry.acquire(wid)
-        if result.status != "acquired" or result.epoch is None:
-            raise WorkflowClaimUnavailableError(wid, result.held_by)
-        if self._metrics is not None:
-            self._metrics.record_claim_attempt("acquired")
-        return result.epoch
-
-    def _mark_running(self, wid: str) -> WorkflowRecord:
-        for _ in range(SELF_MAX_ATTEMPTS):
-            raw, record = self._require_record(wid)
-            if record.status == "running":
-                return record
-            if record.status != "suspended":
-                raise WorkflowStateError(wid, record.status, "resume", _RESUMABLE)
-            new = with_status(record, "running", self._clock())
-            conditions, operations = status_change_operations(raw, record, new)
-            if self._fence.commit(wid, conditions, operations):
-                _log.info("resumed suspended workflow %r", wid)
-                return new
-        raise FencedWriteConflict(wid)
+            return self._starts.resume(registry, wid)
 
     # -- signals and updates ---------------------------------------------------------------
 
@@ -516,16 +422,6 @@ class Workflows:
         self._updates.set_handler(keys.validate_workflow_id(workflow_id), handler)
 
     # -- helpers ---------------------------------------------------------------------------
-
-    def _require_record(self, wid: str) -> tuple[bytes, WorkflowRecord]:
-        found = read_record(self._storage, wid)
-        if found is None:
-            raise WorkflowNotFoundError(wid)
-        return found
-
-    def _holder_engine(self, wid: str) -> str | None:
-        holder = decode_holder(self._storage.get(keys.workflow_owner_holder(wid)))
-        return None if holder is None else holder.engine_id
 
     def _after_fork_in_child(self) -> None:
         """Drop state inherited through ``fork()``: parked waiters, handlers and held locks.

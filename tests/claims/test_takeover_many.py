@@ -100,6 +100,13 @@ def _statuses(outcomes: Sequence[TakeoverResult | Exception]) -> list[str | None
     return [o.status.value if isinstance(o, TakeoverResult) else None for o in outcomes]
 
 
+def _expiry(storage: Storage, workflow_id: str) -> int:
+    """The expiry of the holder stored for ``workflow_id`` right now."""
+    holder = _holder(storage, workflow_id)
+    assert holder is not None
+    return holder.expires_at
+
+
 def _expired(rival: ClaimRegistry, clock: ManualClock, *ids: str) -> None:
     """Let ``rival`` claim ``ids`` and then let those claims expire past their grace."""
     for wid in ids:
@@ -123,11 +130,13 @@ def test_each_id_gets_the_outcome_takeover_would_give_it(
     storage.put(keys.workflow_owner_epoch("garbage"), encode_epoch(4))
     storage.put(keys.workflow_owner_holder("no-epoch"), encode_holder(HolderRecord("x", 1, 0, 0)))
     ids = ["expired", "live", "absent", "no-epoch", "garbage"]
+    replaced = _expiry(storage, "expired")
 
     outcomes = reg.takeover_many(ids)
 
     assert outcomes == [
-        TakeoverResult(TakeoverStatus.ACQUIRED, "expired", epoch=2),
+        # An acquired result carries the replaced holder's expiry (none for garbage).
+        TakeoverResult(TakeoverStatus.ACQUIRED, "expired", epoch=2, expires_at=replaced),
         TakeoverResult(
             TakeoverStatus.NOT_EXPIRED, "live", held_by="engine-b", expires_at=clock() + TTL_MS
         ),
@@ -214,12 +223,13 @@ def test_an_id_in_this_engines_cooldown_is_backoff_skipped_without_reads(
     _deposed(reg, rival, clock, "lost")
     lost_holder = storage.get(keys.workflow_owner_holder("lost"))
     gated.reads.clear()
+    replaced = _expiry(storage, "other")
 
     outcomes = reg.takeover_many(["lost", "other"])
 
     assert outcomes == [
         TakeoverResult(TakeoverStatus.BACKOFF_SKIPPED, "lost"),
-        TakeoverResult(TakeoverStatus.ACQUIRED, "other", epoch=2),
+        TakeoverResult(TakeoverStatus.ACQUIRED, "other", epoch=2, expires_at=replaced),
     ]
     assert gated.keys_read() == _claim_keys("other")
     assert gated.batch_sizes[-1] == 1
@@ -238,8 +248,9 @@ def test_takeover_many_of_only_cooled_down_ids_touches_no_storage(
     clock.advance(RENEW_MS - 1)
     assert _statuses(reg.takeover_many(["lost"])) == ["backoff-skipped"]
     clock.advance(1)  # the window's end instant is outside it
+    replaced = _expiry(gated.inner, "lost")
     (outcome,) = reg.takeover_many(["lost"])
-    assert outcome == TakeoverResult(TakeoverStatus.ACQUIRED, "lost", epoch=3)
+    assert outcome == TakeoverResult(TakeoverStatus.ACQUIRED, "lost", epoch=3, expires_at=replaced)
     assert reg.current_epoch("lost") == 3
 
 
@@ -257,12 +268,13 @@ def test_a_lost_race_names_the_winner_and_the_rest_of_the_chunk_still_commits(
     _expired(rival, clock, "raced", "free")
     competitor = make("engine-c", WarningSink(), store=storage)
     gated.before_next_cas(lambda: competitor.takeover("raced"), match=touches("raced"))
+    replaced = _expiry(storage, "free")
 
     outcomes = reg.takeover_many(["raced", "free"])
 
     assert outcomes == [
         TakeoverResult(TakeoverStatus.LOST_RACE, "raced", held_by="engine-c"),
-        TakeoverResult(TakeoverStatus.ACQUIRED, "free", epoch=2),
+        TakeoverResult(TakeoverStatus.ACQUIRED, "free", epoch=2, expires_at=replaced),
     ]
     assert competitor.current_epoch("raced") == 2
     assert reg.list_held_workflow_ids() == ["free"]
@@ -307,9 +319,12 @@ def test_a_failed_reread_of_lost_holders_keeps_the_takeovers_that_committed(
         gated.fail_next_read_of(keys.workflow_owner_holder("raced"), error)
 
     gated.before_next_cas(compete, match=touches("raced"))
+    replaced = _expiry(storage, "free")
     outcomes = reg.takeover_many(["raced", "free"])
     assert outcomes[0] is error
-    assert outcomes[1] == TakeoverResult(TakeoverStatus.ACQUIRED, "free", epoch=2)
+    assert outcomes[1] == TakeoverResult(
+        TakeoverStatus.ACQUIRED, "free", epoch=2, expires_at=replaced
+    )
     assert reg.list_held_workflow_ids() == ["free"]
     assert _holder(storage, "free") == HolderRecord("engine-a", 2, clock() + TTL_MS, clock())
 
@@ -385,9 +400,10 @@ def test_a_chunk_whose_read_raises_fails_its_ids_and_commits_nothing_for_them(
     _expired(rival, clock, *ids)
     error = StorageError("read failed")
     gated.fail_next_read_of(keys.workflow_owner_holder("a"), error)
+    replaced = _expiry(gated.inner, "c")
     outcomes = reg.takeover_many(ids, chunk_size=2)
     assert outcomes[:2] == [error, error]
-    assert outcomes[2] == TakeoverResult(TakeoverStatus.ACQUIRED, "c", epoch=2)
+    assert outcomes[2] == TakeoverResult(TakeoverStatus.ACQUIRED, "c", epoch=2, expires_at=replaced)
     assert gated.batch_sizes == [1]
     assert reg.list_held_workflow_ids() == ["c"]
 

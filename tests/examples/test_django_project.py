@@ -119,6 +119,23 @@ def test_manage_py_weft_sync_maintain_resumes_an_abandoned_report_with_its_handl
     assert sorted(rows) == [("completed",), ("resumed",)]
 
 
+def test_manage_py_weft_sync_maintain_uses_the_handlers_of_the_settings(db: Path) -> None:
+    abandon(f"sqlite:///{db}", "report-1", "report", input={"pages": 1})
+    env = {"WEFTSITE_STEP_SECONDS": "0.01"}
+
+    # No --handler: settings.WEFT_SYNC["HANDLERS"] names reports.jobs.resume_report.
+    done = manage(db, "weft_sync", "maintain", "--once", env=env)
+
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "no --handler given" not in done.stdout
+    store = open_storage(f"sqlite:///{db}")
+    try:
+        outcome = Workflows(store).get_outcome("report-1")
+        assert outcome is not None and outcome.status == "completed"
+    finally:
+        store.close()
+
+
 def test_manage_py_weft_sync_reports_a_bad_url_without_a_traceback(db: Path) -> None:
     done = manage(db, "weft_sync", "--url", "postgres-ish://app:hunter2@db/app", "claims")
 

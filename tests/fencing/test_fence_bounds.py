@@ -82,7 +82,12 @@ def test_stalled_fenced_transaction_is_ended_by_the_server(
     env = make_env("postgres", "psycopg", Path(str(tmp_path)), postgres_base_url)
     try:
         options = OwnershipOptions(claim_ttl=600, claim_renew_interval=200)
-        owner, rival = env.ownership(options=options), env.ownership(options=options)
+        # The rival's lock wait (by default bounded by the renew interval) outlasts the stall.
+        rival_url = _with_param(
+            _with_param(env.storage_url, "lock_timeout", 10), "statement_timeout", 10
+        )
+        owner = env.ownership(options=options)
+        rival = env.ownership(options=options, storage=rival_url)
         assert owner.registry.acquire("wf-1").status == "acquired"
         env.clock.advance(600 + 2 * 200 + 1)
         conn = env.connect()

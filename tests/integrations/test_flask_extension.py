@@ -433,3 +433,29 @@ def test_the_readme_flask_example_builds_an_app_that_opens_nothing() -> None:
     assert state.options == OwnershipOptions(claim_ttl="30s", claim_renew_interval="5s")
     assert list(namespace["weft"].handlers()) == ["report"]  # type: ignore[attr-defined]
     assert set(threading.enumerate()) == threads_before
+
+
+def test_flask_weft_maintain_drives_what_it_takes_over_with_the_apps_handlers(
+    weft: WeftSync, storage_url: str
+) -> None:
+    app = make_app(storage_url, WEFT_SYNC_OPTIONS=FAST)
+    weft.init_app(app)
+    driven: list[tuple[str, str, int]] = []
+
+    @weft.handler("report")
+    def resume_report(ctx: ReclaimedWorkflow) -> None:
+        driven.append((current_app.name, ctx.workflow_id, ctx.epoch))
+        ctx.workflows.complete(ctx.workflow_id, result={"resumed": True})
+
+    abandon(storage_url, "report-1", "report")
+    abandon(storage_url, "import-1", "import")  # no handler: left alone
+
+    result = app.test_cli_runner().invoke(args=["weft", "maintain", "--once"])
+
+    assert result.exit_code == 0, result.output
+    # Run by the command's engine, at the epoch its takeover minted, inside an app context.
+    assert driven == [("weft_test_app", "report-1", 2)]
+    with app.app_context():
+        ledger = weft.ownership.workflows
+        assert ledger.get_outcome("report-1").result == {"resumed": True}  # type: ignore[union-attr]
+        assert ledger.get("import-1").status == "running"  # type: ignore[union-attr]

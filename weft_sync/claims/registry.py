@@ -222,6 +222,15 @@ class ClaimRegistry:
         # bytes are immutable, so handing out the cached object cannot alter the cache.
         return None if entry is None else entry.epoch_bytes
 
+    def tracked_expires_at(self, workflow_id: str) -> int | None:
+        """The expiry of the holder record this engine last confirmed for ``workflow_id``.
+
+        ``None`` when it holds no claim on it (or the cached record does not decode).
+        """
+        entry = self._table.get(validate_workflow_id(workflow_id))
+        holder = None if entry is None else decode_holder(entry.holder_bytes)
+        return None if holder is None else holder.expires_at
+
     def list_held_workflow_ids(self) -> list[str]:
         """A snapshot of the workflow ids this engine tracks as held."""
         with self._table.lock:

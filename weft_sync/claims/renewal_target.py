@@ -6,10 +6,17 @@ with this engine's own release) are successes; ``lost`` becomes a raised
 up locally at its renew deadline), counts one ``deposed`` attempt. The registry has already emitted
 the claim-lost warning, so the adapter does not emit another; when the warning sink raised that
 warning (warnings turned into errors), the renewal is still reported as lost.
+
+With metrics, each batch's latency is observed, and the target keeps the smallest expiry among
+the claims of the pass in progress (a renewed claim expires no earlier than the batch's clock
+reading plus the TTL; one that failed keeps the expiry last confirmed), which
+:meth:`RegistryRenewalTarget.finish_pass` turns into the expiry-margin gauge.
 """
 
 from __future__ import annotations
 
+import threading
+import time
 from collections.abc import Callable, Sequence
 from typing import Final
 
@@ -63,6 +70,9 @@ class RegistryRenewalTarget:
         self._registry = registry
         self._metrics = metrics
         self._before_renewals = before_renewals
+        # _lock guards _pass_min_expiry, which batches running on several threads lower.
+        self._lock = threading.Lock()
+        self._pass_min_expiry: int | None = None
 
     def list_held_workflow_ids(self) -> list[str]:
         """The ids the registry currently holds (a snapshot); read once per renewal pass.
@@ -93,18 +103,53 @@ class RegistryRenewalTarget:
 
         Positional; a repeated id shares one outcome (and counts one ``deposed`` if lost).
         """
-        outcomes = self._registry.renew_many_outcomes(workflow_ids, chunk_size=chunk_size)
+        registry, metrics = self._registry, self._metrics
+        renewed_floor = registry.clock() + registry.claim_ttl_ms if metrics is not None else 0
+        started = time.perf_counter()
+        outcomes = registry.renew_many_outcomes(workflow_ids, chunk_size=chunk_size)
+        if metrics is not None:
+            metrics.observe_renewal_batch(time.perf_counter() - started)
         errors: list[Exception | None] = []
         # The error of each id that was not renewed, made once (a lost one counts once).
         failed: dict[str, Exception | None] = {}
+        renewed_any = False
         for workflow_id, outcome in zip(workflow_ids, outcomes, strict=True):
             if type(outcome) is RenewResult and outcome.status is _RENEWED:
                 errors.append(None)
+                renewed_any = True
                 continue
             if workflow_id not in failed:
                 failed[workflow_id] = self._error_for(workflow_id, outcome)
             errors.append(failed[workflow_id])
+        if metrics is not None and workflow_ids:
+            self._lower_min_expiry(renewed_floor if renewed_any else None, list(failed))
         return errors
+
+    def _lower_min_expiry(self, renewed_floor: int | None, failed: list[str]) -> None:
+        """Fold this batch into the pass's smallest expiry (outside the registry's lock)."""
+        candidates = [] if renewed_floor is None else [renewed_floor]
+        for workflow_id in failed:
+            expires_at = self._registry.tracked_expires_at(workflow_id)
+            if expires_at is not None:  # a lost claim is no longer held: it has no margin
+                candidates.append(expires_at)
+        if not candidates:
+            return
+        lowest = min(candidates)
+        with self._lock:
+            if self._pass_min_expiry is None or lowest < self._pass_min_expiry:
+                self._pass_min_expiry = lowest
+
+    def finish_pass(self) -> None:
+        """Set the expiry-margin gauge from the pass that just ended, and start a new one.
+
+        The margin is read on the registry's clock, the one expiries are written on. The gauge
+        becomes ``None`` when the pass renewed nothing (no claim held).
+        """
+        with self._lock:
+            lowest, self._pass_min_expiry = self._pass_min_expiry, None
+        if self._metrics is not None:
+            now = self._registry.clock()
+            self._metrics.set_expiry_margin(None if lowest is None else (lowest - now) / 1000)
 
     def _error_for(self, workflow_id: str, outcome: RenewResult | Exception) -> Exception | None:
         if isinstance(outcome, WorkflowClaimLostWarning):

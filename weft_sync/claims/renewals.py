@@ -25,7 +25,8 @@ from ..clock import Clock
 from ..codec import SAFE_INT_MAX, decode_holder, encode_holder
 from ..errors import StoreIdentityError, WorkflowClaimLostWarning
 from ..storage.base import Condition, Put, Storage, storage_conditional_batch
-from ..storage.cas import CasRow, storage_compare_and_set_many
+from ..storage.cas import CasRow
+from ..storage.isolation import Judged, storage_compare_and_set_many_isolated
 from .losses import DEADLINE, DEPOSED, LocalLosses
 from .results import RenewResult, RenewStatus
 from .tracking import ClaimTable, RenewalGroup, TrackedClaim
@@ -51,8 +52,9 @@ _PACKED_EXPIRES_AT_KEY: Final = msgpack.packb("expires_at")
 
 # A renewal in flight: the workflow id, the entry it started from and the holder bytes it expects.
 Member = tuple[str, TrackedClaim, bytes]
-# Commits independent compare-and-set rows; returns whether each committed.
-Committer = Callable[[Sequence[CasRow]], list[bool]]
+# Commits independent compare-and-set rows; returns whether each committed, or that its row was
+# locked by another session (not judged: a failed renewal, retried on the next pass).
+Committer = Callable[[Sequence[CasRow]], Sequence[Judged]]
 Outcomes = dict[str, "RenewResult | Exception"]
 # Called with the error once a renewal finds the store replaced; loses every claim locally.
 StoreLostHandler = Callable[[StoreIdentityError], None]
@@ -278,8 +280,18 @@ class Renewals:
         try:
             now = self._clock()
             writes = self._writes(members, now)
-            committed = commit(writes)
-            errors = self._retry_ambiguous(members, writes, committed, now, commit)
+            judged = commit(writes)
+            committed = [ok is True for ok in judged]
+            errors: dict[str, Exception] = {
+                members[i][0]: ok for i, ok in enumerate(judged) if isinstance(ok, Exception)
+            }
+            self._retry_ambiguous(members, writes, committed, now, commit, errors)
+            if errors:
+                # A failed row may still have committed: its value stays adoptable.
+                self._remember_pending(
+                    [m for m in members if m[0] in errors],
+                    [w for m, w in zip(members, writes, strict=True) if m[0] in errors],
+                )
         except BaseException as exc:
             self._fail_group(group, members, writes, exc)
             if not isinstance(exc, Exception):
@@ -321,19 +333,19 @@ class Renewals:
         committed: list[bool],
         now: int,
         commit: Committer,
-    ) -> dict[str, Exception]:
+        errors: dict[str, Exception],
+    ) -> None:
         """Re-examine failed CASes of entries with pending values; retry adopted ones once.
 
         Updates ``members``, ``writes`` and ``committed`` in place for the retried renewals.
-
-        :returns: the ids whose re-read or retry raised, with the exception.
+        ``errors`` holds the ids already failed (their rows were locked), which are left alone;
+        the ids whose re-read or retry fails are added to it, with the exception.
         """
-        errors: dict[str, Exception] = {}
         if all(committed):
-            return errors
+            return
         adopted = self._adopt_landed(members, committed, errors)
         if not adopted:
-            return errors
+            return
         retried = [members[i] for i in adopted]
         retry_writes: list[CasRow] = []
         try:
@@ -342,11 +354,12 @@ class Renewals:
         except Exception as exc:
             self._remember_pending(retried, retry_writes)
             errors.update((wid, exc) for wid, _, _ in retried)
-            return errors
+            return
         for i, row, ok in zip(adopted, retry_writes, results, strict=True):
             writes[i] = row
-            committed[i] = ok
-        return errors
+            committed[i] = ok is True
+            if isinstance(ok, Exception):
+                errors[members[i][0]] = ok
 
     def _adopt_landed(
         self, members: list[Member], committed: list[bool], errors: dict[str, Exception]
@@ -363,7 +376,10 @@ class Renewals:
             suspects = [
                 i
                 for i, (wid, entry, _) in enumerate(members)
-                if not committed[i] and entry.pending and table.claims.get(wid) is entry
+                if not committed[i]
+                and wid not in errors
+                and entry.pending
+                and table.claims.get(wid) is entry
             ]
         adopted: list[int] = []
         for i in suspects:
@@ -460,9 +476,12 @@ class Renewals:
             storage_conditional_batch(self._storage, [Condition(key, expected)], [Put(key, new)])
         ]
 
-    def _commit_many(self, rows: Sequence[CasRow]) -> list[bool]:
-        """Commit independent renewals in one transaction, checking the declared capability."""
-        return storage_compare_and_set_many(self._storage, rows)
+    def _commit_many(self, rows: Sequence[CasRow]) -> list[Judged]:
+        """Commit independent renewals in one transaction, checking the declared capability.
+
+        A row another session holds locked fails alone (the store does not wait for it).
+        """
+        return storage_compare_and_set_many_isolated(self._storage, rows)
 
     def _report_lost(self, wid: str) -> None:
         _log.warning(

@@ -99,7 +99,8 @@ class ReleaseResult:
 class TakeoverResult:
     """Outcome of a takeover attempt.
 
-    ``acquired`` carries ``epoch``; ``lost-race`` carries ``held_by`` (``None`` if unknown);
+    ``acquired`` carries ``epoch`` and the ``expires_at`` of the holder it replaced (``None`` when
+    that record did not decode); ``lost-race`` carries ``held_by`` (``None`` if unknown);
     ``not-expired`` carries ``held_by`` and ``expires_at`` of the live holder.
     """
 

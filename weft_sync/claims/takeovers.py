@@ -15,9 +15,10 @@ from typing import Final
 
 from .. import keys
 from ..clock import Clock
-from ..codec import decode_holder
-from ..errors import CorruptEpochError, StorageCapabilityError, StorageError
+from ..codec import HolderRecord, decode_holder
+from ..errors import CorruptEpochError, StorageCapabilityError
 from ..storage.base import Storage, storage_conditional_batch
+from ..storage.isolation import Judged, storage_conditional_batches_isolated
 from ..storage.reads import storage_get_many
 from .results import TakeoverResult, TakeoverStatus
 from .tracking import ClaimTable
@@ -136,7 +137,7 @@ class Takeovers:
         values = storage_get_many(
             self._storage, holder_keys + [keys.workflow_owner_epoch(wid) for wid in chunk]
         )
-        planned: list[tuple[str, Fragment, str | None]] = []
+        planned: list[tuple[str, Fragment, HolderRecord | None]] = []
         for i, wid in enumerate(chunk):
             holder, epoch = values[i], values[len(chunk) + i]
             try:
@@ -155,7 +156,10 @@ class Takeovers:
         committed = self._commit([fragment for _, fragment, _ in planned])
         lost: list[str] = []
         for (wid, fragment, previous), ok in zip(planned, committed, strict=True):
-            if ok:
+            if isinstance(ok, Exception):
+                # Its row was locked by another session: not judged, so not a lost race.
+                outcomes[wid] = ok
+            elif ok:
                 outcomes[wid] = self._acquired(wid, fragment, now, previous)
             else:
                 lost.append(wid)
@@ -173,10 +177,10 @@ class Takeovers:
         judge_now: int,
         holder_bytes: bytes | None,
         epoch_bytes: bytes | None,
-    ) -> TakeoverResult | tuple[Fragment, str | None]:
+    ) -> TakeoverResult | tuple[Fragment, HolderRecord | None]:
         """Decide a takeover from what was read: a final result, or the fragment to commit and
-        the previous holder's engine id. Expiry is judged at ``judge_now``; the new holder is
-        written at ``now``."""
+        the previous holder (``None`` if it did not decode). Expiry is judged at ``judge_now``;
+        the new holder is written at ``now``."""
         if holder_bytes is None or epoch_bytes is None:
             # A holder without an epoch breaks the invariant: there is nothing safe to fence on.
             _log.debug(
@@ -215,23 +219,18 @@ class Takeovers:
         except CorruptEpochError as exc:
             _log.warning("%s", exc)
             raise
-        return fragment, None if holder is None else holder.engine_id
+        return fragment, holder
 
-    def _commit(self, fragments: list[Fragment]) -> list[bool]:
+    def _commit(self, fragments: list[Fragment]) -> list[Judged]:
+        """Commit the fragments in one transaction; one on a row locked elsewhere fails alone."""
         if not self._storage.capabilities.conditional_batch:
             raise StorageCapabilityError("batched claim takeover", "conditional_batch")
-        results = self._storage.conditional_batches(
-            [(fragment.conditions, fragment.operations) for fragment in fragments]
+        return storage_conditional_batches_isolated(
+            self._storage, [(fragment.conditions, fragment.operations) for fragment in fragments]
         )
-        if len(results) != len(fragments):
-            raise StorageError(
-                f"conditional_batches() returned {len(results)} results for {len(fragments)} "
-                f"batches; the backend breaks the Storage contract"
-            )
-        return [bool(ok) for ok in results]
 
     def _acquired(
-        self, wid: str, fragment: Fragment, now: int, previous: str | None
+        self, wid: str, fragment: Fragment, now: int, previous: HolderRecord | None
     ) -> TakeoverResult:
         epoch = self._install(wid, fragment, now)
         _log.info(
@@ -239,9 +238,14 @@ class Takeovers:
             self._engine_id,
             wid,
             epoch,
-            previous,
+            None if previous is None else previous.engine_id,
         )
-        return TakeoverResult(TakeoverStatus.ACQUIRED, wid, epoch=epoch)
+        return TakeoverResult(
+            TakeoverStatus.ACQUIRED,
+            wid,
+            epoch=epoch,
+            expires_at=None if previous is None else previous.expires_at,
+        )
 
     def _lost(self, wid: str, holder_bytes: bytes | None) -> TakeoverResult:
         holder = decode_holder(holder_bytes)

@@ -10,7 +10,7 @@ from __future__ import annotations
 from .doctor import doctor
 from .listing import claims, show, workflows
 from .maintain import StopSignals, maintain
-from .operate import cancel, demo, release
+from .operate import cancel, demo, release, repair_epoch
 from .output import CommandError, NotFound, StoreMissing, StoreRef, UsageError, one_line
 from .store_view import metrics, status
 
@@ -29,6 +29,7 @@ __all__ = [
     "metrics",
     "one_line",
     "release",
+    "repair_epoch",
     "show",
     "status",
     "workflows",

@@ -7,6 +7,7 @@ from collections.abc import Callable
 from typing import Final, TextIO
 
 from .. import keys
+from ..claims.epochs import find_corrupt_epochs
 from ..codec import decode_mode_marker, encode_epoch
 from ..storage import Condition, Delete, Put, Storage
 from .listing import read_claims
@@ -17,6 +18,9 @@ __all__ = ["CLOCK_SKEW_LIMIT_MS", "doctor"]
 
 CLOCK_SKEW_LIMIT_MS: Final = 24 * 3600 * 1000
 """A claim expiring further ahead than this was written by a clock that is far off."""
+
+CORRUPT_EPOCHS_SHOWN: Final = 20
+"""Corrupt epoch keys named one by one; more are only counted."""
 
 Report = Callable[[str, str], None]
 
@@ -84,8 +88,26 @@ def _check_store(storage: Storage, fix: bool, report: Report) -> None:
         "FAIL" if view.undecodable else "ok",
         f"holder records: {view.undecodable} do not decode",
     )
+    _check_epochs(storage, report)
     report("info", f"expired claims awaiting takeover: {sum(view.expired.values())}")
     report("info", f"running workflows without a holder: {len(view.running_without_holder)}")
+    _report_replication(storage, report)
+
+
+def _report_replication(storage: Storage, report: Report) -> None:
+    """How the server replicates commits (PostgreSQL only): an asynchronous failover can roll an
+    epoch back and so hand a fence out twice; a standby takes no writes at all."""
+    settings_of = getattr(storage, "replication_settings", None)
+    if not callable(settings_of):
+        return
+    settings = settings_of()
+    durability = "survive" if settings.failover_safe else "may be lost in"
+    report(
+        "FAIL" if settings.is_standby else "info",
+        f"replication: synchronous_commit={settings.synchronous_commit}, "
+        f"synchronous_standby_names={settings.synchronous_standby_names!r}, "
+        f"standby={settings.is_standby}; acknowledged epochs {durability} a failover",
+    )
 
 
 def _far_future(storage: Storage, now: int) -> list[str]:
@@ -94,3 +116,23 @@ def _far_future(storage: Storage, now: int) -> list[str]:
         for row in read_claims(storage)
         if row.holder is not None and row.holder.expires_at - now > CLOCK_SKEW_LIMIT_MS
     ]
+
+
+def _check_epochs(storage: Storage, report: Report) -> None:
+    # A corrupt epoch fails closed (nothing can acquire the workflow), and only an operator can
+    # say which epoch is safely above every one handed out: name each key and the repair.
+    corrupt = find_corrupt_epochs(storage, limit=CORRUPT_EPOCHS_SHOWN + 1)
+    if not corrupt:
+        report("ok", "epoch keys: every one decodes")
+        return
+    more = "+" if len(corrupt) > CORRUPT_EPOCHS_SHOWN else ""
+    report("FAIL", f"epoch keys: {min(len(corrupt), CORRUPT_EPOCHS_SHOWN)}{more} do not decode")
+    for item in corrupt[:CORRUPT_EPOCHS_SHOWN]:
+        if item.workflow_id is None:
+            report("FAIL", f"  {item.key!r} ({item.size} bytes): the key itself does not decode")
+        else:
+            report(
+                "FAIL",
+                f"  {item.key!r} ({item.size} bytes): refused until repaired with "
+                f"'weft-sync repair-epoch {item.workflow_id}'",
+            )

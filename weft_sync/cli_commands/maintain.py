@@ -7,7 +7,7 @@ import contextlib
 import importlib
 import threading
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from contextlib import AbstractContextManager
 from typing import Final, TextIO
 
@@ -76,27 +76,45 @@ def _open_engine(
     options: OwnershipOptions,
     handler: WorkflowHandler | None,
     types: list[str],
+    given: Mapping[str, WorkflowHandler] | None = None,
 ) -> Ownership:
     """An engine (not started) that drives, through ``handler``, the types it names.
 
-    Without a handler it has no handler, ``is_eligible`` or ``on_reclaimed``, so it reclaims no
-    workflow record: it only renews, and takes over nothing it could not drive.
+    ``given`` are the handlers of an integration (Flask, Django) for their own types; the
+    ``--handler`` function overrides them for the types it names. With no handler at all the
+    engine has no handler, ``is_eligible`` or ``on_reclaimed``, so it reclaims no workflow
+    record: it only renews, and takes over nothing it could not drive.
     """
+    handlers = dict(given or {})
     if handler is None or types:
-        handlers = {t: handler for t in types} if handler is not None else None
-        return Ownership.open(storage, options=options, handlers=handlers, background="manual")
+        handlers.update({t: handler for t in types} if handler is not None else {})
+        return Ownership.open(
+            storage, options=options, handlers=handlers or None, background="manual"
+        )
     every_type = _EveryType(handler)
     ownership = Ownership.open(
-        storage, options=options, is_eligible=every_type, background="manual"
+        storage,
+        options=options,
+        handlers=handlers or None,
+        is_eligible=every_type,
+        background="manual",
     )
     every_type.ownership = ownership
     return ownership
 
 
-def maintain(store: StoreRef, args: argparse.Namespace, out: TextIO, stops: StopSignals) -> int:
+def maintain(
+    store: StoreRef,
+    args: argparse.Namespace,
+    out: TextIO,
+    stops: StopSignals,
+    handlers: Mapping[str, WorkflowHandler] | None = None,
+) -> int:
     """Run maintenance once (``--once``) or until SIGTERM / Ctrl-C (``--interval``).
 
     ``--once`` exits 1 when the pass failed (discovery, or a renewal) or any candidate errored.
+
+    :param handlers: an integration's handlers by workflow type (see :func:`_open_engine`).
     """
     options = OwnershipOptions(claim_ttl=args.claim_ttl, claim_renew_interval=args.renew_interval)
     if args.types and not args.handler:
@@ -104,15 +122,15 @@ def maintain(store: StoreRef, args: argparse.Namespace, out: TextIO, stops: Stop
     handler = load_handler(args.handler) if args.handler else None
     with store.open(read_only=False) as storage:
         if args.once:
-            with _open_engine(storage, options, handler, args.types) as ownership:
+            with _open_engine(storage, options, handler, args.types, handlers) as ownership:
                 result = ownership.run_maintenance()
-            return _report_once(result, args.json, handler is None, out)
+            return _report_once(result, args.json, handler is None and not handlers, out)
         # The handlers go in before the engine starts and come out after it closed, so a signal
         # at any moment ends in a clean close, never in the default handler's abrupt exit.
         with (
             stops() as stop,
             warnings_to_stderr(),
-            _open_engine(storage, options, handler, args.types) as ownership,
+            _open_engine(storage, options, handler, args.types, handlers) as ownership,
         ):
             ownership.start()
             out.write(

@@ -1,10 +1,12 @@
-"""Commands that change the store: ``cancel`` and ``release`` (from outside), and ``demo``."""
+"""Commands that change the store: ``cancel``, ``release`` and ``repair-epoch`` (from outside),
+and ``demo``."""
 
 from __future__ import annotations
 
 from typing import Final, TextIO
 
 from .. import keys
+from ..claims.epochs import repair_corrupt_epoch
 from ..claims.transitions import build_external_rotation_transition, extract_put_value
 from ..clock import system_clock
 from ..codec import decode_epoch, decode_holder, try_decode_workflow_record
@@ -12,7 +14,7 @@ from ..storage import Condition, storage_conditional_batch
 from ..workflows import WorkflowNotFoundError, Workflows
 from .output import CommandError, NotFound, StoreRef, human_time
 
-__all__ = ["RELEASE_ATTEMPTS", "cancel", "demo", "release"]
+__all__ = ["RELEASE_ATTEMPTS", "cancel", "demo", "release", "repair_epoch"]
 
 RELEASE_ATTEMPTS: Final = 5
 """Compare-and-swap attempts of ``release`` while the claim keeps changing under it."""
@@ -74,6 +76,26 @@ def release(store: StoreRef, workflow_id: str, out: TextIO) -> int:
         f"the claim on {wid!r} kept changing during {RELEASE_ATTEMPTS} attempts; nothing was "
         f"released: run the command again"
     )
+
+
+def repair_epoch(store: StoreRef, workflow_id: str, at_least: int | None, out: TextIO) -> int:
+    """Replace a corrupt epoch key with one above any handed out; its holder is deposed.
+
+    The new epoch is derived from the clock (milliseconds x 1000), or ``--at-least`` when the
+    operator knows a higher bound (for example after restoring a backup of an older store).
+    """
+    wid = keys.validate_workflow_id(workflow_id)
+    with store.open(read_only=False) as storage:
+        try:
+            epoch = repair_corrupt_epoch(storage, wid, at_least=at_least)
+        except ValueError as exc:
+            if storage.get(keys.workflow_owner_epoch(wid)) is None:
+                raise NotFound(str(exc)) from None
+            raise CommandError(str(exc)) from None
+        except RuntimeError as exc:
+            raise CommandError(str(exc)) from None
+    out.write(f"{wid}: epoch repaired, now {epoch}; its former holder is deposed\n")
+    return 0
 
 
 def _holder_text(holder_raw: bytes) -> str:

@@ -25,7 +25,7 @@ from weft_sync.redaction import redact_url
 
 from .conf import WeftSyncSettings, load_config
 
-__all__ = ["close_ownership", "get_ownership", "is_open"]
+__all__ = ["close_ownership", "get_ownership", "handlers_from_settings", "is_open"]
 
 _log = logging.getLogger(__name__)
 
@@ -93,11 +93,16 @@ def close_ownership() -> None:
         ownership.close()
 
 
-def _open(config: WeftSyncSettings) -> Ownership:
-    handlers = {
+def handlers_from_settings(config: WeftSyncSettings) -> dict[str, WorkflowHandler]:
+    """The ``HANDLERS`` of ``config``, imported, each closing its thread's DB connections."""
+    return {
         workflow_type: _closing_db_connections(handler)
         for workflow_type, handler in config.import_handlers().items()
     }
+
+
+def _open(config: WeftSyncSettings) -> Ownership:
+    handlers = handlers_from_settings(config)
     background: Any = config.background
     ownership = Ownership.open(
         config.url,

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import enum
 import logging
+import time
 import warnings
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
@@ -42,6 +43,7 @@ from ..storage.base import (
 
 __all__ = [
     "Fence",
+    "FenceObserver",
     "RegistrySource",
     "WakeCheck",
     "WakeCheckStatus",
@@ -56,6 +58,10 @@ _log = logging.getLogger(__name__)
 
 RegistrySource = Callable[[], "ClaimRegistry | None"]
 """Returns the engine's registry, or ``None`` while none is bound."""
+
+FenceObserver = Callable[[str, int, float, "BaseException | None"], object]
+"""Told of every fenced commit: workflow id, wall-clock start (``time.time_ns()``), duration in
+seconds, and what it raised (``None`` when it committed or only a base condition failed)."""
 
 
 def default_warn(warning: Warning) -> None:
@@ -147,10 +153,17 @@ class Fence:
         finds the claim lost, and wake-discarded warnings.
     """
 
-    def __init__(self, storage: Storage, registry: RegistrySource, warn: WarnSink) -> None:
+    def __init__(
+        self,
+        storage: Storage,
+        registry: RegistrySource,
+        warn: WarnSink,
+        observers: Sequence[FenceObserver] = (),
+    ) -> None:
         self._storage = storage
         self._registry = registry
         self._warn = warn
+        self._observers = tuple(observers)
 
     @property
     def warn(self) -> WarnSink:
@@ -211,6 +224,33 @@ class Fence:
         :raises StoreIdentityError: the store was replaced; every claim of this engine has been
             lost locally (cause ``store_identity``).
         """
+        if not self._observers:
+            return self._commit(workflow_id, conditions, operations)
+        started_ns, started = time.time_ns(), time.perf_counter()
+        error: BaseException | None = None
+        try:
+            return self._commit(workflow_id, conditions, operations)
+        except BaseException as exc:
+            error = exc
+            raise
+        finally:
+            self._notify(workflow_id, started_ns, time.perf_counter() - started, error)
+
+    def _notify(
+        self, workflow_id: str, started_ns: int, seconds: float, error: BaseException | None
+    ) -> None:
+        for observer in self._observers:
+            try:
+                observer(workflow_id, started_ns, seconds, error)
+            except Exception:
+                _log.exception("a fenced-write observer failed for workflow %r", workflow_id)
+
+    def _commit(
+        self,
+        workflow_id: str,
+        conditions: Sequence[Condition],
+        operations: Sequence[Operation],
+    ) -> bool:
         fence = self.fence_bytes(workflow_id)
         epoch_key = keys.workflow_owner_epoch(workflow_id)
         fenced = [*conditions, Condition(epoch_key, fence)]

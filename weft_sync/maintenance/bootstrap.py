@@ -7,6 +7,7 @@ import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from ..claims.arguments import positive_int
 from ..claims.gates import bootstrap_ownership_gates
 from ..claims.registry import ClaimRegistry, WarnSink
 from ..claims.renewal_target import create_renewal_target
@@ -15,9 +16,11 @@ from ..clock import Clock
 from ..metrics import ClaimMetrics
 from ..storage.base import Storage
 from .fair_share import validate_max_claims
+from .instrumentation import MetricsPassObserver, metrics_bridge
+from .observer import PassObserver
 from .reclaim_target import EligibilityPredicate, ReclaimTargetHandle, create_reclaim_target
 from .scheduler import IntervalScheduler
-from .targets import PassResult, RenewalStatus, SignalPollTarget, UpdatePollTarget
+from .targets import SignalPollTarget, UpdatePollTarget
 from .task import PassCallback, RenewalTask, create_renewal_task
 
 __all__ = ["OwnershipBootstrap", "bootstrap_workflow_lease_ownership", "metrics_bridge"]
@@ -39,25 +42,6 @@ class OwnershipBootstrap:
     reclaim_target: ReclaimTargetHandle
 
 
-def metrics_bridge(
-    registry: ClaimRegistry, metrics: ClaimMetrics, then: PassCallback | None = None
-) -> PassCallback:
-    """Return a pass sink that counts failed renewals and sets the active-claims gauge.
-
-    :param then: another sink called afterwards with the same result.
-    """
-
-    def on_pass_complete(result: PassResult) -> None:
-        for outcome in result.outcomes:
-            if outcome.status is RenewalStatus.FAILED:
-                metrics.record_claim_renewal_failure()
-        metrics.set_active_claims(len(registry.list_held_workflow_ids()))
-        if then is not None:
-            then(result)
-
-    return on_pass_complete
-
-
 def bootstrap_workflow_lease_ownership(
     *,
     storage: Storage,
@@ -77,6 +61,7 @@ def bootstrap_workflow_lease_ownership(
     metrics: ClaimMetrics | None = None,
     max_claims: int | None = None,
     fair_share: bool = False,
+    observers: tuple[PassObserver, ...] = (),
 ) -> OwnershipBootstrap:
     """Run the ownership gates, then build everything one engine needs; start nothing.
 
@@ -96,6 +81,7 @@ def bootstrap_workflow_lease_ownership(
         fresh :class:`~weft_sync.metrics.ClaimMetrics` when omitted).
     :raises ValueError: a duration is not a positive int, ``engine_id`` is empty, or
         ``max_claims`` is not ``None`` or an ``int >= 1`` (checked before the store is touched).
+    :param observers: more observers of the renewal task's sub-passes (e.g. tracing).
     :raises TypeError: ``clock`` or ``warn`` is not callable (checked before the store is
         touched).
     :raises StorageCapabilityError: the store has no compare-and-swap (nothing is built).
@@ -106,7 +92,12 @@ def bootstrap_workflow_lease_ownership(
     # engine fails before the gates can stamp a fresh store.
     validate_max_claims(max_claims)
     if metrics is None:
-        metrics = ClaimMetrics()
+        metrics = ClaimMetrics(
+            claim_ttl_ms=positive_int("claim_ttl_ms", claim_ttl_ms),
+            claim_renew_interval_ms=positive_int(
+                "claim_renew_interval_ms", claim_renew_interval_ms
+            ),
+        )
     registry = ClaimRegistry(
         storage,
         engine_id=str(uuid.uuid4()) if engine_id is None else engine_id,
@@ -118,6 +109,9 @@ def bootstrap_workflow_lease_ownership(
         judge_clock=None if store_clock is None else store_clock.lower,
     )
     bootstrap_ownership_gates(storage, mode="workflow-lease", clock=clock)
+    renewal_target = create_renewal_target(
+        registry, metrics, None if store_clock is None else store_clock.refresh
+    )
     reclaim_target = create_reclaim_target(
         registry,
         storage,
@@ -129,17 +123,17 @@ def bootstrap_workflow_lease_ownership(
         fair_share=fair_share,
     )
     task = create_renewal_task(
-        target=create_renewal_target(
-            registry, metrics, None if store_clock is None else store_clock.refresh
-        ),
+        target=renewal_target,
         clock=clock,
         interval_ms=claim_renew_interval_ms,
         scheduler=scheduler,
         reclaim_target=reclaim_target,
         signal_poll_target=signal_poll_target,
         update_poll_target=update_poll_target,
-        on_pass_complete=metrics_bridge(registry, metrics, on_pass_complete),
+        on_pass_complete=metrics_bridge(registry, metrics, on_pass_complete, renewal_target),
         before_stop=reclaim_target.mark_disposing,
+        observers=(MetricsPassObserver(metrics), *observers),
+        verify_store=getattr(storage, "verify_identity", None),
     )
     _log.info("bootstrapped workflow-lease ownership for engine %s", registry.engine_id)
     return OwnershipBootstrap(registry, task, metrics, reclaim_target)

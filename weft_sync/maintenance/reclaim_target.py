@@ -376,6 +376,9 @@ class ReclaimTargetHandle:
             status = result.status
             if status == "acquired":
                 self._metrics.record_claim_attempt("takeover")
+                if result.expires_at is not None:
+                    delay_ms = self._registry.clock() - result.expires_at
+                    self._metrics.observe_takeover_delay(delay_ms / 1000)
                 assert result.epoch is not None
                 return self._after_claim(workflow_id, result.epoch)
             if status == "backoff-skipped":

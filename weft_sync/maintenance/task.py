@@ -21,11 +21,13 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
+from typing import TypeVar
 
 from ..clock import Clock
 from ..errors import ClosedError
+from .observer import FULL_PASS, PassObserver, notify_skipped, observed
 from .scheduler import IntervalScheduler, TimerScheduler
 from .subpasses import (
     run_reclaim_pass,
@@ -38,6 +40,7 @@ from .targets import (
     PassKind,
     PassResult,
     ReclaimTarget,
+    RenewalSubpassResult,
     RenewalTarget,
     SignalPollTarget,
     UpdatePollTarget,
@@ -48,6 +51,7 @@ __all__ = ["PassCallback", "RenewalTask", "create_renewal_task"]
 _log = logging.getLogger(__name__)
 
 PassCallback = Callable[[PassResult], None]
+_Result = TypeVar("_Result")
 
 
 def create_renewal_task(
@@ -62,6 +66,8 @@ def create_renewal_task(
     on_pass_complete: PassCallback | None = None,
     executor_workers: int = RENEWAL_CONCURRENCY,
     before_stop: Callable[[], None] | None = None,
+    observers: Sequence[PassObserver] = (),
+    verify_store: Callable[[], None] | None = None,
 ) -> RenewalTask:
     """Build a renewal task; it does nothing until ``run_once()`` or ``start()`` is called.
 
@@ -76,8 +82,12 @@ def create_renewal_task(
     :param executor_workers: size of the worker pool renewal and reclaim fan out over.
     :param before_stop: called first by every ``stop()`` (and so by ``close()``), even before
         ``start()``; the bootstrap passes the reclaim target's ``mark_disposing`` here.
+    :param observers: told each sub-pass's duration and each skipped tick (metrics, tracing).
+    :param verify_store: called at the start of every pass that renews (the store's
+        ``verify_identity``, when it has one); a failure it raises is left for the renewal's own
+        writes to meet and report.
     :raises TypeError: a target lacks its methods, or ``clock``, ``on_pass_complete`` or
-        ``before_stop`` is not callable.
+        ``before_stop`` is not callable, or an observer is not a :class:`~.observer.PassObserver`.
     :raises ValueError: ``interval_ms`` or ``executor_workers`` is not a positive integer.
     """
     _require_methods("target", target, ("list_held_workflow_ids", "renew_workflow_claim"))
@@ -107,6 +117,9 @@ def create_renewal_task(
         raise TypeError(f"before_stop must be callable or None, got {before_stop!r}")
     _check_positive("interval_ms", interval_ms)
     _check_positive("executor_workers", executor_workers)
+    for observer in observers:
+        if not isinstance(observer, PassObserver):
+            raise TypeError(f"observers must be PassObserver objects, got {observer!r}")
     return RenewalTask(
         target=target,
         clock=clock,
@@ -118,6 +131,8 @@ def create_renewal_task(
         on_pass_complete=on_pass_complete,
         executor_workers=executor_workers,
         before_stop=before_stop,
+        observers=tuple(observers),
+        verify_store=verify_store,
     )
 
 
@@ -137,8 +152,12 @@ class RenewalTask:
         on_pass_complete: PassCallback | None,
         executor_workers: int,
         before_stop: Callable[[], None] | None = None,
+        observers: tuple[PassObserver, ...] = (),
+        verify_store: Callable[[], None] | None = None,
     ) -> None:
         self._target = target
+        self._observers = observers
+        self._verify_store = verify_store
         self._clock = clock
         self._interval_ms = interval_ms
         self._scheduler = scheduler
@@ -237,17 +256,25 @@ class RenewalTask:
                 self._shared_pass = None
 
     def _run_full_pass(self) -> PassResult:
+        return self._timed(FULL_PASS, self._full_pass_body)
+
+    def _full_pass_body(self) -> PassResult:
         started_at = self._clock()
-        held = list(self._target.list_held_workflow_ids())
         pool = self._executor()
-        renewal = run_renewal_subpass(self._target, held, executor=pool)
+        renewal = self._timed("renewal", lambda: self._renew_held(pool))
         reclaim = signal_poll = update_poll = None
-        if self._reclaim_target is not None:
-            reclaim = run_reclaim_pass(self._reclaim_target, executor=pool)
-        if self._signal_poll_target is not None:
-            signal_poll = run_signal_poll_subpass(self._signal_poll_target, self._clock)
-        if self._update_poll_target is not None:
-            update_poll = run_update_poll_subpass(self._update_poll_target, self._clock)
+        if (reclaim_target := self._reclaim_target) is not None:
+            reclaim = self._timed(
+                "reclaim", lambda: run_reclaim_pass(reclaim_target, executor=pool)
+            )
+        if (signal_target := self._signal_poll_target) is not None:
+            signal_poll = self._timed(
+                "signal_poll", lambda: run_signal_poll_subpass(signal_target, self._clock)
+            )
+        if (update_target := self._update_poll_target) is not None:
+            update_poll = self._timed(
+                "update_poll", lambda: run_update_poll_subpass(update_target, self._clock)
+            )
         result = PassResult(
             started_at,
             self._clock(),
@@ -340,6 +367,7 @@ class RenewalTask:
                 self._drivers.add(thread)
                 launched.append((kind, thread))
         for kind in skipped:
+            notify_skipped(self._observers, kind.value)
             _log.warning(
                 "weft_sync: the %s sub-pass is still running after one interval (%d ms); "
                 "skipping it this tick",
@@ -365,10 +393,31 @@ class RenewalTask:
         finally:
             self._pass_finished(kind)
 
+    def _timed(self, subpass: str, body: Callable[[], _Result]) -> _Result:
+        """Run one sub-pass (or the full pass) inside the observers' contexts."""
+        if not self._observers:
+            return body()
+        with observed(self._observers, subpass):
+            return body()
+
+    def _check_store(self) -> None:
+        if self._verify_store is None:
+            return
+        try:
+            self._verify_store()
+        except Exception as exc:
+            # The store keeps failing every call from now on: the renewal's writes meet the
+            # same error and the registry acts on it there.
+            _log.debug("weft_sync: the store identity check failed: %s", exc)
+
+    def _renew_held(self, pool: ThreadPoolExecutor) -> RenewalSubpassResult:
+        self._check_store()
+        held = list(self._target.list_held_workflow_ids())
+        return run_renewal_subpass(self._target, held, executor=pool)
+
     def _renewal_slot(self) -> PassResult:
         started_at = self._clock()
-        held = list(self._target.list_held_workflow_ids())
-        renewal = run_renewal_subpass(self._target, held, executor=self._executor())
+        renewal = self._timed("renewal", lambda: self._renew_held(self._executor()))
         return PassResult(
             started_at,
             self._clock(),
@@ -383,7 +432,9 @@ class RenewalTask:
         if target is None:
             raise RuntimeError("the reclaim slot runs only with a reclaim target")
         started_at = self._clock()
-        reclaim = run_reclaim_pass(target, executor=self._executor())
+        reclaim = self._timed(
+            "reclaim", lambda: run_reclaim_pass(target, executor=self._executor())
+        )
         return PassResult(
             started_at, self._clock(), (), 0, 0, reclaim=reclaim, kind=PassKind.RECLAIM
         )
@@ -393,7 +444,7 @@ class RenewalTask:
         if target is None:
             raise RuntimeError("the signal-poll slot runs only with a signal-poll target")
         started_at = self._clock()
-        poll = run_signal_poll_subpass(target, self._clock)
+        poll = self._timed("signal_poll", lambda: run_signal_poll_subpass(target, self._clock))
         return PassResult(
             started_at, self._clock(), (), 0, 0, signal_poll=poll, kind=PassKind.SIGNAL_POLL
         )
@@ -403,7 +454,7 @@ class RenewalTask:
         if target is None:
             raise RuntimeError("the update-poll slot runs only with an update-poll target")
         started_at = self._clock()
-        poll = run_update_poll_subpass(target, self._clock)
+        poll = self._timed("update_poll", lambda: run_update_poll_subpass(target, self._clock))
         return PassResult(
             started_at, self._clock(), (), 0, 0, update_poll=poll, kind=PassKind.UPDATE_POLL
         )

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
-from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
+from urllib.parse import parse_qsl, quote, urlencode, urlsplit, urlunsplit
 
 from ..redaction import redact_url
 from .base import (
@@ -45,7 +45,15 @@ __all__ = [
 
 SUPPORTED_SCHEMES = ("sqlite", "postgresql", "postgres")
 _SQLITE_PARAMS = ("table", "busy_timeout_ms", "synchronous")
-_POSTGRES_PARAMS = ("table", "min_size", "max_size", "timeout", "lock_timeout")
+_POSTGRES_PARAMS = (
+    "table",
+    "min_size",
+    "max_size",
+    "timeout",
+    "renew_interval_ms",
+    "statement_timeout",
+    "lock_timeout",
+)
 
 
 def __getattr__(name: str) -> Any:
@@ -57,14 +65,18 @@ def __getattr__(name: str) -> Any:
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
-def open_storage(url: str, *, read_only: bool = False) -> Storage:
+def open_storage(
+    url: str, *, read_only: bool = False, renew_interval_ms: int | None = None
+) -> Storage:
     """Open the store a URL names.
 
     - ``sqlite:///relative/path.db`` or ``sqlite:////absolute/path.db``, with optional query
       parameters ``table``, ``busy_timeout_ms`` and ``synchronous`` (``FULL`` or ``NORMAL``);
     - ``postgresql://…`` or ``postgres://…`` (any libpq URL), with optional ``table``,
-      ``min_size``, ``max_size`` and ``timeout`` (seconds to wait for a pooled connection);
-      every other query parameter is passed to libpq.
+      ``min_size``, ``max_size``, ``timeout`` (seconds to wait for a pooled connection),
+      ``renew_interval_ms``, ``statement_timeout`` and ``lock_timeout`` (seconds, or a duration
+      such as ``250ms``; see :class:`~weft_sync.storage.postgres.PostgresStorage`); every
+      other query parameter is passed to libpq, percent-encoded as libpq decodes it.
 
     With ``read_only`` the store must already exist and nothing is ever created or written: the
     SQLite file is opened with ``mode=ro`` (no writer thread, no lock file, no table), the
@@ -72,7 +84,11 @@ def open_storage(url: str, *, read_only: bool = False) -> Storage:
     :class:`~weft_sync.errors.ReadOnlyStorageError`. Error messages show the URL with its
     password masked.
 
-    :raises ValueError: unknown scheme, a missing path, or an unknown or malformed parameter.
+    :param renew_interval_ms: the claim renew interval PostgreSQL's waits are derived from
+        (``Ownership.open`` passes its options'); a ``renew_interval_ms`` URL parameter wins.
+        SQLite ignores it.
+    :raises ValueError: unknown scheme, a missing path, or an unknown or malformed parameter
+        (negative, infinite, NaN or not a number), named in the message.
     """
     if not isinstance(url, str):
         raise TypeError(f"open_storage() needs a URL string, got {type(url).__name__} {url!r}")
@@ -84,7 +100,7 @@ def open_storage(url: str, *, read_only: bool = False) -> Storage:
         )
     if scheme.lower() == "sqlite":
         return _open_sqlite(url, read_only)
-    return _open_postgres(url, read_only)
+    return _open_postgres(url, read_only, renew_interval_ms)
 
 
 def _split_params(
@@ -156,29 +172,36 @@ def _open_sqlite(url: str, read_only: bool) -> Storage:
     return storage
 
 
-def _open_postgres(url: str, read_only: bool) -> Storage:
+def _open_postgres(url: str, read_only: bool, renew_interval_ms: int | None) -> Storage:
+    from .postgres_settings import (
+        check_connect_timeout,
+        parse_bound_param,
+        parse_seconds_param,
+    )
+
     try:
         parts = urlsplit(url)
     except ValueError as exc:
         raise ValueError(f"malformed storage URL {redact_url(url)!r}: {exc}") from None
     params, rest = _split_params(url, parts.query, _POSTGRES_PARAMS, pass_through=True)
-    dsn = urlunsplit((parts.scheme, parts.netloc, parts.path, urlencode(rest), parts.fragment))
-    kwargs: dict[str, Any] = {}
+    for key, raw in rest:
+        if key == "connect_timeout":
+            check_connect_timeout(url, raw)
+    # libpq decodes %XX but not "+", so spaces (as in options=-c x=1) must go out as %20.
+    query = urlencode(rest, quote_via=quote)
+    dsn = urlunsplit((parts.scheme, parts.netloc, parts.path, query, parts.fragment))
+    kwargs: dict[str, Any] = {"renew_interval_ms": renew_interval_ms}
     if "table" in params:
         kwargs["table"] = validate_table_name(params["table"])
-    for name in ("min_size", "max_size"):
-        value = _int_param(url, params, name)
-        if value is not None:
-            kwargs[name] = value
-    for name in ("timeout", "lock_timeout"):
+    for name in ("min_size", "max_size", "renew_interval_ms"):
+        number = _int_param(url, params, name)
+        if number is not None:
+            kwargs[name] = number
+    for name in ("statement_timeout", "lock_timeout"):
         if name in params:
-            try:
-                kwargs[name] = float(params[name])
-            except ValueError:
-                raise ValueError(
-                    f"parameter {name}={params[name]!r} in storage URL {redact_url(url)!r} "
-                    f"must be a number of seconds"
-                ) from None
+            kwargs[name] = parse_bound_param(url, name, params[name])
+    if "timeout" in params:
+        kwargs["timeout"] = parse_seconds_param(url, "timeout", params["timeout"])
     from .postgres import PostgresStorage
 
     storage: Storage = PostgresStorage(dsn, read_only=read_only, **kwargs)

@@ -6,6 +6,7 @@ import logging
 import math
 import os
 import threading
+import time
 import weakref
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -41,6 +42,16 @@ from .base import (
 )
 from .cas import CasRow, cas_batches, validate_cas_rows
 from .fence_target import PostgresFenceTarget, PostgresIdentity, quote_identifier
+from .postgres_locked import IsolatedBatches, renewal_rows
+from .postgres_settings import (
+    DERIVED,
+    Derived,
+    ReplicationSettings,
+    WaitBounds,
+    check_pool_sizes,
+    derive_wait_bounds,
+    merged_options,
+)
 from .postgres_sql import Plan, Queries, advisory_key, disjoint, renewal_keys
 from .reads import validate_keys
 
@@ -72,7 +83,7 @@ class _Refused(Exception):
 
 
 @process_bound_class
-class PostgresStorage:
+class PostgresStorage(IsolatedBatches):
     """Store keys in one PostgreSQL table, safely across threads, processes and hosts.
 
     The table is ``(key TEXT COLLATE "C" PRIMARY KEY, value BYTEA NOT NULL)``, created if
@@ -100,21 +111,35 @@ class PostgresStorage:
     :class:`~weft_sync.errors.ClosedError`; the inherited pool is left alone, never closed (that
     would end the parent's sessions, which share its sockets): the child opens its own storage.
 
+    Every wait is bounded (see :mod:`~weft_sync.storage.postgres_settings`): each session runs
+    with a ``statement_timeout`` and a ``lock_timeout``, and the pool wait is bounded, all derived
+    from ``renew_interval_ms`` unless given. A call that hits a bound raises ``StorageError`` and
+    writes nothing; a connection the server dropped is discarded when it is returned, and the pool
+    checks every connection it lends, so the next call gets a live one.
+
     :param dsn: a libpq connection string or ``postgresql://`` URL. ``connect_timeout`` defaults
-        to ``timeout`` when it does not set one.
+        to ``timeout`` (rounded up) when it does not set one; a ``statement_timeout`` or
+        ``lock_timeout`` set in its ``options`` wins over the derived one.
     :param table: the table name (letters, digits, underscores).
     :param min_size: connections the pool keeps open.
     :param max_size: connections the pool may open at most.
-    :param timeout: seconds a call waits for a pooled connection before raising ``StorageError``.
+    :param timeout: seconds a call waits for a pooled connection before raising ``StorageError``;
+        default one renew interval.
     :param lock_timeout: seconds a statement of this store waits for a row lock before failing
-        with ``StorageError`` (the session's ``lock_timeout``), or ``None`` for no bound. Our own
-        transactions hold row locks for milliseconds; the bound matters when a host's fenced
-        transaction (:mod:`weft_sync.fencing`) holds an epoch row: a takeover waiting for it fails
-        and is retried by a later pass instead of stalling its maintenance pass.
+        with ``StorageError`` (the session's ``lock_timeout``), or ``None`` for no bound; default
+        half a renew interval, at most one second. Our own transactions hold row locks for
+        milliseconds; the bound matters when another session holds a row (a host's fenced
+        transaction, see :mod:`weft_sync.fencing`, holding an epoch row; a stray ``SELECT … FOR
+        UPDATE``): the call fails and is retried by a later pass instead of stalling it.
+    :param statement_timeout: seconds any statement may run (the session's
+        ``statement_timeout``), or ``None`` for no bound; default one renew interval.
     :param read_only: use an existing table for reading only: it is checked, never created, and
         every session runs with ``default_transaction_read_only``, so the server itself refuses
         writes (raised as :class:`~weft_sync.errors.ReadOnlyStorageError`).
-    :raises ValueError: a bad table name, pool size or timeout, or a malformed ``dsn``.
+    :param renew_interval_ms: the claim renew interval the bounds are derived from; default
+        5000 (``OwnershipOptions``'s default).
+    :raises ValueError: a bad table name, pool size or bound (negative, infinite, NaN), or a
+        malformed ``dsn``.
     :raises StorageError: the server cannot be reached, or the table exists with another key
         collation.
     """
@@ -126,27 +151,30 @@ class PostgresStorage:
         table: str = "weft_kv",
         min_size: int = 1,
         max_size: int = 16,
-        timeout: float = 30.0,
-        lock_timeout: float | None = 10.0,
+        timeout: float | None = None,
+        lock_timeout: float | Derived | None = DERIVED,
         read_only: bool = False,
+        renew_interval_ms: int | None = None,
+        statement_timeout: float | Derived | None = DERIVED,
     ) -> None:
         if not isinstance(dsn, str):
             raise TypeError(f"dsn must be a connection string, got {type(dsn).__name__}")
         self._table = validate_table_name(table)
-        _check_pool_sizes(min_size, max_size)
-        if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not timeout > 0:
-            raise ValueError(f"timeout must be a positive number of seconds, got {timeout!r}")
+        check_pool_sizes(min_size, max_size)
+        self._bounds = derive_wait_bounds(
+            renew_interval_ms=renew_interval_ms,
+            statement_timeout_ms=_bound_ms("statement_timeout", statement_timeout),
+            lock_timeout_ms=_bound_ms("lock_timeout", lock_timeout),
+            timeout=timeout,
+        )
         self._dsn = dsn
         self._min_size = min_size
         self._max_size = max_size
-        self._timeout = float(timeout)
-        self._lock_timeout_ms = _lock_timeout_ms(lock_timeout)
+        self._timeout = self._bounds.pool_timeout_s
         self._read_only = bool(read_only)
-        self._connect_kwargs = _connect_kwargs(dsn, self._timeout)
+        self._connect_kwargs = _connect_kwargs(dsn, self._bounds)
         self._q = Queries(self._table)
         self._lock = threading.Lock()  # guards _pool and _closed
-        # Per thread: whether the connection being borrowed skips the pool's check (see _read).
-        self._lending = threading.local()
         self._pool: ConnectionPool[_Conn] | None = None
         self._fork_pid = os.getpid()
         self._closed = False
@@ -215,8 +243,7 @@ class PostgresStorage:
             min_size=self._min_size,
             max_size=self._max_size,
             open=False,
-            check=self._check_lent,
-            configure=self._configure,
+            configure=self._configure_read_only if self._read_only else None,
             name=f"weft-pg[{self._table}]",
             timeout=self._timeout,
         )
@@ -278,32 +305,26 @@ class PostgresStorage:
     def _connection(self, action: str, *, check: bool = True) -> Iterator[_Conn]:
         """Borrow a pooled connection for the block (as ``pool.connection()`` does).
 
-        The pool checks a connection with a round trip before lending it, unless ``check`` is
-        false: only reads that run again after a failure (:meth:`_read`) skip it.
+        A connection is checked with a round trip before it is lent, unless ``check`` is false:
+        only reads that run again after a failure (:meth:`_read`) skip it. One that fails the
+        check goes back to the pool, which discards it and opens another, and the next one is
+        tried at once: after the server dropped every pooled session (a restart, a kill storm)
+        a call waits for one fresh connection, never for the pool's retry back-off. The whole
+        wait is bounded by the pool timeout.
         """
         pool = self._current_pool()
+        deadline = time.monotonic() + self._timeout
         with self._translate(action):
-            self._lending.unchecked = not check
-            try:
-                conn = pool.getconn()
-            finally:
-                self._lending.unchecked = False
+            while True:
+                conn = pool.getconn(timeout=max(0.0, deadline - time.monotonic()))
+                if not check or _alive(conn):
+                    break
+                pool.putconn(conn)
             try:
                 with conn:
                     yield conn
             finally:
                 pool.putconn(conn)
-
-    def _configure(self, conn: _Conn) -> None:
-        """Set up a new pooled session: bound its row-lock waits; read-only when asked."""
-        conn.execute("SELECT set_config('lock_timeout', %s, false)", [f"{self._lock_timeout_ms}ms"])
-        if self._read_only:
-            self._configure_read_only(conn)
-
-    def _check_lent(self, conn: _Conn) -> None:
-        """The pool's check of a connection it is about to lend (skipped for retried reads)."""
-        if not getattr(self._lending, "unchecked", False):
-            ConnectionPool.check_connection(conn)
 
     def _read(self, action: str, query: Any, params: Sequence[object]) -> list[TupleRow]:
         """Fetch the rows of one read-only statement on a connection lent without a check.
@@ -469,6 +490,22 @@ class PostgresStorage:
             return self._update_rows(checked, "compare_and_set_many")
         return self.conditional_batches(cas_batches(checked))
 
+    @property
+    def wait_bounds(self) -> WaitBounds:
+        """The statement, lock and pool bounds every call of this storage runs under."""
+        return self._bounds
+
+    def replication_settings(self) -> ReplicationSettings:
+        """Read how the server replicates commits (see :class:`ReplicationSettings`)."""
+        rows = self._read(
+            "replication settings",
+            "SELECT current_setting('synchronous_commit'), "
+            "current_setting('synchronous_standby_names'), pg_is_in_recovery()",
+            [],
+        )
+        commit, standbys, standby = rows[0]
+        return ReplicationSettings(str(commit), str(standbys), bool(standby))
+
     def close(self) -> None:
         """Close the pool; idempotent. In a forked child it only lets go of the inherited one."""
         if self._fork_pid != os.getpid():
@@ -497,12 +534,7 @@ class PostgresStorage:
         self, batches: Sequence[tuple[list[Condition], list[Operation]]], action: str
     ) -> list[bool]:
         """Apply renewal-shaped batches on distinct keys with one UPDATE (atomic by itself)."""
-        rows = [
-            (conds[0].key, conds[0].expected, ops[0].value)
-            for conds, ops in batches
-            if conds[0].expected is not None and isinstance(ops[0], Put)
-        ]
-        return self._update_rows(rows, action)
+        return self._update_rows(renewal_rows(batches), action)
 
     def _update_rows(self, rows: list[CasRow], action: str) -> list[bool]:
         """Apply compare-and-set rows on distinct keys with one ``UPDATE … FROM unnest(…)``.
@@ -596,42 +628,37 @@ class PostgresStorage:
             conn.execute(self._q.delete_many, [delete_keys])
 
 
-def _check_pool_sizes(min_size: object, max_size: object) -> None:
-    for name, value in (("min_size", min_size), ("max_size", max_size)):
-        if type(value) is not int:
-            raise TypeError(f"{name} must be an int, got {type(value).__name__} {value!r}")
-    assert isinstance(min_size, int) and isinstance(max_size, int)
-    if not 1 <= min_size <= max_size:
-        raise ValueError(
-            f"pool sizes must satisfy 1 <= min_size <= max_size, got min_size={min_size} and "
-            f"max_size={max_size}"
-        )
+def _alive(conn: _Conn) -> bool:
+    try:
+        ConnectionPool.check_connection(conn)
+    except psycopg.Error:
+        return False
+    return True
 
 
-def _lock_timeout_ms(lock_timeout: object) -> int:
-    """``lock_timeout`` seconds as the session setting's milliseconds (0: no bound)."""
-    if lock_timeout is None:
+def _bound_ms(name: str, seconds: object) -> int | None:
+    """A bound given in seconds as the session setting's milliseconds (``0``: no bound), or
+    ``None`` when it is left to be derived."""
+    if seconds is DERIVED:
+        return None
+    if seconds is None:
         return 0
     if (
-        isinstance(lock_timeout, bool)
-        or not isinstance(lock_timeout, (int, float))
-        or not 0 < lock_timeout < 86_400
+        isinstance(seconds, bool)
+        or not isinstance(seconds, (int, float))
+        or not 0 < seconds < 86_400
     ):
         raise ValueError(
-            f"lock_timeout must be a positive number of seconds below one day, or None, got "
-            f"{lock_timeout!r}"
+            f"{name} must be a positive number of seconds below one day, or None, got {seconds!r}"
         )
-    return max(1, math.ceil(lock_timeout * 1000))
+    return max(1, math.ceil(seconds * 1000))
 
 
-def _connect_kwargs(dsn: str, timeout: float) -> dict[str, Any]:
+def _connect_kwargs(dsn: str, bounds: WaitBounds) -> dict[str, Any]:
     try:
         params = conninfo_to_dict(dsn)
     except psycopg.ProgrammingError as exc:
         raise ValueError(
             f"invalid PostgreSQL connection string {redact_text(dsn)!r}: {redact_text(str(exc))}"
         ) from None
-    kwargs: dict[str, Any] = {"autocommit": True}
-    if "connect_timeout" not in params:
-        kwargs["connect_timeout"] = max(2, math.ceil(timeout))
-    return kwargs
+    return merged_options(params, bounds)

@@ -79,6 +79,27 @@ class Queries:
             "WHERE {t}.key = u.k AND {t}.value = u.e RETURNING {t}.key"
         ).format(t=t)
         self.scan = sql.SQL("SELECT key, value FROM {t}").format(t=t)
+        # The rows another session holds locked are skipped, not waited for: each comes back
+        # with applied = false and locked = true (it exists, but this statement could not lock
+        # it). MATERIALIZED keeps the locking CTE from being inlined or run twice.
+        self.renew_skip_locked = sql.SQL(
+            "WITH u AS MATERIALIZED ("
+            "SELECT * FROM unnest(%b::text[], %b::bytea[], %b::bytea[]) AS u(k, e, v)), "
+            "l AS MATERIALIZED (SELECT {t}.key FROM {t} JOIN u ON {t}.key = u.k "
+            "ORDER BY {t}.key FOR UPDATE OF {t} SKIP LOCKED), "
+            "w AS (UPDATE {t} SET value = u.v FROM u JOIN l ON l.key = u.k "
+            "WHERE {t}.key = u.k AND {t}.value = u.e RETURNING {t}.key) "
+            "SELECT u.k, EXISTS (SELECT 1 FROM w WHERE w.key = u.k), "
+            "NOT EXISTS (SELECT 1 FROM l WHERE l.key = u.k) "
+            "AND EXISTS (SELECT 1 FROM {t} WHERE {t}.key = u.k) FROM u"
+        ).format(t=t)
+        # Locks what it can at once; ``locked`` marks rows that exist but another session holds.
+        self.lock_skip_locked = sql.SQL(
+            "WITH l AS MATERIALIZED (SELECT key, value FROM {t} WHERE key = ANY(%b::text[]) "
+            "ORDER BY key FOR UPDATE SKIP LOCKED) "
+            "SELECT {t}.key, l.value, l.key IS NULL FROM {t} LEFT JOIN l ON l.key = {t}.key "
+            "WHERE {t}.key = ANY(%b::text[])"
+        ).format(t=t)
         self.identity = sql.SQL(
             "SELECT s.system_identifier::text, current_database(), c.oid::bigint, n.nspname "
             "FROM pg_control_system() AS s, pg_class AS c "

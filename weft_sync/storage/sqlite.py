@@ -32,6 +32,7 @@ from .base import (
 from .cas import CasRow, validate_cas_rows
 from .fence_target import SqliteFenceTarget
 from .reads import validate_keys
+from .sqlite_identity import StoreIdentity, ensure_store_id
 from .sqlite_readers import ReaderConnections
 from .sqlite_writer import (
     RenewalRow,
@@ -213,12 +214,29 @@ class SqliteStorage:
         self._writer: SqliteWriter | None = None
         self._file_lock = WriterFileLock(self._path + ".lock", self._busy_timeout_ms)
         self._readers = ReaderConnections(self._connect, self._closed_error)
+        self._identity = StoreIdentity(self._path, self._connect)
+        # A lock file without its database: a store was here and its file was deleted.
+        replaces_deleted = (
+            not self._read_only
+            and os.path.exists(self._path + ".lock")
+            and not os.path.exists(self._path)
+        )
         try:
             with _opening:
                 if self._read_only:
                     self._check_schema()
                 else:
+                    if replaces_deleted:
+                        _log.warning(
+                            "creating a new, empty store at %r, where the lock file of a deleted "
+                            "one remains: its epochs start again, so every engine still running "
+                            "on the deleted file must be stopped (they stop writing at their "
+                            "next pass)",
+                            self._path,
+                        )
                     self._create_schema()
+                    with self._translate("open"):
+                        self._identity.open()
         except BaseException:
             self._file_lock.close()
             raise
@@ -274,6 +292,7 @@ class SqliteStorage:
             self._writer.abandon_in_child(paused)
         self._file_lock.close()
         self._readers.abandon_in_child()
+        self._identity.abandon_in_child(paused)
         self._closed = True
         _LIVE.discard(self)
 
@@ -310,6 +329,7 @@ class SqliteStorage:
                         f'CREATE TABLE IF NOT EXISTS "{self._table}" '
                         f"(key TEXT PRIMARY KEY, value BLOB)"
                     )
+                    ensure_store_id(conn)
             finally:
                 conn.close()
 
@@ -342,6 +362,7 @@ class SqliteStorage:
     def _check_open(self) -> None:
         if self._closed:
             raise self._closed_error()
+        self._identity.raise_if_failed()
 
     @contextlib.contextmanager
     def _translate(self, what: str) -> Iterator[None]:
@@ -525,6 +546,7 @@ class SqliteStorage:
                     connect=self._connect,
                     translate=self._translate,
                     file_lock=self._file_lock,
+                    before_commit=self._identity.check_files,
                 )
                 self._writer.start()
             writer = self._writer
@@ -536,6 +558,25 @@ class SqliteStorage:
         if fast:
             writer.commit_fast(request)
         return request.wait()
+
+    # -- identity ----------------------------------------------------------------------------
+
+    def verify_identity(self) -> None:
+        """Check that the file at the path is still the store this object opened.
+
+        Compares the device/inode of the database file, its ``-wal`` and ``-shm`` with the ones
+        recorded at open, and reads the store id back through a fresh connection (see
+        :mod:`~weft_sync.storage.sqlite_identity`). Every write transaction runs the file part
+        of this check before it commits; the maintenance task calls this once per pass.
+
+        :raises StoreIdentityError: the file was deleted, replaced or lost its WAL (now or
+            before); every later call of this storage raises it too.
+        :raises StorageError: the store id could not be read.
+        """
+        self._check_open()
+        # The fresh connection is opened and closed under _opening, so a fork waits for it.
+        with _opening, self._translate("identity check"):
+            self._identity.verify()
 
     # -- views and lifecycle -----------------------------------------------------------------
 
@@ -597,6 +638,7 @@ class SqliteStorage:
             request.finish(None, ClosedError(f"SqliteStorage({self._path!r}) is closed"))
         self._readers.close_all()
         if stopped:
+            self._identity.close()
             _LIVE.discard(self)
 
     def __enter__(self) -> SqliteStorage:

@@ -274,6 +274,8 @@ class SqliteWriter:
         from any thread (``check_same_thread=False``).
     :param translate: wraps driver errors of the named action into ``StorageError``.
     :param file_lock: the cross-process writer mutex.
+    :param before_commit: called inside every transaction just before ``COMMIT``; an exception
+        it raises rolls the whole transaction back (the store-identity check).
     """
 
     def __init__(
@@ -285,8 +287,10 @@ class SqliteWriter:
         connect: Callable[[], sqlite3.Connection],
         translate: Callable[[str], AbstractContextManager[None]],
         file_lock: WriterFileLock,
+        before_commit: Callable[[], None] | None = None,
     ) -> None:
         quoted = f'"{table}"'
+        self._before_commit = before_commit
         self._sql_get = f"SELECT value FROM {quoted} WHERE key = ?"
         self._sql_put = f"REPLACE INTO {quoted} (key, value) VALUES (?, ?)"
         self._sql_delete = f"DELETE FROM {quoted} WHERE key = ?"
@@ -421,6 +425,8 @@ class SqliteWriter:
                     conn.execute("BEGIN IMMEDIATE")
                     try:
                         outcomes = [self._apply_request(conn, req) for req in group]
+                        if self._before_commit is not None:
+                            self._before_commit()
                         conn.execute("COMMIT")
                     except BaseException:
                         if conn.in_transaction:

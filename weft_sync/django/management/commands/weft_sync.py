@@ -19,9 +19,11 @@ from django.core.exceptions import ImproperlyConfigured
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from weft_sync import cli
+from weft_sync.handlers import WorkflowHandler
 from weft_sync.redaction import redact_text
 
 from ...conf import load_config
+from ...runtime import handlers_from_settings
 
 
 class Command(BaseCommand):
@@ -61,7 +63,7 @@ class Command(BaseCommand):
         # Live, not buffered: ``maintain --interval`` reports warnings while it runs.
         with redirect_stderr(cast(TextIO, err)):
             try:
-                code = cli.main(argv, out=cast(TextIO, out))
+                code = cli.main(argv, out=cast(TextIO, out), handlers=_settings_handlers(argv))
             finally:
                 out.flush()
                 err.flush()
@@ -114,6 +116,16 @@ def _command_name(argv: list[str]) -> str:
 
 def _names_url(argv: list[str]) -> bool:
     return any(arg == "--url" or arg.startswith("--url=") for arg in argv)
+
+
+def _settings_handlers(argv: list[str]) -> dict[str, WorkflowHandler] | None:
+    """``settings.WEFT_SYNC["HANDLERS"]``, imported, for ``maintain`` (``None`` otherwise)."""
+    if _command_name(argv) != "maintain":
+        return None
+    try:
+        return handlers_from_settings(load_config())
+    except ImproperlyConfigured as exc:
+        raise CommandError(f"settings.WEFT_SYNC: {exc}", returncode=cli.EXIT_USAGE) from None
 
 
 def _settings_url() -> str:

@@ -1,0 +1,181 @@
+"""A SQLite file deleted, replaced or stripped of its WAL under a running engine: the engine stops
+writing to it and says so, naming the path, instead of writing on into a file nobody else sees.
+
+Faults are real: ``os.unlink`` and ``os.replace`` on the files an open engine uses, and a second
+engine opening whatever is at the path afterwards.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import sqlite3
+import warnings
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from weft_sync import ManualClock, Ownership, OwnershipOptions
+from weft_sync.errors import EngineDeposedError, StoreIdentityError, WeftError
+from weft_sync.storage import SqliteStorage
+
+WORKFLOWS = 5
+OPTIONS = OwnershipOptions(claim_ttl="3s", claim_renew_interval="1s")
+
+
+@pytest.fixture
+def db_path(tmp_path: Path) -> Path:
+    return tmp_path / "store.db"
+
+
+@pytest.fixture
+def engine_a(db_path: Path) -> Iterator[Ownership]:
+    """A running engine holding ``WORKFLOWS`` workflows, maintained by hand."""
+    ownership = Ownership.open(
+        f"sqlite:///{db_path}",
+        options=OPTIONS,
+        background="manual",
+        clock=ManualClock(1_000_000),
+        warn=lambda _w: None,
+    )
+    for i in range(WORKFLOWS):
+        ownership.workflows.start(f"wf-{i}", "report")
+        ownership.workflows.save_checkpoint(f"wf-{i}", b"step-0")
+    try:
+        yield ownership
+    finally:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            ownership.close(timeout=5)
+
+
+def _accepted_writes(ownership: Ownership, value: bytes) -> tuple[int, list[WeftError]]:
+    """Try one checkpoint per workflow; return how many the engine accepted, and the errors."""
+    accepted = 0
+    errors: list[WeftError] = []
+    for i in range(WORKFLOWS):
+        try:
+            ownership.workflows.save_checkpoint(f"wf-{i}", value)
+        except WeftError as exc:
+            errors.append(exc)
+        else:
+            accepted += 1
+    return accepted, errors
+
+
+def _assert_refuses_everything(ownership: Ownership, db_path: Path, detail: str) -> None:
+    ownership.run_maintenance()
+    accepted, errors = _accepted_writes(ownership, b"after-the-fault")
+    assert accepted == 0
+    assert len(errors) == WORKFLOWS
+    for exc in errors:
+        # The pass lost every claim locally (so the write is refused as deposed), or the write
+        # met the store's identity error itself.
+        assert isinstance(exc, (StoreIdentityError, EngineDeposedError))
+    # Every claim was lost for the store's identity, and the store names the path and the fault.
+    assert ownership.metrics.snapshot().lost["store_identity"] == WORKFLOWS
+    assert ownership.registry.list_held_workflow_ids() == []
+    # Reads fail too: the engine no longer trusts anything it would read from that file.
+    with pytest.raises(StoreIdentityError) as info:
+        ownership.storage.get("wf:wf-0")
+    assert info.value.location == str(db_path)
+    assert str(db_path) in str(info.value)
+    assert detail in info.value.detail
+
+
+def _unlink_all(db_path: Path) -> None:
+    for suffix in ("", "-wal", "-shm"):
+        os.unlink(f"{db_path}{suffix}")
+
+
+def test_a_deleted_database_gets_no_more_writes_from_the_engine_that_had_it_open(
+    engine_a: Ownership, db_path: Path
+) -> None:
+    _unlink_all(db_path)
+    _assert_refuses_everything(engine_a, db_path, "was deleted")
+
+
+def test_a_second_engine_on_the_fresh_file_is_not_shadowed_by_the_first(
+    engine_a: Ownership, db_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    _unlink_all(db_path)
+    # B opens the path, gets an empty store and starts the same ids; it says what it found.
+    with caplog.at_level(logging.WARNING, logger="weft_sync.storage.sqlite"):
+        engine_b = Ownership.open(f"sqlite:///{db_path}", options=OPTIONS, background="manual")
+    assert any(
+        "lock file of a deleted one" in r.getMessage() and str(db_path) in r.getMessage()
+        for r in caplog.records
+    )
+    with engine_b:
+        for i in range(WORKFLOWS):
+            engine_b.workflows.start(f"wf-{i}", "report")
+        accepted, _ = _accepted_writes(engine_a, b"from-a")
+        assert accepted == 0
+        for i in range(WORKFLOWS):
+            engine_b.workflows.save_checkpoint(f"wf-{i}", b"from-b")
+            assert engine_b.workflows.load_checkpoint(f"wf-{i}") == b"from-b"
+
+
+def test_a_replaced_database_gets_no_more_writes_from_the_engine_that_had_it_open(
+    engine_a: Ownership, db_path: Path, tmp_path: Path
+) -> None:
+    # cp + mv: a copy of the file (as a backup restore would) renamed over the path.
+    copy = tmp_path / "copy.db"
+    with sqlite3.connect(db_path) as src, sqlite3.connect(copy) as dst:
+        src.backup(dst)
+    os.replace(copy, db_path)
+    with Ownership.open(f"sqlite:///{db_path}", options=OPTIONS, background="manual") as engine_b:
+        _assert_refuses_everything(engine_a, db_path, "was replaced")
+        # The copy is a store of its own, untouched by A after the replacement.
+        assert engine_b.workflows.load_checkpoint("wf-0") == b"step-0"
+
+
+@pytest.mark.parametrize(("suffix", "detail"), [("-wal", "write-ahead log"), ("-shm", "WAL index")])
+def test_a_deleted_wal_or_wal_index_stops_the_engine(
+    engine_a: Ownership, db_path: Path, suffix: str, detail: str
+) -> None:
+    os.unlink(f"{db_path}{suffix}")
+    _assert_refuses_everything(engine_a, db_path, detail)
+
+
+def test_the_maintenance_pass_finds_the_fault_before_any_write(
+    engine_a: Ownership, db_path: Path
+) -> None:
+    _unlink_all(db_path)
+    engine_a.run_maintenance()
+    # Found by the pass: the storage now refuses every call, reads included.
+    with pytest.raises(StoreIdentityError, match="was deleted"):
+        engine_a.storage.scan("wf:")
+
+
+def test_a_file_overwritten_in_place_by_another_store_is_found_by_its_store_id(
+    db_path: Path, tmp_path: Path
+) -> None:
+    other_path = tmp_path / "other.db"
+    with SqliteStorage(other_path) as other:
+        other.put("k", b"other")
+    with SqliteStorage(db_path) as store:
+        store.put("k", b"mine")
+        store.verify_identity()
+        # Same inode, other content (a restore that writes into the file).
+        with open(other_path, "rb") as src, open(db_path, "r+b") as dst:
+            shutil.copyfileobj(src, dst)
+            dst.truncate()
+        with pytest.raises(StoreIdentityError, match="holds another store"):
+            store.verify_identity()
+        with pytest.raises(StoreIdentityError):
+            store.put("k", b"again")
+
+
+def test_an_untouched_store_passes_its_checks_across_reopening(db_path: Path) -> None:
+    with SqliteStorage(db_path) as first:
+        first.put("k", b"v")
+        first.verify_identity()
+        store_id = first._identity.store_id
+    assert store_id != 0
+    with SqliteStorage(db_path) as second:
+        second.verify_identity()
+        assert second._identity.store_id == store_id
+        assert second.get("k") == b"v"

@@ -1,0 +1,151 @@
+"""PostgreSQL waits are bounded: session timeouts derived from the renew interval, URL overrides
+that reach the server intact, and bad values refused by name."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+
+import psycopg
+import pytest
+
+from weft_sync.errors import StorageError
+from weft_sync.storage import open_storage
+from weft_sync.storage.postgres import PostgresStorage
+
+
+def _with_params(url: str, query: str) -> str:
+    return f"{url}{'&' if '?' in url else '?'}{query}"
+
+
+@pytest.fixture
+def table(postgres_base_url: str) -> Iterator[str]:
+    name = "t_" + uuid.uuid4().hex[:16]
+    yield name
+    with psycopg.connect(postgres_base_url, autocommit=True) as conn:
+        conn.execute(f'DROP TABLE IF EXISTS "{name}"')
+
+
+def _show(store: PostgresStorage, setting: str) -> str:
+    with store._connection("show") as conn:
+        row = conn.execute(f"SHOW {setting}").fetchone()
+    assert row is not None
+    return str(row[0])
+
+
+def test_sessions_run_with_timeouts_derived_from_the_renew_interval(
+    postgres_base_url: str, table: str
+) -> None:
+    with PostgresStorage(postgres_base_url, table=table, renew_interval_ms=1200) as store:
+        assert _show(store, "statement_timeout") == "1200ms"
+        assert _show(store, "lock_timeout") == "600ms"
+        assert store.wait_bounds.pool_timeout_s == pytest.approx(1.2)
+
+
+def test_open_storage_derives_the_bounds_from_the_renew_interval_it_is_given(
+    postgres_base_url: str, table: str
+) -> None:
+    url = _with_params(postgres_base_url, f"table={table}")
+    with open_storage(url, renew_interval_ms=3000) as store:
+        assert isinstance(store, PostgresStorage)
+        assert _show(store, "statement_timeout") == "3s"
+        # Half the interval, but never more than a second.
+        assert _show(store, "lock_timeout") == "1s"
+        assert store.wait_bounds.pool_timeout_s == pytest.approx(3.0)
+
+
+def test_options_in_the_url_reach_the_server_with_their_spaces(
+    postgres_base_url: str, table: str
+) -> None:
+    url = _with_params(postgres_base_url, f"table={table}&options=-c%20statement_timeout%3D7000")
+    with open_storage(url, renew_interval_ms=1000) as store:
+        assert isinstance(store, PostgresStorage)
+        # The caller's own setting wins; the one it did not make is still derived.
+        assert _show(store, "statement_timeout") == "7s"
+        assert _show(store, "lock_timeout") == "500ms"
+
+
+def test_url_parameters_override_the_derived_bounds(postgres_base_url: str, table: str) -> None:
+    url = _with_params(
+        postgres_base_url,
+        f"table={table}&statement_timeout=3&lock_timeout=250ms&timeout=1.5&application_name=a%20b",
+    )
+    with open_storage(url, renew_interval_ms=1000) as store:
+        assert isinstance(store, PostgresStorage)
+        assert _show(store, "statement_timeout") == "3s"
+        assert _show(store, "lock_timeout") == "250ms"
+        assert _show(store, "application_name") == "a b"
+        assert store.wait_bounds.pool_timeout_s == pytest.approx(1.5)
+
+
+@pytest.mark.parametrize(
+    ("name", "raw"),
+    [
+        ("timeout", "inf"),
+        ("timeout", "nan"),
+        ("timeout", "-1"),
+        ("timeout", "soon"),
+        ("statement_timeout", "-5"),
+        ("statement_timeout", "inf"),
+        ("lock_timeout", "nan"),
+        ("lock_timeout", "-2"),
+        ("lock_timeout", "soon"),
+        ("connect_timeout", "inf"),
+        ("connect_timeout", "-1"),
+        ("renew_interval_ms", "0"),
+        ("renew_interval_ms", "fast"),
+    ],
+)
+def test_senseless_url_values_are_a_value_error_naming_the_parameter(name: str, raw: str) -> None:
+    with pytest.raises(ValueError, match=name):
+        open_storage(f"postgresql://127.0.0.1:1/db?{name}={raw}")
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        {"timeout": float("inf")},
+        {"timeout": float("nan")},
+        {"timeout": 0},
+        {"statement_timeout": -1},
+        {"statement_timeout": float("inf")},
+        {"lock_timeout": float("nan")},
+        {"renew_interval_ms": -100},
+    ],
+)
+def test_senseless_keyword_values_are_a_value_error_naming_the_parameter(
+    kwargs: dict[str, object],
+) -> None:
+    (name,) = kwargs
+    with pytest.raises(ValueError, match=name):
+        PostgresStorage("postgresql://127.0.0.1:1/db", **kwargs)  # type: ignore[arg-type]
+
+
+def test_a_table_lock_held_elsewhere_fails_a_write_within_the_lock_timeout(
+    postgres_base_url: str, table: str
+) -> None:
+    with PostgresStorage(postgres_base_url, table=table, renew_interval_ms=400) as store:
+        store.put("k", b"v0")
+        with psycopg.connect(postgres_base_url) as foreign:
+            foreign.execute(f'LOCK TABLE "{table}" IN ACCESS EXCLUSIVE MODE')
+            with pytest.raises(StorageError, match="lock timeout"):
+                store.put("k", b"v1")
+            foreign.rollback()
+        store.put("k", b"v2")
+        assert store.get("k") == b"v2"
+
+
+def test_replication_settings_report_the_servers_commit_durability(
+    postgres_base_url: str, table: str
+) -> None:
+    with PostgresStorage(postgres_base_url, table=table) as store:
+        settings = store.replication_settings()
+    with psycopg.connect(postgres_base_url, autocommit=True) as conn:
+        commit = conn.execute("SHOW synchronous_commit").fetchone()
+        standbys = conn.execute("SHOW synchronous_standby_names").fetchone()
+    assert commit is not None and standbys is not None
+    assert settings.synchronous_commit == commit[0]
+    assert settings.synchronous_standby_names == standbys[0]
+    assert settings.is_standby is False
+    # A single server without synchronous standbys can lose acknowledged commits on failover.
+    assert settings.failover_safe is bool(standbys[0].strip())
