@@ -1,4 +1,4 @@
-"""Shared fixtures: real SQLite and real PostgreSQL stores, and a thread-leak check.
+"""Shared fixtures: real SQLite and real PostgreSQL stores, thread and SQLite storage leak checks.
 
 PostgreSQL comes from ``WEFT_SYNC_TEST_POSTGRES_DSN`` (a ``postgresql://`` URL) or from a throwaway
 cluster started here (initdb + pg_ctl on a Unix socket in a temporary directory; through
@@ -12,6 +12,7 @@ skip. Under a truthy ``CI`` both backends are required and the switch is refused
 
 from __future__ import annotations
 
+import gc
 import os
 import threading
 import time
@@ -23,6 +24,7 @@ import pytest
 
 from tests.pgcluster import PostgresCluster, start_cluster
 from weft_sync.storage import Storage, open_storage
+from weft_sync.storage import sqlite as sqlite_storage
 
 BACKENDS = ("sqlite", "postgres")
 
@@ -191,3 +193,20 @@ def _no_leaked_threads() -> Iterator[None]:
             break
         leaked[0].join(timeout=0.05)
     assert not leaked, f"test leaked threads: {[t.name for t in leaked]}"
+
+
+@pytest.fixture(autouse=True)
+def _no_leaked_sqlite_storages() -> Iterator[None]:
+    """Fail a test that leaves a ``SqliteStorage`` open (or one whose writer did not stop).
+
+    Every fork of the process waits for the reads and writes of each live instance, so one left
+    behind by a test would be waited for by the fork tests that run after it.
+    """
+    before = set(sqlite_storage._LIVE)
+    yield
+    leaked = [s for s in list(sqlite_storage._LIVE) if s not in before]
+    if leaked:
+        del leaked
+        gc.collect()  # garbage not yet collected leaves the set; only reachable ones count
+        leaked = [s for s in list(sqlite_storage._LIVE) if s not in before]
+    assert not leaked, f"test left SQLite storages open: {leaked}"

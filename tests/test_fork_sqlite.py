@@ -511,3 +511,76 @@ def _expires_at(ownership: Ownership, wid: str) -> int:
     holder = decode_holder(ownership.storage.get(keys.workflow_owner_holder(wid)))
     assert holder is not None
     return holder.expires_at
+
+
+@pytest.mark.timeout(60)  # a fork that waited the full time for the stuck storage would hang
+def test_a_storage_stuck_in_a_write_does_not_stall_later_forks_or_starve_a_busy_storage(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The first fork waits the stuck storage's whole (shortened) wait; the second would wait
+    # ten minutes for it if a storage stuck at the previous fork got its full wait again.
+    monkeypatch.setattr(sqlite_module, "_FORK_GRACE_S", 0.05)
+    records: list[logging.LogRecord] = []
+    handler = logging.Handler()
+    handler.emit = records.append  # type: ignore[method-assign]
+    logger = logging.getLogger("weft_sync.storage.sqlite")
+    logger.addHandler(handler)
+    stuck_path, busy_path = tmp_path / "stuck.db", tmp_path / "busy.db"
+    # The busy storage's own wait is shorter than the stuck one's: waited for one after the
+    # other from the start of the fork, the busy one would be tried only once its wait was over.
+    stuck = SqliteStorage(stuck_path, table=TABLE, busy_timeout_ms=500)
+    busy = SqliteStorage(busy_path, table=TABLE, busy_timeout_ms=200)
+    stop = threading.Event()
+    writes = [0]
+    paused: _PausedWrite | None = None
+    threads: list[threading.Thread] = []
+    try:
+        stuck.put("before", b"v")
+        paused = _PausedWrite(_writer(stuck), monkeypatch)
+        threads.append(threading.Thread(target=stuck.put, args=("stuck", b"s"), name="stuck"))
+        threads[0].start()
+        assert paused.entered.wait(timeout=10)
+
+        def write_continuously() -> None:
+            while not stop.is_set():
+                busy.put(f"parent-{writes[0] % 10}", str(writes[0]).encode())
+                writes[0] += 1
+
+        threads.append(threading.Thread(target=write_continuously, name="busy-writes"))
+        threads[1].start()
+
+        def child(key: str, left_to_parent: list[SqliteStorage]) -> None:
+            not_paused = [r.args[1] for r in records if "was still running" in r.getMessage()]
+            assert not_paused == left_to_parent, not_paused
+            with SqliteStorage(busy_path, table=TABLE, busy_timeout_ms=2000) as own:
+                assert own.conditional_batch([Condition(key, None)], [Put(key, b"1")])
+                assert own.get(key) == b"1"
+
+        def fork(key: str, left_to_parent: list[SqliteStorage]) -> None:
+            report = tmp_path / f"{key}.txt"
+            _wait_child(_fork_child(lambda: child(key, left_to_parent), report), report)
+
+        # Only the stuck storage is left to the parent; the busy one is paused every time.
+        fork("child-0", [stuck])
+        assert stuck._fork_stuck
+        monkeypatch.setattr(sqlite_module, "_FORK_GRACE_S", 600.0)
+        for index in (1, 2):
+            fork(f"child-{index}", [stuck])
+            assert stuck._fork_stuck
+        # Once its write has finished, the stuck storage is paused again.
+        paused.release.set()
+        threads[0].join(timeout=30)
+        assert stuck.get("stuck") == b"s"
+        fork("child-3", [])
+        assert not stuck._fork_stuck
+        assert writes[0] > 0
+        assert [k for k, _ in busy.scan("child-")] == [f"child-{i}" for i in range(4)]
+    finally:
+        stop.set()
+        if paused is not None:
+            paused.release.set()
+        for thread in threads:
+            thread.join(timeout=30)
+        logger.removeHandler(handler)
+        stuck.close()
+        busy.close()

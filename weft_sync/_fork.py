@@ -18,7 +18,8 @@ from __future__ import annotations
 import functools
 import inspect
 import os
-from collections.abc import Callable
+import time
+from collections.abc import Callable, Sequence
 from typing import Concatenate, ParamSpec, Protocol, TypeVar
 
 from .errors import ClosedError
@@ -26,6 +27,7 @@ from .errors import ClosedError
 __all__ = [
     "ProcessBound",
     "inherited_error",
+    "pause_in_turns",
     "pin",
     "process_bound",
     "process_bound_class",
@@ -92,6 +94,38 @@ def process_bound_class(cls: type[_T]) -> type[_T]:
 def pin(*resources: object) -> None:
     """Keep inherited ``resources`` referenced for the child's lifetime, so none is finalised."""
     _PINNED.extend(resources)
+
+
+def pause_in_turns(
+    items: Sequence[_T],
+    deadline: Callable[[_T], float],
+    pause: Callable[[_T, float], bool],
+    poll_s: float,
+) -> tuple[list[_T], list[_T]]:
+    """Before a fork: pause each of ``items`` by its own ``deadline`` (a monotonic time).
+
+    ``pause(item, until)`` tries until ``until`` and returns whether the item is paused (on
+    ``False`` it holds nothing). Attempts take turns, each waiting at most ``poll_s`` seconds, so
+    an item that stays busy for long (or for ever, when the thread holding its lock is stuck)
+    neither uses up the wait of the items after it nor keeps them from being paused as soon as
+    they can be: the fork takes no longer than the latest deadline.
+
+    :returns: the items paused and the items given up on, each in the order of ``items``.
+    """
+    waiting = [(item, deadline(item)) for item in items]
+    paused: list[_T] = []
+    given_up: list[_T] = []
+    while waiting:
+        still: list[tuple[_T, float]] = []
+        for item, until in waiting:
+            if pause(item, min(until, time.monotonic() + poll_s)):
+                paused.append(item)
+            elif time.monotonic() < until:
+                still.append((item, until))
+            else:
+                given_up.append(item)
+        waiting = still
+    return paused, given_up
 
 
 def register_at_fork(

@@ -13,7 +13,7 @@ from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Final
 from urllib.parse import quote
 
-from .._fork import process_bound_class, register_at_fork
+from .._fork import pause_in_turns, process_bound_class, register_at_fork
 from ..errors import ClosedError, MissingStoreError, ReadOnlyStorageError, StorageError
 from .base import (
     Batch,
@@ -62,6 +62,10 @@ _GET_MANY_CHUNK: Final = 500
 
 # How much longer than its busy timeout a fork waits for a storage's reads and writes to pause.
 _FORK_GRACE_S: Final = 5.0
+# The wait for a closed storage or one the previous fork could not pause (see _fork_deadline).
+_FORK_STUCK_GRACE_S: Final = 0.1
+# The longest a fork tries one storage before trying the others (see pause_in_turns).
+_FORK_POLL_S: Final = 0.02
 # Held while a storage creates its table (outside any writer), so a fork waits for that too.
 _opening = threading.Lock()
 _LIVE: weakref.WeakSet[SqliteStorage] = weakref.WeakSet()
@@ -77,7 +81,11 @@ def _before_fork() -> None:
     # the child close its copies safely, so its own connections start from clean bookkeeping.
     start = time.monotonic()
     _fork_state.opening = _opening.acquire(timeout=_FORK_GRACE_S)
-    _fork_state.paused = [s for s in list(_LIVE) if s._pause_for_fork(start)]
+    _fork_state.paused, stuck = pause_in_turns(
+        list(_LIVE), lambda s: s._fork_deadline(start), SqliteStorage._pause_for_fork, _FORK_POLL_S
+    )
+    for storage in stuck:
+        storage._fork_stuck = True
 
 
 def _forked() -> tuple[list[SqliteStorage], bool]:
@@ -139,9 +147,11 @@ class SqliteStorage:
     Fork: a fork waits (up to the busy timeout and a few seconds more) until no read or write of
     this instance runs, so that the child can close the connections it inherited without touching
     anything the parent uses; the child then opens its own storage on the same file, which works
-    whatever the parent was doing. In the child this instance raises
-    :class:`~weft_sync.errors.ClosedError`. Connections the application opens itself on the same
-    file (a :meth:`dict_view` included) should not be open across a fork.
+    whatever the parent was doing. Each storage's wait runs alongside the others', and a storage
+    the previous fork could not pause (or a closed one) gets only a short wait, so one stuck
+    storage neither stalls every fork nor keeps the others from being paused. In the child this
+    instance raises :class:`~weft_sync.errors.ClosedError`. Connections the application opens
+    itself on the same file (a :meth:`dict_view` included) should not be open across a fork.
 
     :param path: the database file; created if missing. ``":memory:"`` is refused.
     :param table: the table name (letters, digits, underscores).
@@ -199,6 +209,7 @@ class SqliteStorage:
         self._lock = threading.Lock()
         self._closed = False
         self._fork_pid = os.getpid()
+        self._fork_stuck = False  # the last fork could not pause this storage
         self._queue = RequestQueue()
         self._writer: SqliteWriter | None = None
         self._file_lock = WriterFileLock(self._path + ".lock", self._busy_timeout_ms)
@@ -233,9 +244,18 @@ class SqliteStorage:
 
     # -- fork --------------------------------------------------------------------------------
 
-    def _pause_for_fork(self, start: float) -> bool:
+    def _fork_deadline(self, start: float) -> float:
+        """When a fork that started at ``start`` gives up pausing this storage.
+
+        Closed (a writer still running outlasted close()'s wait) or stuck at the previous fork,
+        it gets a short grace only: the child then pins what it inherited, as on any timeout.
+        """
+        if self._closed or self._fork_stuck:
+            return start + _FORK_STUCK_GRACE_S
+        return start + self._busy_timeout_ms / 1000.0 + _FORK_GRACE_S
+
+    def _pause_for_fork(self, deadline: float) -> bool:
         """Hold every lock that a read or write runs under; ``False`` (nothing held) on timeout."""
-        deadline = start + self._busy_timeout_ms / 1000.0 + _FORK_GRACE_S
         if not self._lock.acquire(timeout=max(0.0, deadline - time.monotonic())):
             return False
         writer = self._writer
@@ -247,6 +267,7 @@ class SqliteStorage:
                 writer.resume()
             self._lock.release()
             return False
+        self._fork_stuck = False
         return True
 
     def _resume_after_fork(self) -> None:
