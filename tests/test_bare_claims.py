@@ -14,13 +14,13 @@ import subprocess
 import sys
 import textwrap
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tests.claims.gated import WarningSink
+from tests.engines import MakeOwnership, opened_engines
 from tests.workflows.helpers import expires_at, holder_engine, stored_epoch, wait_until
 from weft_sync.claiming import ClaimAttempt, claim_with_wait
 from weft_sync.clock import ManualClock, system_clock
@@ -37,8 +37,6 @@ HOUR_MS = 3_600_000
 WAIT_S = 30.0
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
-MakeOwnership = Callable[..., Ownership]
-
 
 @pytest.fixture
 def clock() -> ManualClock:
@@ -47,20 +45,9 @@ def clock() -> ManualClock:
 
 @pytest.fixture
 def make_ownership(storage: Storage, clock: ManualClock) -> Iterator[MakeOwnership]:
-    opened: list[Ownership] = []
-
-    def make(engine_id: str, **kwargs: Any) -> Ownership:
-        kwargs.setdefault("options", OPTIONS)
-        kwargs.setdefault("clock", clock)
-        kwargs.setdefault("background", "manual")
-        kwargs.setdefault("warn", WarningSink())
-        ownership = Ownership.open(storage, engine_id=engine_id, **kwargs)
-        opened.append(ownership)
-        return ownership
-
-    yield make
-    for ownership in opened:
-        ownership.close()
+    """Open manual-maintenance engines on the test's store; all closed afterwards."""
+    with opened_engines(storage, clock, OPTIONS) as make:
+        yield make
 
 
 def _crash_holding(ownership: Ownership, workflow_id: str) -> None:

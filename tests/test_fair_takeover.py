@@ -8,12 +8,12 @@ split exact.
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
 
-from tests.claims.gated import WarningSink
+from tests.engines import MakeOwnership, opened_engines
 from tests.workflows.helpers import holder_engine
 from weft_sync.clock import ManualClock
 from weft_sync.maintenance.fair_share import (
@@ -31,8 +31,6 @@ RENEW_MS = 1_000
 PAST_GRACE_MS = TTL_MS + 2 * RENEW_MS + 1
 OPTIONS = OwnershipOptions(claim_ttl=TTL_MS, claim_renew_interval=RENEW_MS)
 JOB = "job"
-
-MakeOwnership = Callable[..., Ownership]
 
 
 class Driven:
@@ -63,20 +61,9 @@ def clock() -> ManualClock:
 
 @pytest.fixture
 def make_ownership(storage: Storage, clock: ManualClock) -> Iterator[MakeOwnership]:
-    opened: list[Ownership] = []
-
-    def make(engine_id: str, **kwargs: Any) -> Ownership:
-        kwargs.setdefault("options", OPTIONS)
-        kwargs.setdefault("clock", clock)
-        kwargs.setdefault("background", "manual")
-        kwargs.setdefault("warn", WarningSink())
-        ownership = Ownership.open(storage, engine_id=engine_id, **kwargs)
-        opened.append(ownership)
-        return ownership
-
-    yield make
-    for ownership in opened:
-        ownership.close()
+    """Open manual-maintenance engines on the test's store; all closed afterwards."""
+    with opened_engines(storage, clock, OPTIONS) as make:
+        yield make
 
 
 def _dead_engine_with(make_ownership: MakeOwnership, count: int) -> list[str]:

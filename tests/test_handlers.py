@@ -16,6 +16,7 @@ import pytest
 
 import weft_sync
 from tests.claims.gated import WarningSink
+from tests.engines import MakeOwnership, opened_engines
 from tests.workflows.helpers import holder_engine, stored_epoch
 from weft_sync.clock import ManualClock
 from weft_sync.errors import EngineDeposedError, WorkflowClaimLostWarning
@@ -30,8 +31,6 @@ RENEW_MS = 1_000
 PAST_GRACE_MS = TTL_MS + 2 * RENEW_MS + 1
 OPTIONS = OwnershipOptions(claim_ttl=TTL_MS, claim_renew_interval=RENEW_MS)
 
-MakeOwnership = Callable[..., Ownership]
-
 
 @pytest.fixture
 def clock() -> ManualClock:
@@ -41,20 +40,8 @@ def clock() -> ManualClock:
 @pytest.fixture
 def make_ownership(storage: Storage, clock: ManualClock) -> Iterator[MakeOwnership]:
     """Open manual-maintenance engines on the test's store; all closed afterwards."""
-    opened: list[Ownership] = []
-
-    def make(engine_id: str, **kwargs: Any) -> Ownership:
-        kwargs.setdefault("options", OPTIONS)
-        kwargs.setdefault("clock", clock)
-        kwargs.setdefault("background", "manual")
-        kwargs.setdefault("warn", WarningSink())
-        ownership = Ownership.open(storage, engine_id=engine_id, **kwargs)
-        opened.append(ownership)
-        return ownership
-
-    yield make
-    for ownership in opened:
-        ownership.close()
+    with opened_engines(storage, clock, OPTIONS) as make:
+        yield make
 
 
 class Calls:
