@@ -23,8 +23,7 @@ from pathlib import Path
 import pytest
 
 from tests.pgcluster import PostgresCluster, start_cluster
-from weft_sync.storage import Storage, open_storage
-from weft_sync.storage import sqlite as sqlite_storage
+from weft_sync.storage import Storage, open_storage, sqlite_fork
 
 BACKENDS = ("sqlite", "postgres")
 
@@ -202,11 +201,11 @@ def _no_leaked_sqlite_storages() -> Iterator[None]:
     Every fork of the process waits for the reads and writes of each live instance, so one left
     behind by a test would be waited for by the fork tests that run after it.
     """
-    before = set(sqlite_storage._LIVE)
+    before = set(sqlite_fork.live())
     yield
-    leaked = [s for s in list(sqlite_storage._LIVE) if s not in before]
+    leaked = [s for s in sqlite_fork.live() if s not in before]
     if leaked:
         del leaked
         gc.collect()  # garbage not yet collected leaves the set; only reachable ones count
-        leaked = [s for s in list(sqlite_storage._LIVE) if s not in before]
+        leaked = [s for s in sqlite_fork.live() if s not in before]
     assert not leaked, f"test left SQLite storages open: {leaked}"

@@ -29,8 +29,7 @@ from weft_sync.codec import decode_holder
 from weft_sync.errors import ClosedError
 from weft_sync.options import OwnershipOptions
 from weft_sync.ownership import Ownership
-from weft_sync.storage import Condition, Put, SqliteStorage
-from weft_sync.storage import sqlite as sqlite_module
+from weft_sync.storage import Condition, Put, SqliteStorage, sqlite_fork
 from weft_sync.storage.sqlite_writer import SqliteWriter, WriteRequest
 
 TABLE = "kv"
@@ -229,7 +228,7 @@ def test_a_fork_during_an_open_write_transaction_leaves_the_child_a_working_stor
 def test_a_write_that_outlasts_the_fork_wait_is_left_to_the_parent_and_reported_in_the_child(
     db_path: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(sqlite_module, "_FORK_GRACE_S", 0.05)
+    monkeypatch.setattr(sqlite_fork, "FORK_GRACE_S", 0.05)
     records: list[logging.LogRecord] = []
     handler = logging.Handler()
     handler.emit = records.append  # type: ignore[method-assign]
@@ -519,7 +518,7 @@ def test_a_storage_stuck_in_a_write_does_not_stall_later_forks_or_starve_a_busy_
 ) -> None:
     # The first fork waits the stuck storage's whole (shortened) wait; the second would wait
     # ten minutes for it if a storage stuck at the previous fork got its full wait again.
-    monkeypatch.setattr(sqlite_module, "_FORK_GRACE_S", 0.05)
+    monkeypatch.setattr(sqlite_fork, "FORK_GRACE_S", 0.05)
     records: list[logging.LogRecord] = []
     handler = logging.Handler()
     handler.emit = records.append  # type: ignore[method-assign]
@@ -563,7 +562,7 @@ def test_a_storage_stuck_in_a_write_does_not_stall_later_forks_or_starve_a_busy_
         # Only the stuck storage is left to the parent; the busy one is paused every time.
         fork("child-0", [stuck])
         assert stuck._fork_stuck
-        monkeypatch.setattr(sqlite_module, "_FORK_GRACE_S", 600.0)
+        monkeypatch.setattr(sqlite_fork, "FORK_GRACE_S", 600.0)
         for index in (1, 2):
             fork(f"child-{index}", [stuck])
             assert stuck._fork_stuck

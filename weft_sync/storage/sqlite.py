@@ -8,13 +8,13 @@ import os
 import sqlite3
 import threading
 import time
-import weakref
 from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Final
 from urllib.parse import quote
 
-from .._fork import pause_in_turns, process_bound_class, register_at_fork
+from .._fork import process_bound_class
 from ..errors import ClosedError, MissingStoreError, ReadOnlyStorageError, StorageError
+from . import sqlite_fork
 from .base import (
     Batch,
     Condition,
@@ -59,64 +59,6 @@ _CAPABILITIES: Final = StorageCapabilities(
 _JOIN_GRACE_S: Final = 5.0
 # Keys per ``SELECT … WHERE key IN (…)`` of get_many (SQLite allows 32,766 parameters).
 _GET_MANY_CHUNK: Final = 500
-
-# How much longer than its busy timeout a fork waits for a storage's reads and writes to pause.
-_FORK_GRACE_S: Final = 5.0
-# The wait for a closed storage or one the previous fork could not pause (see _fork_deadline).
-_FORK_STUCK_GRACE_S: Final = 0.1
-# The longest a fork tries one storage before trying the others (see pause_in_turns).
-_FORK_POLL_S: Final = 0.02
-# Held while a storage creates its table (outside any writer), so a fork waits for that too.
-_opening = threading.Lock()
-_LIVE: weakref.WeakSet[SqliteStorage] = weakref.WeakSet()
-# Per forking thread (the fork handlers of one fork run on one thread, which the child keeps):
-# ``paused``, the storages this fork paused, and ``opening``, whether it holds _opening.
-_fork_state = threading.local()
-
-
-def _before_fork() -> None:
-    # SQLite keeps per-process lock bookkeeping for each file, and a child inherits a copy: a
-    # connection copied mid-transaction would make every write of the child's own connections
-    # fail as "database is locked". Pausing every read and write until the fork is done lets
-    # the child close its copies safely, so its own connections start from clean bookkeeping.
-    start = time.monotonic()
-    _fork_state.opening = _opening.acquire(timeout=_FORK_GRACE_S)
-    _fork_state.paused, stuck = pause_in_turns(
-        list(_LIVE), lambda s: s._fork_deadline(start), SqliteStorage._pause_for_fork, _FORK_POLL_S
-    )
-    for storage in stuck:
-        storage._fork_stuck = True
-
-
-def _forked() -> tuple[list[SqliteStorage], bool]:
-    paused: list[SqliteStorage] = getattr(_fork_state, "paused", [])
-    opening: bool = getattr(_fork_state, "opening", False)
-    _fork_state.paused, _fork_state.opening = [], False
-    return paused, opening
-
-
-def _after_fork_in_parent() -> None:
-    paused, opening = _forked()
-    for storage in paused:
-        storage._resume_after_fork()
-    if opening:
-        _opening.release()
-
-
-def _after_fork_in_child() -> None:
-    global _opening
-    _opening = threading.Lock()
-    paused, _ = _forked()
-    for storage in list(_LIVE):
-        storage._abandon_in_child(paused=any(storage is p for p in paused))
-
-
-register_at_fork(
-    before=_before_fork,
-    after_in_parent=_after_fork_in_parent,
-    after_in_child=_after_fork_in_child,
-)
-
 
 def _identity(value: object) -> object:
     return value
@@ -222,7 +164,7 @@ class SqliteStorage:
             and not os.path.exists(self._path)
         )
         try:
-            with _opening:
+            with sqlite_fork.opening():
                 if self._read_only:
                     self._check_schema()
                 else:
@@ -240,7 +182,7 @@ class SqliteStorage:
         except BaseException:
             self._file_lock.close()
             raise
-        _LIVE.add(self)
+        sqlite_fork.track(self)
 
     # -- fork --------------------------------------------------------------------------------
 
@@ -251,8 +193,8 @@ class SqliteStorage:
         it gets a short grace only: the child then pins what it inherited, as on any timeout.
         """
         if self._closed or self._fork_stuck:
-            return start + _FORK_STUCK_GRACE_S
-        return start + self._busy_timeout_ms / 1000.0 + _FORK_GRACE_S
+            return start + sqlite_fork.FORK_STUCK_GRACE_S
+        return start + self._busy_timeout_ms / 1000.0 + sqlite_fork.FORK_GRACE_S
 
     def _pause_for_fork(self, deadline: float) -> bool:
         """Hold every lock that a read or write runs under; ``False`` (nothing held) on timeout."""
@@ -294,7 +236,7 @@ class SqliteStorage:
         self._readers.abandon_in_child()
         self._identity.abandon_in_child(paused)
         self._closed = True
-        _LIVE.discard(self)
+        sqlite_fork.untrack(self)
 
     # -- connections -------------------------------------------------------------------------
 
@@ -574,8 +516,8 @@ class SqliteStorage:
         :raises StorageError: the store id could not be read.
         """
         self._check_open()
-        # The fresh connection is opened and closed under _opening, so a fork waits for it.
-        with _opening, self._translate("identity check"):
+        # The fresh connection is opened and closed under the fork lock, so a fork waits for it.
+        with sqlite_fork.opening(), self._translate("identity check"):
             self._identity.verify()
 
     # -- views and lifecycle -----------------------------------------------------------------
@@ -639,7 +581,7 @@ class SqliteStorage:
         self._readers.close_all()
         if stopped:
             self._identity.close()
-            _LIVE.discard(self)
+            sqlite_fork.untrack(self)
 
     def __enter__(self) -> SqliteStorage:
         return self
