@@ -60,6 +60,7 @@ _JOIN_GRACE_S: Final = 5.0
 # Keys per ``SELECT … WHERE key IN (…)`` of get_many (SQLite allows 32,766 parameters).
 _GET_MANY_CHUNK: Final = 500
 
+
 def _identity(value: object) -> object:
     return value
 
