@@ -12,6 +12,7 @@ import contextlib
 import multiprocessing
 import os
 import signal
+import sys
 import tempfile
 import threading
 import time
@@ -60,7 +61,10 @@ def _worker_main(
     storage = open_storage(url)
 
     def say(line: str) -> None:
-        print(f"  {name}: {line}", flush=True)
+        # One write per line: drives run on several pool threads, and print() writes the text
+        # and its newline separately, so two lines could share one.
+        sys.stdout.write(f"  {name}: {line}\n")
+        sys.stdout.flush()
 
     def on_reclaimed(workflow_id: str) -> None:
         say(f"took over {workflow_id} at epoch {boot.registry.current_epoch(workflow_id)}")
