@@ -9,7 +9,9 @@ through their exit code and a traceback file, and leave with ``os._exit``.
 
 from __future__ import annotations
 
+import faulthandler
 import fcntl
+import gc
 import logging
 import os
 import signal
@@ -75,11 +77,18 @@ def armed() -> Iterator[threading.Event]:
     _armed.clear()
 
 
+def _stacks_path(report: Path) -> Path:
+    return report.with_suffix(".stacks")
+
+
 def _fork_child(body: Callable[[], None], report: Path) -> int:
     """Fork, run ``body`` in the child; return its pid."""
     pid = os.fork()
     if pid == 0:  # pragma: no cover - runs in the child
         signal.alarm(int(CHILD_DEADLINE_S) * 2)
+        # A child that hangs writes every thread's stack before the parent gives up on it.
+        stacks = open(_stacks_path(report), "w")  # noqa: SIM115 - open until os._exit
+        faulthandler.dump_traceback_later(CHILD_DEADLINE_S * 0.8, file=stacks)
         code = 0
         try:
             body()
@@ -100,7 +109,11 @@ def _wait_child(pid: int, report: Path, deadline_s: float = CHILD_DEADLINE_S) ->
         if time.monotonic() > deadline:
             os.kill(pid, signal.SIGKILL)
             os.waitpid(pid, 0)
-            raise AssertionError(f"the forked child did not finish within {deadline_s} s")
+            stacks = _stacks_path(report)
+            dumped = stacks.read_text() if stacks.exists() else "(no stacks were written)"
+            raise AssertionError(
+                f"the forked child did not finish within {deadline_s} s; its threads:\n{dumped}"
+            )
         time.sleep(0.005)
     code = os.waitstatus_to_exitcode(status)
     details = report.read_text() if report.exists() else ""
@@ -451,6 +464,11 @@ def test_two_hundred_children_forked_while_the_parent_writes_each_write_at_once(
     path = tmp_path / "loop.db"
     # NORMAL spares an fsync per commit; the locking under test is the same.
     url = f"sqlite:///{path}?synchronous=NORMAL"
+    # Earlier tests' unreachable sqlite3 connections would otherwise be finalized by whichever
+    # parent thread triggers a collection, possibly inside SQLite's process-wide file mutex
+    # while the loop forks; a child inheriting that mutex held would hang. The library closes
+    # its own connections explicitly; garbage it did not make is collected before the loop.
+    gc.collect()
     sink = WarningSink()
     parent = Ownership.open(url, options=LOOP_OPTIONS, warn=sink, engine_id="parent")
     stop = threading.Event()
