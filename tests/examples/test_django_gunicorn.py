@@ -30,6 +30,7 @@ import pytest
 from tests.django_app.databases import FreshPostgresDatabase
 from tests.examples.gunicorn_harness import GunicornServer, run_gunicorn, write_locks_held
 from tests.examples.helpers import EXAMPLES, WAIT_S, script_command, script_env
+from tests.examples.job_checks import FINISH_WAIT_S, wait_until_finished, wait_until_taken_over
 from weft_sync.codec import decode_holder
 from weft_sync.keys import workflow_owner_holder
 from weft_sync.storage import Storage, open_storage
@@ -43,10 +44,6 @@ CLIENTS = 4
 PAGES = 5
 STEP_S = 0.2
 CLAIM_TTL, RENEW_INTERVAL = "1500ms", "500ms"
-TAKEOVER_WAIT_S = 20.0
-"""Bound for the survivors to take the paused worker's jobs over; reaching it fails the test."""
-FINISH_WAIT_S = 40.0
-"""Bound for every job to complete after the paused worker continues; reaching it fails."""
 
 pytestmark = [
     pytest.mark.slow,
@@ -163,7 +160,7 @@ def _kill_pause_and_finish(server: GunicornServer, store: Storage, site: Site) -
     server.signal(killed, signal.SIGKILL)
     killed_at = time.time()
     mark = time.monotonic()
-    _wait_until_taken_over(store, accepted, stopped, engines[stopped])
+    wait_until_taken_over(store, accepted, stopped, engines[stopped])
     phases["takeover"] = time.monotonic() - mark
     # Taken before the signal: every event the worker records after continuing is later.
     continued_at = time.time()
@@ -171,7 +168,7 @@ def _kill_pause_and_finish(server: GunicornServer, store: Storage, site: Site) -
 
     ledger = Workflows(store)
     mark = time.monotonic()
-    stranded = _wait_until_finished(ledger, accepted)
+    stranded = wait_until_finished(ledger, accepted)
     phases["finish"] = time.monotonic() - mark
     events = _wait_for_completion_events(ledger, site, accepted, killed)
     _assert_completed_exactly_once(ledger, site, accepted, events, killed)
@@ -211,36 +208,6 @@ def _start_jobs(server: GunicornServer) -> tuple[dict[str, int], dict[int, str]]
         assert engines.setdefault(body["pid"], body["engine"]) == body["engine"], body
     assert len(engines) >= 2, f"one worker accepted every job: {engines}"
     return accepted, engines
-
-
-def _wait_until_taken_over(store: Storage, accepted: dict[str, int], pid: int, engine: str) -> None:
-    """Wait until no running job of the paused worker is still held by its engine."""
-    ledger = Workflows(store)
-    mine = [job for job, owner in accepted.items() if owner == pid]
-    deadline = time.monotonic() + TAKEOVER_WAIT_S
-    while True:
-        held = []
-        for job in mine:
-            holder = decode_holder(store.get(workflow_owner_holder(job)))
-            record = ledger.get(job)
-            running = record is not None and record.status == "running"
-            if running and (holder is None or holder.engine_id == engine):
-                held.append(job)
-        if not held:
-            return
-        assert time.monotonic() < deadline, f"still held by the paused worker: {held}"
-        time.sleep(0.1)
-
-
-def _wait_until_finished(ledger: Workflows, accepted: dict[str, int]) -> list[str]:
-    """Wait for every job to leave ``running``; return those that never did (stranded)."""
-    deadline = time.monotonic() + FINISH_WAIT_S
-    while True:
-        records = {job: ledger.get(job) for job in accepted}
-        pending = [job for job, r in records.items() if r is not None and r.status == "running"]
-        if not pending or time.monotonic() > deadline:
-            return pending
-        time.sleep(0.1)
 
 
 def _wait_for_completion_events(
@@ -419,7 +386,7 @@ def test_a_graceful_restart_releases_every_claim_and_the_next_server_finishes_th
         assert [_holder(store, job) for job in jobs] == [None] * len(jobs)
 
         with run_gunicorn("weftsite.wsgi", log_path=tmp_path / "second.log", **serve) as second:
-            stranded = _wait_until_finished(ledger, dict.fromkeys(jobs, 0))
+            stranded = wait_until_finished(ledger, dict.fromkeys(jobs, 0))
         second_log = second.log()
 
         assert stranded == []

@@ -33,6 +33,7 @@ from tests.examples.gunicorn_harness import (
     run_gunicorn,
     write_locks_held,
 )
+from tests.examples.job_checks import wait_until_finished, wait_until_taken_over
 from weft_sync.codec import decode_holder
 from weft_sync.keys import workflow_owner_holder
 from weft_sync.storage import Storage, open_storage
@@ -45,10 +46,6 @@ JOBS = 120
 STEPS = 6
 STEP_MS = 300
 OPTIONS = {"claim_ttl": "1500ms", "claim_renew_interval": "500ms"}
-TAKEOVER_WAIT_S = 20.0
-"""Bound for the survivors to take the paused worker's jobs over; reaching it fails the test."""
-FINISH_WAIT_S = 40.0
-"""Bound for every job to complete after the paused worker continues; reaching it fails."""
 
 pytestmark = [
     pytest.mark.slow,
@@ -119,12 +116,12 @@ def _kill_pause_and_finish(
     server.signal(killed, signal.SIGKILL)
     killed_at = time.time()
     stopped_engine = _engine_of(events_dir, stopped)
-    _wait_until_taken_over(storage, accepted, stopped, stopped_engine)
+    wait_until_taken_over(storage, accepted, stopped, stopped_engine)
     paused_s = time.time() - paused_at
     server.signal(stopped, signal.SIGCONT)
 
     ledger = Workflows(storage)
-    stranded = _wait_until_finished(ledger, accepted)
+    stranded = wait_until_finished(ledger, accepted)
     log = _read_events(events_dir)
     _assert_completed_exactly_once(ledger, accepted, log, killed)
     refused = _assert_stale_writes_refused(log, stopped)
@@ -163,38 +160,6 @@ def _engine_of(events_dir: Path, pid: int) -> str:
     mine = {e["engine"] for e in _read_events(events_dir) if e.get("pid") == pid and "engine" in e}
     assert len(mine) == 1 and mine <= engines, (pid, mine)
     return mine.pop()
-
-
-def _wait_until_taken_over(
-    storage: Storage, accepted: dict[str, int], pid: int, engine: str
-) -> None:
-    """Wait until no running job of the paused worker is still held by its engine."""
-    ledger = Workflows(storage)
-    mine = [job for job, owner in accepted.items() if owner == pid]
-    deadline = time.monotonic() + TAKEOVER_WAIT_S
-    while True:
-        held = []
-        for job in mine:
-            holder = decode_holder(storage.get(workflow_owner_holder(job)))
-            record = ledger.get(job)
-            running = record is not None and record.status == "running"
-            if running and (holder is None or holder.engine_id == engine):
-                held.append(job)
-        if not held:
-            return
-        assert time.monotonic() < deadline, f"still held by the paused worker: {held}"
-        time.sleep(0.1)
-
-
-def _wait_until_finished(ledger: Workflows, accepted: dict[str, int]) -> list[str]:
-    """Wait for every job to leave ``running``; return those that never did (stranded)."""
-    deadline = time.monotonic() + FINISH_WAIT_S
-    while True:
-        records = {job: ledger.get(job) for job in accepted}
-        pending = [job for job, r in records.items() if r is not None and r.status == "running"]
-        if not pending or time.monotonic() > deadline:
-            return pending
-        time.sleep(0.1)
 
 
 def _read_events(directory: Path) -> list[dict[str, Any]]:
@@ -333,7 +298,7 @@ def test_a_worker_paused_inside_a_sqlite_write_stalls_writers_but_strands_no_job
         continued_at = time.time()
         server.signal(stopped, signal.SIGCONT)
         ledger = Workflows(storage)
-        stranded = _wait_until_finished(ledger, accepted)
+        stranded = wait_until_finished(ledger, accepted)
         log = _read_events(events_dir)
         _assert_completed_exactly_once(ledger, accepted, log, killed=-1)
         _assert_no_stale_write_accepted(log)
