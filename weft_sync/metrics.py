@@ -38,7 +38,7 @@ __all__ = [
     "ClaimMetrics",
     "ClaimMetricsCollector",
     "Family",
-        "MetricsSnapshot",
+    "MetricsSnapshot",
     "Subpass",
     "metric_families",
     "register_prometheus",

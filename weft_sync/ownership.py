@@ -113,6 +113,7 @@ class Ownership:
         self._registry: ClaimRegistry = parts.registry
         self._task: RenewalTask = parts.task
         self._metrics: ClaimMetrics = parts.metrics
+        self._crash = parts.crash
         _LIVE.add(self)
 
     # ----------------------------------------------------------------------------------------
@@ -268,6 +269,7 @@ class Ownership:
         """
         self._require_open("start()")
         self._task.start()
+        self._crash.start_watching()
 
     def run_maintenance(self) -> PassResult:
         """Run one full maintenance pass now, on this thread, and return its result.
@@ -313,6 +315,7 @@ class Ownership:
             handle.lost.set()
         deadline = None if timeout is None else time.monotonic() + timeout
         try:
+            self._crash.stop_watching(timeout)
             self._task.close(timeout)
         finally:
             self._workflows.close()
@@ -320,6 +323,7 @@ class Ownership:
             # final release sees what they claimed; later ones raise ClosedError.
             self._registry.close(None if deadline is None else deadline - time.monotonic())
             try:
+                self._crash.close(len(self._registry.list_held_workflow_ids()))
                 if self._owns_storage:
                     self._storage.close()
             finally:

@@ -36,8 +36,9 @@ from ..codec import WorkflowRecord, decode_holder, try_decode_workflow_record
 from ..metrics import ClaimMetrics
 from ..storage.base import Storage
 from ..storage.reads import storage_get_many
+from .discoveries import Discovery, ScanDiscovery
 from .fair_share import FAIR_SHARE_WINDOW_INTERVALS, select_takeovers, validate_max_claims
-from .reclaim_scan import discover_reclaim_candidates, list_reclaim_candidates
+from .reclaim_scan import list_reclaim_candidates
 from .targets import TAKEOVER_MAX_ATTEMPTS, ReclaimAttemptResult
 
 __all__ = ["EligibilityPredicate", "ReclaimPlan", "ReclaimTargetHandle", "create_reclaim_target"]
@@ -96,7 +97,12 @@ class ReclaimTargetHandle:
         skip_live_holders: bool = False,
         max_claims: int | None = None,
         fair_share: bool = False,
+        discovery: Discovery | None = None,
     ) -> None:
+        self._discovery: Discovery = discovery or ScanDiscovery(
+            storage, self._live_engine, skip_live=skip_live_holders
+        )
+        self._custom_discovery = discovery is not None
         self._max_claims = validate_max_claims(max_claims)
         self._fair_share = fair_share
         self._registry = registry
@@ -115,6 +121,10 @@ class ReclaimTargetHandle:
         # (a handler may be added), but left out of the fair share they would otherwise use up.
         self._ineligible: set[str] = set()
         self._disposing = False
+        # Engines the last discovery saw crashed or closed, and whether they kept claims it did
+        # not list.
+        self._dead_engines: frozenset[str] = frozenset()
+        self._dead_left = False
 
     @property
     def disposing(self) -> bool:
@@ -142,7 +152,7 @@ class ReclaimTargetHandle:
         if self._is_disposing():
             return []
         held = self._registry.list_held_workflow_ids()
-        if self._fair_share or self._max_claims is not None:
+        if self._fair_share or self._max_claims is not None or self._custom_discovery:
             found = self._select_candidates(held)
         else:
             found = list_reclaim_candidates(
@@ -156,9 +166,7 @@ class ReclaimTargetHandle:
 
     def _select_candidates(self, held: list[str]) -> list[str]:
         """Discovery limited to this pass's takeovers: the fair share, within ``max_claims``."""
-        discovery = discover_reclaim_candidates(
-            self._storage, held, judge=self._live_engine, skip_live=self._skip_live_holders
-        )
+        discovery = self._discovery.discover(held)
         now = self._registry.clock()
         window = FAIR_SHARE_WINDOW_INTERVALS * self._registry.claim_renew_interval_ms
         with self._lock:
@@ -167,8 +175,11 @@ class ReclaimTargetHandle:
             shared = [wid for wid in discovery.stranded if wid not in self._ineligible]
             seen = {wid: self._first_seen.get(wid, now) for wid in shared}
             self._first_seen = seen
+            self._dead_engines = discovery.dead_engines
+            self._dead_left = discovery.dead_left or bool(discovery.dead_engines)
         if self._fair_share:
             overdue = {wid for wid, first in seen.items() if now - first >= window}
+            overdue |= discovery.urgent.intersection(seen)
         else:
             overdue = set(shared)
         chosen = select_takeovers(
@@ -192,6 +203,16 @@ class ReclaimTargetHandle:
         stranded = set(discovery.stranded)
         rest = [wid for wid in discovery.candidates if wid not in stranded]
         return chosen + known_ineligible + rest
+
+    def dead_engines(self) -> frozenset[str]:
+        """Engines the last discovery saw crashed or closed."""
+        with self._lock:
+            return self._dead_engines
+
+    def dead_work_left(self) -> bool:
+        """Whether the last discovery saw claims of crashed or closed engines."""
+        with self._lock:
+            return self._dead_left
 
     def _capacity_left(self) -> int | None:
         """How many more claims ``max_claims`` allows now; ``None`` without a limit."""
@@ -321,7 +342,7 @@ class ReclaimTargetHandle:
 
     def _first_attempts(self, eligible: list[str], plans: dict[str, ReclaimPlan]) -> None:
         """Attempt ``eligible`` in one ``takeover_many``; a failed id is attempted alone later."""
-        outcomes = self._registry.takeover_many(eligible)
+        outcomes = self._registry.takeover_many(eligible, dead_engines=self.dead_engines())
         for wid, outcome in zip(eligible, outcomes, strict=True):
             if isinstance(outcome, Exception):
                 _log.debug("batched takeover of %r failed (%r); attempting alone", wid, outcome)
@@ -372,12 +393,13 @@ class ReclaimTargetHandle:
             else:
                 if self._is_disposing():
                     return _NOT_ELIGIBLE
-                result = self._registry.takeover(workflow_id)
+                result = self._registry.takeover(workflow_id, dead_engines=self.dead_engines())
             status = result.status
             if status == "acquired":
                 self._metrics.record_claim_attempt("takeover")
                 if result.expires_at is not None:
-                    delay_ms = self._registry.clock() - result.expires_at
+                    # A crashed engine's claim is taken before it expires: no delay at all.
+                    delay_ms = max(0, self._registry.clock() - result.expires_at)
                     self._metrics.observe_takeover_delay(delay_ms / 1000)
                 assert result.epoch is not None
                 return self._after_claim(workflow_id, result.epoch)
@@ -513,6 +535,7 @@ def create_reclaim_target(
     skip_live_holders: bool = False,
     max_claims: int | None = None,
     fair_share: bool = False,
+    discovery: Discovery | None = None,
 ) -> ReclaimTargetHandle:
     """Build the reclaim target of one engine (see :class:`ReclaimTargetHandle`)."""
     return ReclaimTargetHandle(
@@ -524,4 +547,5 @@ def create_reclaim_target(
         skip_live_holders=skip_live_holders,
         max_claims=max_claims,
         fair_share=fair_share,
+        discovery=discovery,
     )
