@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import itertools
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -62,7 +62,7 @@ CASES: dict[str, tuple[Step, Step]] = {
 _NEEDS_EXPIRY = {"takeover", "takeover_many"}
 
 
-def _raise_first(outcomes: list[object]) -> object:
+def _raise_first(outcomes: Sequence[object]) -> object:
     if isinstance(outcomes[0], Exception):
         raise outcomes[0]
     return outcomes[0]
