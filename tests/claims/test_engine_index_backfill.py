@@ -7,12 +7,16 @@ retried by the next sweep, never left wrong), and a clean sweep writes the marke
 
 from __future__ import annotations
 
+import random
+import threading
+from collections.abc import Sequence
+
 import msgpack
 import pytest
 
 from tests.claims.conftest import Factory
-from tests.claims.gated import START_MS, GatedStorage
-from tests.claims.index_checks import assert_index_exact, entries
+from tests.claims.gated import START_MS, GatedStorage, WarningSink, new_registry
+from tests.claims.index_checks import ENTRY_PREFIX, assert_index_exact, entries, index_violations
 from weft_sync import keys
 from weft_sync.claims.engine_index import (
     BackfillStep,
@@ -23,7 +27,8 @@ from weft_sync.claims.engine_index import (
 from weft_sync.clock import ManualClock
 from weft_sync.codec import HolderRecord, encode_epoch, encode_holder
 from weft_sync.errors import StorageCapabilityError
-from weft_sync.storage import Put, Storage
+from weft_sync.storage import Condition, Operation, Put, Storage
+from weft_sync.storage.base import Batch
 
 ENTRY = keys.workflow_owner_by_engine
 
@@ -204,6 +209,90 @@ def test_two_engines_backfilling_at_once_both_finish(
     assert done == [True, True]
     assert len(entries(gated)) == 9
     assert_index_exact(gated)
+
+
+class OlderVersion(GatedStorage):
+    """A store as an engine without the index writes to it: by-engine operations dropped."""
+
+    def conditional_batch(
+        self, conditions: Sequence[Condition], operations: Sequence[Operation]
+    ) -> bool:
+        return super().conditional_batch(conditions, _no_entries(operations))
+
+    def conditional_batches(self, batches: Sequence[Batch]) -> list[bool]:
+        return super().conditional_batches([(c, _no_entries(o)) for c, o in batches])
+
+
+def _no_entries(operations: Sequence[Operation]) -> list[Operation]:
+    return [op for op in operations if not op.key.startswith(ENTRY_PREFIX)]
+
+
+def test_an_older_engines_release_of_an_indexed_holder_is_repaired_by_the_next_sweep(
+    gated: GatedStorage, storage: Storage, clock: ManualClock
+) -> None:
+    older = new_registry(OlderVersion(storage), clock, "engine-old", WarningSink())
+    older.acquire("wf-1")
+    older.acquire("wf-2")
+    step = backfill_step(gated, cursor=None, budget=10, clock=clock)
+    assert entries(gated) == {("engine-old", "wf-1"): 1, ("engine-old", "wf-2"): 1}
+    older.release("wf-1")  # leaves its entry behind: it knows nothing of entries
+    older.acquire("wf-3")  # a holder without an entry
+    assert index_violations(gated) == [
+        f"missing {ENTRY('engine-old', 'wf-3')}",
+        f"unbacked {ENTRY('engine-old', 'wf-1')}",
+    ]
+    steps = run_to_done_from(gated, step, clock)
+    assert steps[-1].done
+    assert entries(gated) == {("engine-old", "wf-2"): 1, ("engine-old", "wf-3"): 1}
+    assert_index_exact(gated)
+
+
+def test_backfill_racing_live_engines_ends_exact(storage: Storage, clock: ManualClock) -> None:
+    ids = [f"wf-{n}" for n in range(12)]
+    for wid in ids[:6]:
+        old_holder(storage, wid, "engine-gone")
+    engines = [new_registry(storage, clock, f"engine-{n}", WarningSink()) for n in range(2)]
+    failures: list[BaseException] = []
+
+    def churn(seed: int) -> None:
+        rng = random.Random(seed)
+        registry, other = engines[seed], f"engine-{1 - seed}"
+        try:
+            for _ in range(150):
+                wid = rng.choice(ids)
+                action = rng.randrange(4)
+                if action == 0:
+                    registry.acquire(wid)
+                elif action == 1:
+                    registry.release(wid)
+                elif action == 2:
+                    registry.takeover(wid, dead_engines={other, "engine-gone"})
+                else:
+                    registry.renew_many(registry.list_held_workflow_ids())
+        except BaseException as exc:  # re-raised in the test below
+            failures.append(exc)
+
+    workers = [threading.Thread(target=churn, args=(n,), name=f"churn-{n}") for n in range(2)]
+    for worker in workers:
+        worker.start()
+    cursor: str | None = None
+    while any(worker.is_alive() for worker in workers):
+        step = backfill_step(storage, cursor=cursor, budget=3, clock=clock)
+        cursor = None if step.done else step.cursor
+        if step.done:
+            storage.delete(keys.OWNER_INDEX_MARKER)  # keep sweeping while the engines run
+    for worker in workers:
+        worker.join(timeout=60)
+    assert not failures, failures
+    # The racing fixes broke nothing the live engines wrote: at most the old holders still wait.
+    gone_prefix = f"missing {keys.workflow_owner_by_engine_prefix('engine-gone')}"
+    assert [v for v in index_violations(storage) if not v.startswith(gone_prefix)] == []
+    storage.delete(keys.OWNER_INDEX_MARKER)
+    run_to_done(storage, budget=5, clock=clock)
+    assert_index_exact(storage)
+    for registry in engines:
+        registry.close()
+    assert_index_exact(storage)
 
 
 def test_bad_arguments_are_refused_before_any_io(gated: GatedStorage) -> None:

@@ -17,9 +17,10 @@ on a fresh read of its holder: an entry is a pointer, never evidence.
 Stores created before the index existed are brought under the invariant by
 :func:`backfill_step`, a few holders at a time, until a sweep finds nothing to fix and writes
 :data:`~weft_sync.keys.OWNER_INDEX_MARKER`. Engines of an older version that still write holders
-leave those holders without an entry (and may leave an entry behind when they release a holder
-the backfill indexed); readers of the index must find such holders by other means, such as a
-rotating window over the holder prefix.
+leave those holders without an entry (and leave an entry behind when they release a holder the
+backfill indexed); each later sweep repairs what they did, so while they keep writing the marker
+may wait, and even once it is written their newer holders lack entries: readers of the index
+must find such holders by other means, such as a rotating window over the holder prefix.
 """
 
 from __future__ import annotations
