@@ -18,6 +18,7 @@ from typing import Final, TypeVar
 
 from .. import keys
 from ..storage.base import Storage, storage_conditional_batch
+from .engine_index import with_release_entry
 from .results import ReleaseResult, ReleaseStatus
 from .tracking import ClaimTable, TrackedClaim
 from .transitions import Fragment, build_release_transition
@@ -130,9 +131,7 @@ class Releases:
         return ReleaseResult(ReleaseStatus.LOST_RACE, wid)
 
     def _commit(self, wid: str, epoch_bytes: bytes, holder_bytes: bytes) -> bool:
-        fragment = build_release_transition(
-            workflow_id=wid, current_epoch_bytes=epoch_bytes, current_holder_bytes=holder_bytes
-        )
+        fragment = _release_fragment(wid, epoch_bytes, holder_bytes)
         return storage_conditional_batch(self._storage, fragment.conditions, fragment.operations)
 
     # -- folded release --------------------------------------------------------------------
@@ -179,9 +178,7 @@ class Releases:
             if self._table.claims.get(wid) is not entry:
                 return None
             epoch_bytes, holder_bytes = entry.epoch_bytes, entry.holder_bytes
-        fragment = build_release_transition(
-            workflow_id=wid, current_epoch_bytes=epoch_bytes, current_holder_bytes=holder_bytes
-        )
+        fragment = _release_fragment(wid, epoch_bytes, holder_bytes)
         _log.debug("prepared a release fragment for workflow %r at epoch %d", wid, entry.epoch)
         return ReleasePreparation(
             wid, fragment, entry.epoch, epoch_bytes, holder_bytes, _FoldToken(entry)
@@ -213,6 +210,20 @@ class Releases:
             "committed" if committed else "did not commit; the claim stays tracked",
         )
 
+    def forget(self, wid: str, expected_epoch: int | None) -> None:
+        """See :meth:`ClaimRegistry.forget_local_claim
+        <weft_sync.claims.registry.ClaimRegistry.forget_local_claim>`.
+        """
+        table = self._table
+        with table.lock:
+            entry = table.claims.get(wid)
+            if entry is not None and (expected_epoch is None or entry.epoch == expected_epoch):
+                del table.claims[wid]
+            else:
+                entry = None
+        if entry is not None:
+            _log.debug("forgot the local claim on workflow %r at epoch %d", wid, entry.epoch)
+
     # -- every claim -----------------------------------------------------------------------
 
     def give_back(self, wid: str, epoch_bytes: bytes, holder_bytes: bytes) -> None:
@@ -220,9 +231,7 @@ class Releases:
 
         Conditioned on the exact epoch and holder bytes written, so nothing newer is touched.
         """
-        fragment = build_release_transition(
-            workflow_id=wid, current_epoch_bytes=epoch_bytes, current_holder_bytes=holder_bytes
-        )
+        fragment = _release_fragment(wid, epoch_bytes, holder_bytes)
         try:
             storage_conditional_batch(self._storage, fragment.conditions, fragment.operations)
         except Exception:
@@ -240,6 +249,14 @@ class Releases:
             self.release(wid, None)
         except Exception:
             _log.warning("could not release the claim on workflow %r", wid, exc_info=True)
+
+
+def _release_fragment(wid: str, epoch_bytes: bytes, holder_bytes: bytes) -> Fragment:
+    """The release transition plus the delete of this holder's by-engine entry."""
+    fragment = build_release_transition(
+        workflow_id=wid, current_epoch_bytes=epoch_bytes, current_holder_bytes=holder_bytes
+    )
+    return with_release_entry(fragment, wid, holder_bytes)
 
 
 def _run_concurrently(fn: Callable[[_T], None], items: Sequence[_T], max_workers: int) -> None:

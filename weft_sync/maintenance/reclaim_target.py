@@ -397,9 +397,9 @@ class ReclaimTargetHandle:
             status = result.status
             if status == "acquired":
                 self._metrics.record_claim_attempt("takeover")
-                if result.expires_at is not None:
-                    # A crashed engine's claim is taken before it expires: no delay at all.
-                    delay_ms = max(0, self._registry.clock() - result.expires_at)
+                # A holder taken before its expiry (its engine known dead) has no delay.
+                if result.expires_at is not None and not result.before_expiry:
+                    delay_ms = self._registry.clock() - result.expires_at
                     self._metrics.observe_takeover_delay(delay_ms / 1000)
                 assert result.epoch is not None
                 return self._after_claim(workflow_id, result.epoch)
