@@ -14,6 +14,7 @@ __all__ = [
     "OWNERSHIP_MODE_MARKER",
     "decode_key_component",
     "encode_key_component",
+    "engine_liveness",
     "try_decode_key_component",
     "validate_workflow_id",
     "workflow",
@@ -134,3 +135,8 @@ def workflow(workflow_id: str) -> str:
 def workflow_status_index(status: str, workflow_id: str) -> str:
     """Key of the workflow's entry in the status index."""
     return "wf-idx-status:" + encode_key_component(status) + ":" + encode_key_component(workflow_id)
+
+
+def engine_liveness(engine_id: str) -> str:
+    """Key of an engine's liveness record (its heartbeat); ``""`` gives the prefix."""
+    return "wf-owner-engine:" + encode_key_component(engine_id)
