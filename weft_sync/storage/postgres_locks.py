@@ -49,6 +49,7 @@ _KEEPALIVES: Final = {
     "keepalives_count": 3,
 }
 _TRY_LOCK: Final = "SELECT pg_try_advisory_lock(%s::int4, %s::int4)"
+_UNLOCK: Final = "SELECT pg_advisory_unlock(%s::int4, %s::int4)"
 # pg_locks shows the two int4 keys of a two-key advisory lock as oids (unsigned): classid holds
 # the first, objid the second, and objsubid is 2.
 _STILL_MINE: Final = (
@@ -137,7 +138,7 @@ class PostgresSessionLock:
         return bool(row and row[0])
 
     def release(self) -> None:
-        """Close the session (the server drops its lock); idempotent. A no-op in a forked child."""
+        """Unlock and close the session; idempotent, never raises. A no-op in a forked child."""
         if self._pid != os.getpid():
             return
         with self._lock:
@@ -145,6 +146,10 @@ class PostgresSessionLock:
             conn, self._conn = self._conn, None
         _HELD.discard(self)
         if conn is not None:
+            # Unlock first: closing alone returns before the server has ended the session, and
+            # a caller that releases and then probes must find the name free.
+            with contextlib.suppress(psycopg.Error):
+                conn.execute(_UNLOCK, list(self._keys))
             with contextlib.suppress(Exception):
                 conn.close()
 
