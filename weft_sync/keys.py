@@ -16,6 +16,7 @@ __all__ = [
     "decode_key_component",
     "decode_owner_by_engine_key",
     "encode_key_component",
+    "engine_liveness",
     "try_decode_key_component",
     "validate_workflow_id",
     "workflow",
@@ -179,3 +180,8 @@ def workflow(workflow_id: str) -> str:
 def workflow_status_index(status: str, workflow_id: str) -> str:
     """Key of the workflow's entry in the status index."""
     return "wf-idx-status:" + encode_key_component(status) + ":" + encode_key_component(workflow_id)
+
+
+def engine_liveness(engine_id: str) -> str:
+    """Key of an engine's liveness record (its heartbeat); ``""`` gives the prefix."""
+    return "wf-owner-engine:" + encode_key_component(engine_id)

@@ -33,6 +33,7 @@ from .cas import CasRow, validate_cas_rows
 from .fence_target import SqliteFenceTarget
 from .reads import validate_keys
 from .sqlite_identity import StoreIdentity, ensure_store_id
+from .sqlite_locks import SqliteSessionLockMethods, SqliteSessionLocks
 from .sqlite_readers import ReaderConnections
 from .sqlite_writer import (
     RenewalRow,
@@ -54,7 +55,7 @@ _log = logging.getLogger(__name__)
 
 SYNCHRONOUS_MODES: Final = ("FULL", "NORMAL")
 _CAPABILITIES: Final = StorageCapabilities(
-    conditional_batch=True, multi_process=True, multi_host=False
+    conditional_batch=True, multi_process=True, multi_host=False, session_locks=True
 )
 _JOIN_GRACE_S: Final = 5.0
 # Keys per ``SELECT … WHERE key IN (…)`` of get_many (SQLite allows 32,766 parameters).
@@ -66,7 +67,7 @@ def _identity(value: object) -> object:
 
 
 @process_bound_class
-class SqliteStorage:
+class SqliteStorage(SqliteSessionLockMethods):
     """Store keys in one SQLite file, safely across threads and processes on one host.
 
     The table has sqlitedict's schema, so :meth:`dict_view` can open it as a ``SqliteDict``.
@@ -85,7 +86,8 @@ class SqliteStorage:
 
     Processes: writers in different processes are serialised by ``flock`` on ``<path>.lock``,
     held only while a write transaction runs, and ``BEGIN IMMEDIATE`` takes SQLite's write lock
-    before any condition is read. Several hosts must not share the file.
+    before any condition is read. Several hosts must not share the file. Session locks are
+    ``flock``-ed files in ``<path>.weft-locks/`` (see :mod:`~weft_sync.storage.sqlite_locks`).
 
     Fork: a fork waits (up to the busy timeout and a few seconds more) until no read or write of
     this instance runs, so that the child can close the connections it inherited without touching
@@ -158,6 +160,7 @@ class SqliteStorage:
         self._file_lock = WriterFileLock(self._path + ".lock", self._busy_timeout_ms)
         self._readers = ReaderConnections(self._connect, self._closed_error)
         self._identity = StoreIdentity(self._path, self._connect)
+        self._session_locks = SqliteSessionLocks(self._path, read_only=self._read_only)
         # A lock file without its database: a store was here and its file was deleted.
         replaces_deleted = (
             not self._read_only

@@ -1,0 +1,150 @@
+"""The liveness watcher against real engines in subprocesses: SIGKILL is reported, SIGSTOP not."""
+
+from __future__ import annotations
+
+import logging
+import signal
+import threading
+
+import pytest
+
+from tests.liveness.procs import holding, wait_until
+from tests.liveness.wrappers import ProbeCounting, WithoutSessionLocks
+from weft_sync.clock import system_clock
+from weft_sync.liveness import LivenessWatcher
+from weft_sync.liveness.watcher import THREAD_NAME
+from weft_sync.storage import Storage
+
+
+class DeadLog:
+    """Collects on_dead calls; optionally raises from the first."""
+
+    def __init__(self, *, raise_first: bool = False) -> None:
+        self.calls: list[str] = []
+        self.called = threading.Event()
+        self._raise = raise_first
+
+    def __call__(self, engine_id: str) -> None:
+        self.calls.append(engine_id)
+        self.called.set()
+        if self._raise:
+            self._raise = False
+            raise RuntimeError("on_dead failed")
+
+
+def _watcher(storage: object, dead: DeadLog) -> LivenessWatcher:
+    return LivenessWatcher(
+        storage,  # type: ignore[arg-type]
+        engine_id="me",
+        on_dead=dead,
+        poll_ms=10,
+        refresh_ms=100,
+        clock=system_clock,
+    )
+
+
+def test_sigkill_of_an_engine_is_reported_once(storage: Storage, storage_url: str) -> None:
+    wrapper = ProbeCounting(storage)
+    dead = DeadLog()
+    watcher = _watcher(wrapper, dead)
+    with holding(storage_url, "victim", mode="engine") as victim:
+        assert watcher.start() is True
+        try:
+            assert [t.name for t in threading.enumerate()].count(THREAD_NAME) == 1
+            wait_until(lambda: watcher.watched() == {"victim"}, "the victim is watched")
+            victim.signal(signal.SIGKILL)
+            victim.proc.wait()
+            assert dead.called.wait(30), "on_dead was not called after SIGKILL"
+            wrapper.wait_for_probes(10)  # several more surveys: still reported once only
+            assert dead.calls == ["victim"]
+            assert watcher.watched() == frozenset()
+        finally:
+            watcher.close()
+    assert not watcher.running
+
+
+def test_sigstop_of_an_engine_is_not_reported(storage: Storage, storage_url: str) -> None:
+    wrapper = ProbeCounting(storage)
+    dead = DeadLog()
+    watcher = _watcher(wrapper, dead)
+    with holding(storage_url, "frozen", mode="engine") as frozen:
+        watcher.start()
+        try:
+            wait_until(lambda: watcher.watched() == {"frozen"}, "the engine is watched")
+            frozen.signal(signal.SIGSTOP)
+            wrapper.wait_for_probes(30)
+            assert dead.calls == []
+            assert watcher.watched() == {"frozen"}
+            frozen.signal(signal.SIGCONT)
+        finally:
+            watcher.close()
+
+
+def test_storage_errors_and_a_failing_callback_never_stop_the_watcher(
+    storage: Storage, storage_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    wrapper = ProbeCounting(storage)
+    dead = DeadLog(raise_first=True)
+    watcher = _watcher(wrapper, dead)
+    with (
+        caplog.at_level(logging.WARNING, logger="weft_sync.liveness.watcher"),
+        holding(storage_url, "one", mode="engine") as one,
+        holding(storage_url, "two", mode="engine") as two,
+    ):
+        watcher.start()
+        try:
+            wait_until(lambda: watcher.watched() == {"one", "two"}, "both engines are watched")
+            wrapper.fail_probes = 5
+            wrapper.wait_for_probes(10)
+            assert "storage error" in caplog.text
+            one.signal(signal.SIGKILL)
+            one.proc.wait()
+            wait_until(lambda: dead.calls == ["one"], "the first engine is reported")
+            wait_until(
+                lambda: "on_dead('one') of the liveness watcher failed" in caplog.text,
+                "the failing callback is logged",
+            )
+            two.signal(signal.SIGKILL)
+            two.proc.wait()
+            wait_until(lambda: dead.calls == ["one", "two"], "the second engine is reported")
+            assert watcher.running
+        finally:
+            watcher.close()
+
+
+def test_a_store_without_session_locks_starts_no_thread(storage: Storage) -> None:
+    watcher = _watcher(WithoutSessionLocks(storage), DeadLog())
+    assert watcher.start() is False
+    assert not watcher.running
+    watcher.close()
+
+
+def test_close_is_idempotent_and_start_after_close_is_refused(storage: Storage) -> None:
+    watcher = _watcher(storage, DeadLog())
+    watcher.start()
+    watcher.close()
+    watcher.close()
+    with pytest.raises(RuntimeError, match="closed"):
+        watcher.start()
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        ({"poll_ms": 0}, "poll_ms"),
+        ({"poll_ms": True}, "poll_ms"),
+        ({"refresh_ms": -5}, "refresh_ms"),
+        ({"refresh_ms": 1.5}, "refresh_ms"),
+    ],
+)
+def test_bad_intervals_are_refused_naming_them(
+    storage: Storage, kwargs: dict[str, object], match: str
+) -> None:
+    with pytest.raises(ValueError, match=match):
+        LivenessWatcher(
+            storage,
+            engine_id="me",
+            on_dead=DeadLog(),
+            clock=system_clock,
+            **kwargs,  # type: ignore[arg-type]
+        )
