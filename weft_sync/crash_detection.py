@@ -28,6 +28,7 @@ __all__ = ["CrashDetection", "build_crash_detection"]
 _log = logging.getLogger(__name__)
 
 _REFRESH_MS = 1_000
+_WATCHER_JOIN_S = 5.0
 
 
 class CrashDetection:
@@ -64,7 +65,7 @@ class CrashDetection:
         with self._lock:
             watcher, self._watcher = self._watcher, None
         if watcher is not None:
-            watcher.close(timeout)
+            watcher.close(_WATCHER_JOIN_S if timeout is None else timeout)
 
     def close(self, remaining_claims: int, timeout: float | None = None) -> None:
         """Stop the probe, then remove (or mark closed) the record and release the lock."""

@@ -38,7 +38,8 @@ from typing import Final
 from .. import keys
 from ..claims.engine_index import backfill_step, index_marker_present, read_engine_entries
 from ..codec import try_decode_workflow_record
-from ..liveness.verdicts import EngineStatus, EngineVerdict, forget_engine, survey_engines
+from ..liveness.gc import forget_engine
+from ..liveness.verdicts import EngineStatus, EngineVerdict, survey_engines
 from ..storage.base import Storage
 from ..storage.reads import storage_get_many
 from .discoveries import EngineDiscovery
