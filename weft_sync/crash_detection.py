@@ -38,17 +38,19 @@ class CrashDetection:
         self,
         liveness: EngineLiveness,
         make_watcher: Callable[[], LivenessWatcher] | None,
+        held_count: Callable[[], int],
     ) -> None:
         self._liveness = liveness
+        self._held_count = held_count
         self._make_watcher = make_watcher
         # _lock guards _watcher and _closed.
         self._lock = threading.Lock()
         self._watcher: LivenessWatcher | None = None
         self._closed = False
 
-    def beat(self, held: int) -> None:
-        """Write the heartbeat (called after every renewal sub-pass)."""
-        self._liveness.beat(held)
+    def beat(self) -> None:
+        """Write the heartbeat with the number of claims held now."""
+        self._liveness.beat(self._held_count())
 
     def start_watching(self) -> None:
         """Start the crash probe (idempotent; nothing when probing is off)."""
@@ -84,12 +86,14 @@ def build_crash_detection(
     claim_renew_interval_ms: int,
     poll_ms: int | None,
     request_reclaim: Callable[[], object],
+    held_count: Callable[[], int],
 ) -> CrashDetection:
     """Take the lock and write the record now; the probe starts with interval maintenance.
 
     :param clock: the registry's clock (heartbeats are judged on it, like holders).
     :param poll_ms: the probe interval, or ``None`` for no probe.
     :param request_reclaim: asks for a reclaim pass now (the renewal task's).
+    :param held_count: how many claims the engine holds now (published in each heartbeat).
     """
     liveness = EngineLiveness(
         storage,
@@ -118,4 +122,4 @@ def build_crash_detection(
                 clock=clock,
             )
 
-    return CrashDetection(liveness, make_watcher)
+    return CrashDetection(liveness, make_watcher, held_count)

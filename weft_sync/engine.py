@@ -83,7 +83,7 @@ def build_engine(storage: Storage, settings: EngineSettings, warn: WarnSink) -> 
         max_claims=settings.max_claims,
         fair_share=True,
         reclaim_discovery=options.reclaim_discovery,
-        after_renewal=heartbeat,
+        heartbeat=heartbeat,
     )
     workflows.bind_registry(boot.registry)
     crash = build_crash_detection(
@@ -94,6 +94,7 @@ def build_engine(storage: Storage, settings: EngineSettings, warn: WarnSink) -> 
         claim_renew_interval_ms=options.claim_renew_interval_ms,
         poll_ms=options.crash_poll_interval_ms,
         request_reclaim=boot.renewal_task.request_reclaim,
+        held_count=lambda: len(boot.registry.list_held_workflow_ids()),
     )
     heartbeat.sink = crash.beat
     return EngineParts(table, workflows, boot.registry, boot.renewal_task, boot.metrics, crash)
@@ -103,8 +104,8 @@ class _Heartbeat:
     """The renewal task's after-renewal hook, bound to the engine record once it exists."""
 
     def __init__(self) -> None:
-        self.sink: Callable[[int], None] | None = None
+        self.sink: Callable[[], None] | None = None
 
-    def __call__(self, held: int) -> None:
+    def __call__(self) -> None:
         if self.sink is not None:
-            self.sink(held)
+            self.sink()

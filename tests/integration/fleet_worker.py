@@ -11,6 +11,7 @@ wrapper that hides the session-lock capability, so its liveness is its heartbeat
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -53,7 +54,7 @@ class LocklessStore:
 
     @property
     def capabilities(self) -> StorageCapabilities:
-        return self._inner.capabilities
+        return dataclasses.replace(self._inner.capabilities, session_locks=False)
 
     def get(self, key: str) -> bytes | None:
         return self._inner.get(key)

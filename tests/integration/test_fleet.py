@@ -12,6 +12,7 @@ from __future__ import annotations
 import math
 import time
 from collections import Counter
+from multiprocessing.process import BaseProcess
 from pathlib import Path
 
 import pytest
@@ -75,7 +76,11 @@ def test_a_killed_engines_workflows_are_driven_by_the_rest_of_the_fleet(
         deadline = time.monotonic() + 120
         engine_ids = {}
         for config, process in zip(configs, processes, strict=True):
-            wait_ready(config.name, config.journal, deadline, POLL_S, lambda: None)
+
+            def alive(config: FleetEngine = config, process: BaseProcess = process) -> None:
+                assert process.is_alive(), (config.name, journal_errors(config.journal))
+
+            wait_ready(config.name, config.journal, deadline, POLL_S, alive)
             ready = [e for e in read_journal(config.journal) if e["ev"] == "ready"]
             engine_ids[config.name] = ready[0]["engine"]
             assert process.is_alive()
@@ -96,6 +101,7 @@ def test_a_killed_engines_workflows_are_driven_by_the_rest_of_the_fleet(
             }
             forgotten = store.get(keys.engine_liveness(victim)) is None
             if all(o in survivors for o, _ in owners.values()) and driven >= set(ids) and forgotten:
+                final = owners
                 break
             assert time.monotonic() - killed_at < DEADLINE_S, (
                 f"{sum(o not in survivors for o, _ in owners.values())} workflows still held "
@@ -117,7 +123,6 @@ def test_a_killed_engines_workflows_are_driven_by_the_rest_of_the_fleet(
     # Every workflow was taken over once (epoch 2) and driven once, by the engine that won it.
     assert sorted(wid for _, wid, _ in drives) == sorted(ids)
     assert {epoch for _, _, epoch in drives} == {2}
-    final = _owners(store, ids)
     by_name = {c.name: engine_id for engine_id, c in survivors.items()}
     for name, wid, _ in drives:
         assert final[wid] == (by_name[name], 2)

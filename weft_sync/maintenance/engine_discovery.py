@@ -42,13 +42,14 @@ from ..liveness.gc import forget_engine
 from ..liveness.verdicts import EngineStatus, EngineVerdict, survey_engines
 from ..storage.base import Storage
 from ..storage.reads import storage_get_many
-from .discoveries import EngineDiscovery
+from .discoveries import EngineDiscovery, crash_participants
 from .reclaim_scan import HolderJudge, decode_key_id, discover_reclaim_candidates
 from .scan_windows import RotatingWindow
 
 __all__ = [
     "BACKFILL_BUDGET",
     "DEAD_ENGINE_READ_LIMIT",
+    "DEAD_SHARE_WINDOW_MS",
     "DISCOVERY_WINDOW",
     "EngineIndexDiscovery",
 ]
@@ -60,6 +61,9 @@ DISCOVERY_WINDOW: Final = 256
 
 DEAD_ENGINE_READ_LIMIT: Final = 10_000
 """By-engine entries read per dead engine per pass."""
+
+DEAD_SHARE_WINDOW_MS: Final = 250
+"""How long a dead engine's claim waits for its fair-share taker before anyone takes it."""
 
 BACKFILL_BUDGET: Final = 2_000
 """Holders one pass indexes while a store is being migrated."""
@@ -99,11 +103,12 @@ class EngineIndexDiscovery:
         self._holders = RotatingWindow(_HOLDER_PREFIX, window)
         self._running = RotatingWindow(_RUNNING_PREFIX, window)
         self._records = RotatingWindow(_WORKFLOW_PREFIX, window)
-        # _lock guards _indexed, _backfill_cursor and _seen_dead.
+        # _lock guards _indexed, _backfill_cursor and _dead_first_seen (dead engines' claims ->
+        # when this engine first listed them, its clock).
         self._lock = threading.Lock()
         self._indexed = False
         self._backfill_cursor: str | None = None
-        self._seen_dead: set[str] = set()
+        self._dead_first_seen: dict[str, int] = {}
 
     # -- the pass -------------------------------------------------------------------------------
 
@@ -114,7 +119,8 @@ class EngineIndexDiscovery:
         """
         excluded = set(exclude)
         statuses = survey_engines(self._storage, now=self._clock(), exclude=(self._engine_id,))
-        result = EngineDiscovery() if self._store_indexed() else self._migrating(excluded)
+        indexed = self._store_indexed()
+        result = EngineDiscovery() if indexed else self._migrating(excluded)
         found: dict[str, None] = dict.fromkeys(result.candidates)
         stranded: dict[str, None] = dict.fromkeys(result.stranded)
         dead: set[str] = set()
@@ -125,6 +131,8 @@ class EngineIndexDiscovery:
                 if status.record is not None:
                     result.live_claims.setdefault(status.engine_id, status.record.held)
                 continue
+            if verdict not in _TAKE_AT_ONCE and not indexed:
+                continue  # the full scan read and judged its holders already
             ids, more = self._engine_claims(status)
             if not ids and not more:
                 self._forget(status)
@@ -138,16 +146,21 @@ class EngineIndexDiscovery:
                     found.setdefault(wid)
                     stranded.setdefault(wid)
             else:
-                self._judged(ids, found, stranded)
-        self._holder_window(excluded, found, stranded)
-        self._ownerless_windows(excluded, found, stranded)
+                self._judged(ids, found, stranded, result.live_claims)
+        if indexed:
+            self._holder_window(excluded, found, stranded)
+            self._ownerless_windows(excluded, found, stranded)
+        now = self._clock()
         with self._lock:
-            urgent = self._seen_dead.intersection(dead_ids)
-            self._seen_dead = set(dead_ids)
+            first_seen = {wid: self._dead_first_seen.get(wid, now) for wid in dead_ids}
+            self._dead_first_seen = first_seen
+        urgent = {wid for wid, first in first_seen.items() if now - first >= DEAD_SHARE_WINDOW_MS}
         result.candidates = list(found)
         result.stranded = list(stranded)
         result.dead_engines = frozenset(dead)
         result.urgent = urgent
+        result.dead_claims = dead_ids
+        result.participants = crash_participants(statuses)
         if dead_ids:
             _log.info(
                 "weft_sync: %d claims of %d dead engines found (%s)",
@@ -213,17 +226,30 @@ class EngineIndexDiscovery:
         except Exception as exc:
             _log.debug("forgetting engine %s failed: %r", status.engine_id, exc)
 
-    def _judged(self, ids: list[str], found: dict[str, None], stranded: dict[str, None]) -> None:
-        """Add the ids whose holder the expiry rule already lets a takeover take."""
+    def _judged(
+        self,
+        ids: list[str],
+        found: dict[str, None],
+        stranded: dict[str, None],
+        live_claims: dict[str, int],
+    ) -> None:
+        """Add the ids whose holder the expiry rule lets a takeover take; count the live ones.
+
+        A stale engine's live holders count in the fair share as the full scan counted them:
+        an engine that renews without running passes still holds its share.
+        """
         if not ids:
             return
         holders = storage_get_many(self._storage, [keys.workflow_owner_holder(w) for w in ids])
         for wid, raw in zip(ids, holders, strict=True):
             if raw is None:
                 continue  # released meanwhile; a running one is found by the ownerless window
-            if self._judge(raw) is None:
+            engine = self._judge(raw)
+            if engine is None:
                 found.setdefault(wid)
                 stranded.setdefault(wid)
+            else:
+                live_claims[engine] = live_claims.get(engine, 0) + 1
 
     def _holder_window(
         self, excluded: set[str], found: dict[str, None], stranded: dict[str, None]

@@ -36,8 +36,13 @@ from ..codec import WorkflowRecord, decode_holder, try_decode_workflow_record
 from ..metrics import ClaimMetrics
 from ..storage.base import Storage
 from ..storage.reads import storage_get_many
-from .discoveries import Discovery, ScanDiscovery
-from .fair_share import FAIR_SHARE_WINDOW_INTERVALS, select_takeovers, validate_max_claims
+from .discoveries import Discovery, EngineDiscovery, ScanDiscovery
+from .fair_share import (
+    FAIR_SHARE_WINDOW_INTERVALS,
+    assigned_to,
+    select_takeovers,
+    validate_max_claims,
+)
 from .reclaim_scan import list_reclaim_candidates
 from .targets import TAKEOVER_MAX_ATTEMPTS, ReclaimAttemptResult
 
@@ -177,16 +182,18 @@ class ReclaimTargetHandle:
             self._first_seen = seen
             self._dead_engines = discovery.dead_engines
             self._dead_left = discovery.dead_left or bool(discovery.dead_engines)
+        dead = set(discovery.dead_claims)
         if self._fair_share:
             overdue = {wid for wid, first in seen.items() if now - first >= window}
             overdue |= discovery.urgent.intersection(seen)
         else:
             overdue = set(shared)
-        chosen = select_takeovers(
+        mine = self._dead_share(discovery, set(shared), overdue)
+        chosen = mine + select_takeovers(
             engine_id=self._registry.engine_id,
-            stranded=shared,
+            stranded=[wid for wid in shared if wid not in dead],
             overdue=overdue,
-            held=len(held),
+            held=len(held) + len(mine),
             live_claims=discovery.live_claims,
             max_claims=self._max_claims,
         )
@@ -203,6 +210,19 @@ class ReclaimTargetHandle:
         stranded = set(discovery.stranded)
         rest = [wid for wid in discovery.candidates if wid not in stranded]
         return chosen + known_ineligible + rest
+
+    def _dead_share(
+        self, discovery: EngineDiscovery, shared: set[str], overdue: set[str]
+    ) -> list[str]:
+        """Dead engines' claims this engine takes: its rendezvous share, and the overdue ones."""
+        ids = [wid for wid in discovery.dead_claims if wid in shared]
+        if not self._fair_share:
+            mine = ids
+        else:
+            assigned = set(assigned_to(self._registry.engine_id, discovery.participants, ids))
+            mine = [wid for wid in ids if wid in assigned or wid in overdue]
+        capacity = self._capacity_left()
+        return mine if capacity is None else mine[:capacity]
 
     def dead_engines(self) -> frozenset[str]:
         """Engines the last discovery saw crashed or closed."""

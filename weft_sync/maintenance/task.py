@@ -38,6 +38,7 @@ from .subpasses import (
 from .targets import (
     PassKind,
     PassResult,
+    ReclaimPassResult,
     ReclaimTarget,
     RenewalSubpassResult,
     RenewalTarget,
@@ -45,14 +46,17 @@ from .targets import (
     UpdatePollTarget,
 )
 
-__all__ = ["URGENT_RECLAIM_ROUNDS", "PassCallback", "RenewalTask"]
+__all__ = ["URGENT_RECLAIM_GAP_MS", "URGENT_RECLAIM_ROUNDS", "PassCallback", "RenewalTask"]
 
 _log = logging.getLogger(__name__)
 
 PassCallback = Callable[[PassResult], None]
 
-URGENT_RECLAIM_ROUNDS = 4
-"""Reclaim sub-passes one slot runs back to back while dead engines still hold claims."""
+URGENT_RECLAIM_ROUNDS = 5
+"""Reclaim sub-passes one slot runs while crashed or closed engines still hold claims."""
+
+URGENT_RECLAIM_GAP_MS = 100
+"""The pause between those sub-passes, in which the other survivors take their shares."""
 _Result = TypeVar("_Result")
 
 
@@ -74,9 +78,9 @@ class RenewalTask:
         before_stop: Callable[[], None] | None = None,
         observers: tuple[PassObserver, ...] = (),
         verify_store: Callable[[], None] | None = None,
-        after_renewal: Callable[[int], None] | None = None,
+        heartbeat: Callable[[], None] | None = None,
     ) -> None:
-        self._after_renewal = after_renewal
+        self._heartbeat = heartbeat
         self._target = target
         self._observers = observers
         self._verify_store = verify_store
@@ -107,6 +111,8 @@ class RenewalTask:
         # _drivers).
         self._lock = threading.Lock()
         self._idle = threading.Condition(self._lock)
+        # Notified by stop(): ends the pause between urgent reclaim rounds.
+        self._stopping = threading.Condition(self._lock)
         self._started = False
         self._generation = 0
         self._handle: object | None = None
@@ -188,9 +194,7 @@ class RenewalTask:
         renewal = self._timed("renewal", lambda: self._renew_held(pool))
         reclaim = signal_poll = update_poll = None
         if (reclaim_target := self._reclaim_target) is not None:
-            reclaim = self._timed(
-                "reclaim", lambda: run_reclaim_pass(reclaim_target, executor=pool)
-            )
+            reclaim = self._timed("reclaim", lambda: self._reclaim(reclaim_target, pool))
         if (signal_target := self._signal_poll_target) is not None:
             signal_poll = self._timed(
                 "signal_poll", lambda: run_signal_poll_subpass(signal_target, self._clock)
@@ -263,6 +267,7 @@ class RenewalTask:
             if not self._started:
                 return
             self._started = False
+            self._stopping.notify_all()
             handle, self._handle = self._handle, None
             pool = self._take_idle_pool()
         if handle is not None:
@@ -364,12 +369,22 @@ class RenewalTask:
         self._check_store()
         held = list(self._target.list_held_workflow_ids())
         result = run_renewal_subpass(self._target, held, executor=pool)
-        if self._after_renewal is not None:
-            try:
-                self._after_renewal(len(held))
-            except Exception:
-                _log.exception("weft_sync: the after-renewal hook (heartbeat) raised")
+        self._beat()
         return result
+
+    def _reclaim(self, target: ReclaimTarget, pool: ThreadPoolExecutor) -> ReclaimPassResult:
+        result = run_reclaim_pass(target, executor=pool)
+        if result.reclaimed_count:
+            self._beat()  # others' fair shares count what this engine holds now
+        return result
+
+    def _beat(self) -> None:
+        if self._heartbeat is None:
+            return
+        try:
+            self._heartbeat()
+        except Exception:
+            _log.exception("weft_sync: the heartbeat hook raised")
 
     def _renewal_slot(self) -> PassResult:
         started_at = self._clock()
@@ -389,15 +404,17 @@ class RenewalTask:
             raise RuntimeError("the reclaim slot runs only with a reclaim target")
         started_at = self._clock()
         for _ in range(URGENT_RECLAIM_ROUNDS):
-            reclaim = self._timed(
-                "reclaim", lambda: run_reclaim_pass(target, executor=self._executor())
-            )
+            reclaim = self._timed("reclaim", lambda: self._reclaim(target, self._executor()))
+            dead_left = getattr(target, "dead_work_left", None)
+            urgent = callable(dead_left) and dead_left()
             with self._lock:
                 again, self._reclaim_requested = self._reclaim_requested, False
-                again = again and self._started
-            dead_left = getattr(target, "dead_work_left", None)
-            if not again and not (callable(dead_left) and dead_left()):
-                break
+                if urgent and not again:
+                    # The other survivors take their fair shares meanwhile; what is left after
+                    # the pause is taken whatever the share.
+                    self._stopping.wait_for(lambda: not self._started, URGENT_RECLAIM_GAP_MS / 1000)
+                if not self._started or not (again or urgent):
+                    break
         return PassResult(
             started_at, self._clock(), (), 0, 0, reclaim=reclaim, kind=PassKind.RECLAIM
         )

@@ -33,7 +33,7 @@ def create_renewal_task(
     before_stop: Callable[[], None] | None = None,
     observers: Sequence[PassObserver] = (),
     verify_store: Callable[[], None] | None = None,
-    after_renewal: Callable[[int], None] | None = None,
+    heartbeat: Callable[[], None] | None = None,
 ) -> RenewalTask:
     """Build a renewal task; it does nothing until ``run_once()`` or ``start()`` is called.
 
@@ -69,7 +69,7 @@ def create_renewal_task(
         executor_workers=executor_workers,
         before_stop=before_stop,
         observers=observers,
-        after_renewal=after_renewal,
+        heartbeat=heartbeat,
     )
     return RenewalTask(
         target=target,
@@ -84,7 +84,7 @@ def create_renewal_task(
         before_stop=before_stop,
         observers=tuple(observers),
         verify_store=verify_store,
-        after_renewal=after_renewal,
+        heartbeat=heartbeat,
     )
 
 
@@ -100,7 +100,7 @@ def check_task_arguments(
     executor_workers: int,
     before_stop: Callable[[], None] | None,
     observers: Sequence[PassObserver],
-    after_renewal: Callable[[int], None] | None,
+    heartbeat: Callable[[], None] | None,
 ) -> None:
     """Raise the ``TypeError``/``ValueError`` :func:`create_renewal_task` documents."""
     _require_methods("target", target, ("list_held_workflow_ids", "renew_workflow_claim"))
@@ -130,8 +130,8 @@ def check_task_arguments(
         raise TypeError(f"before_stop must be callable or None, got {before_stop!r}")
     _check_positive("interval_ms", interval_ms)
     _check_positive("executor_workers", executor_workers)
-    if after_renewal is not None and not callable(after_renewal):
-        raise TypeError(f"after_renewal must be callable or None, got {after_renewal!r}")
+    if heartbeat is not None and not callable(heartbeat):
+        raise TypeError(f"heartbeat must be callable or None, got {heartbeat!r}")
     for observer in observers:
         if not isinstance(observer, PassObserver):
             raise TypeError(f"observers must be PassObserver objects, got {observer!r}")
