@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import os
+import threading
 
 import pytest
 
@@ -167,6 +168,29 @@ def test_a_close_that_cannot_write_still_releases_the_lock(
     # The record still says live, and its lock is gone: others read it as a crash.
     [status] = survey_engines(storage, now=1)
     assert status.verdict is EngineVerdict.CRASHED
+
+
+def test_close_waits_for_a_heartbeat_in_flight(storage: Storage) -> None:
+    wrapper = ProbeCounting(storage)
+    liveness = _liveness(wrapper, ManualClock(1))
+    liveness.start()
+    wrapper.hold_puts = True
+    beat_result: list[bool] = []
+    beat = threading.Thread(target=lambda: beat_result.append(liveness.beat(5)))
+    beat.start()
+    assert wrapper.put_waiting.wait(30)
+    closer = threading.Thread(target=liveness.close, args=(0,))
+    closer.start()
+    closer.join(0.2)
+    assert closer.is_alive()  # close() waits for the heartbeat being written
+    wrapper.hold_puts = False
+    wrapper.release_puts.set()
+    beat.join(30)
+    closer.join(30)
+    assert beat_result == [True]
+    # The heartbeat landed first and close() deleted the record after it: nothing resurrected.
+    assert storage.get(keys.engine_liveness("engine-a")) is None
+    assert not _held(storage, "engine-a")
 
 
 def test_beat_after_a_lost_lock_retakes_it(storage: Storage) -> None:

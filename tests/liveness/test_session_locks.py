@@ -35,6 +35,19 @@ def test_a_wrapper_without_the_capability_gets_none(storage: Storage) -> None:
     assert storage_session_locks(WithoutSessionLocks(storage)) is None
 
 
+class _CapabilitiesOnly:
+    """Passes the inner store's capabilities through, but none of its session-lock methods."""
+
+    def __init__(self, inner: Storage) -> None:
+        self.capabilities = inner.capabilities
+
+
+def test_a_wrapper_passing_capabilities_but_not_the_methods_gets_none(storage: Storage) -> None:
+    wrapper = _CapabilitiesOnly(storage)
+    assert wrapper.capabilities.session_locks is True
+    assert storage_session_locks(wrapper) is None
+
+
 def test_held_while_held_and_not_after_release(storage: Storage) -> None:
     locks = _locks(storage)
     lock = locks.acquire_session_lock("engine-a")

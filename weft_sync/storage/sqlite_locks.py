@@ -20,6 +20,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import fcntl
+import functools
 import hashlib
 import logging
 import os
@@ -56,6 +57,7 @@ def lock_directory(database_path: str) -> str:
     return os.path.abspath(database_path) + ".weft-locks"
 
 
+@functools.lru_cache(maxsize=4096)  # a watcher probes the same few names every 50 ms
 def _file_name(name: str) -> str:
     stem = quote(name, safe="")
     if len(stem) > _MAX_STEM:
