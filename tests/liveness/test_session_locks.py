@@ -10,6 +10,7 @@ import pytest
 
 from tests.liveness.procs import holding, reap, wait_until
 from tests.liveness.wrappers import WithoutSessionLocks
+from tests.pgcluster import PostgresCluster
 from weft_sync.errors import ClosedError, StorageError
 from weft_sync.storage import SqliteStorage, Storage
 from weft_sync.storage.session_locks import (
@@ -245,5 +246,32 @@ def test_postgres_locks_of_two_tables_do_not_mix(storage: Storage, storage_url: 
             assert _locks(other).held_session_locks(["same-name"]) == set()
             second = _locks(other).acquire_session_lock("same-name")
             second.release()
+        finally:
+            lock.release()
+
+
+@pytest.mark.postgres_only
+def test_postgres_server_restart_drops_the_lock_and_ensure_retakes_it(
+    private_cluster: PostgresCluster,
+) -> None:
+    from weft_sync.storage import PostgresStorage
+
+    with PostgresStorage(private_cluster.url, table="weft_locks_restart", timeout=2.0) as store:
+        locks = _locks(store)
+        lock = locks.acquire_session_lock("engine-r")
+        try:
+            private_cluster.stop(remove=False)
+            assert lock.ensure() is False  # the server is down: bounded, then not held
+            private_cluster.start()
+
+            def answers_not_held() -> bool:
+                try:
+                    return not locks.held_session_locks(["engine-r"])
+                except StorageError:  # the pool is still reconnecting
+                    return False
+
+            wait_until(answers_not_held, "the server is back")
+            assert lock.ensure() is True
+            assert locks.held_session_locks(["engine-r"]) == {"engine-r"}
         finally:
             lock.release()
