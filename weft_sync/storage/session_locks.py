@@ -31,7 +31,7 @@ __all__ = [
     "validate_lock_names",
 ]
 
-MAX_SESSION_LOCK_NAME_LENGTH: Final = 256
+MAX_SESSION_LOCK_NAME_LENGTH: Final = 1024
 
 
 @runtime_checkable
