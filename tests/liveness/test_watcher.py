@@ -225,3 +225,12 @@ def _lose(storage: Storage, lock: SessionLock) -> None:
     backend_pid = lock._conn.info.backend_pid  # type: ignore[attr-defined]
     with storage._connection("test") as conn:  # type: ignore[attr-defined]
         conn.execute("SELECT pg_terminate_backend(%s)", [backend_pid])
+
+
+def test_the_watcher_stops_when_its_store_is_closed(open_store: object) -> None:
+    store = open_store()  # type: ignore[operator]
+    watcher = _watcher(store, DeadLog())
+    watcher.start()
+    store.close()
+    wait_until(lambda: not watcher.running, "the watcher thread ends")
+    watcher.close()

@@ -50,7 +50,8 @@ class LivenessWatcher:
     ``on_dead`` is called on the watcher thread, outside any lock, once per engine per
     disappearance: an engine reported once is reported again only after a survey has seen it
     ``LIVE`` again (its lock re-taken). An exception from ``on_dead`` is logged; it never stops
-    the thread, and neither does a storage error (logged at most every 30 s).
+    the thread, and neither does a storage error (logged at most every 30 s); a closed store
+    ends it.
 
     Thread-safe. ``_lock`` guards ``_thread`` and ``_closed``. Only the watcher thread writes
     the map of watched engines, and it replaces the map rather than changing it, so
@@ -158,7 +159,11 @@ class LivenessWatcher:
     def _guarded(self, step: Callable[[], None]) -> None:
         try:
             step()
-        except (StorageError, ClosedError) as exc:
+        except ClosedError:
+            # The store was closed under the watcher: there is nothing left to watch.
+            _log.debug("liveness watcher of engine %s stops: its store is closed", self._engine_id)
+            self._stop.set()
+        except StorageError as exc:
             self._errors += 1
             now = time.monotonic()
             if now - self._last_error_log >= _ERROR_LOG_EVERY_S:
