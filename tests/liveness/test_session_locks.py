@@ -144,6 +144,20 @@ def test_a_forked_child_neither_drops_nor_keeps_the_parents_lock(
             reap(sleeper)
 
 
+def test_an_execed_child_does_not_inherit_the_lock(storage: Storage, storage_url: str) -> None:
+    locks = _locks(storage)
+    with holding(storage_url, "execer", mode="exec") as holder:
+        sleeper = int(holder.line.split()[1])
+        try:
+            assert locks.held_session_locks(["execer"]) == {"execer"}
+            holder.signal(signal.SIGKILL)
+            holder.proc.wait()
+            assert os.path.exists(f"/proc/{sleeper}")
+            wait_until(lambda: not locks.held_session_locks(["execer"]), "the lock is not held")
+        finally:
+            reap(sleeper)
+
+
 # -- SQLite -----------------------------------------------------------------------------------
 
 
