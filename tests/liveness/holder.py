@@ -6,12 +6,15 @@ then sleeps until killed (or until its stdin closes). Modes:
 - ``lock``: take the session lock ``NAME``;
 - ``engine``: start an :class:`~weft_sync.liveness.EngineLiveness` with engine id ``NAME``;
 - ``fork``: take the lock, fork a child that exits at once and another that sleeps; the line
-  printed is ``ready <pid of the sleeping child>``.
+  printed is ``ready <pid of the sleeping child>``;
+- ``exec``: take the lock, start ``sleep`` without closing inherited descriptors (only
+  close-on-exec ones go); the line printed is ``ready <pid of sleep>``.
 """
 
 from __future__ import annotations
 
 import os
+import subprocess
 import sys
 import time
 
@@ -58,6 +61,15 @@ def main(url: str, name: str, mode: str) -> None:
     line = "ready"
     if mode == "fork":
         line = f"ready {_fork_children()}"
+    elif mode == "exec":
+        sleeper = subprocess.Popen(
+            ["sleep", "120"],
+            close_fds=False,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        line = f"ready {sleeper.pid}"
     sys.stdout.write(line + "\n")
     sys.stdout.flush()
     sys.stdin.read()  # until the test closes our stdin (or kills us)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import os
+import threading
 
 import pytest
 
@@ -169,6 +170,29 @@ def test_a_close_that_cannot_write_still_releases_the_lock(
     assert status.verdict is EngineVerdict.CRASHED
 
 
+def test_close_waits_for_a_heartbeat_in_flight(storage: Storage) -> None:
+    wrapper = ProbeCounting(storage)
+    liveness = _liveness(wrapper, ManualClock(1))
+    liveness.start()
+    wrapper.hold_puts = True
+    beat_result: list[bool] = []
+    beat = threading.Thread(target=lambda: beat_result.append(liveness.beat(5)))
+    beat.start()
+    assert wrapper.put_waiting.wait(30)
+    closer = threading.Thread(target=liveness.close, args=(0,))
+    closer.start()
+    closer.join(0.2)
+    assert closer.is_alive()  # close() waits for the heartbeat being written
+    wrapper.hold_puts = False
+    wrapper.release_puts.set()
+    beat.join(30)
+    closer.join(30)
+    assert beat_result == [True]
+    # The heartbeat landed first and close() deleted the record after it: nothing resurrected.
+    assert storage.get(keys.engine_liveness("engine-a")) is None
+    assert not _held(storage, "engine-a")
+
+
 def test_beat_after_a_lost_lock_retakes_it(storage: Storage) -> None:
     liveness = _liveness(storage, ManualClock(1))
     liveness.start()
@@ -193,6 +217,7 @@ def test_beat_after_a_lost_lock_retakes_it(storage: Storage) -> None:
     ("kwargs", "match"),
     [
         ({"engine_id": ""}, "engine_id"),
+        ({"engine_id": "e" * 1025}, "1 to 1024 characters"),
         ({"claim_ttl_ms": 0}, "claim_ttl_ms"),
         ({"renew_interval_ms": True}, "renew_interval_ms"),
     ],
@@ -209,6 +234,27 @@ def test_bad_arguments_are_refused_naming_them(
     args.update(kwargs)
     with pytest.raises(ValueError, match=match):
         EngineLiveness(storage, **args)  # type: ignore[arg-type]
+
+
+def test_the_longest_engine_id_gets_its_lock(storage: Storage) -> None:
+    engine_id = "é" * 1024
+    liveness = _liveness(storage, ManualClock(1), engine_id=engine_id)
+    try:
+        assert liveness.start().lock == engine_id
+        assert _held(storage, engine_id)
+        assert _stored(storage, engine_id).engine_id == engine_id
+    finally:
+        liveness.close()
+
+
+def test_an_id_no_lock_can_be_named_by_runs_without_one(
+    storage: Storage, caplog: pytest.LogCaptureFixture
+) -> None:
+    liveness = _liveness(storage, ManualClock(1), engine_id="a\x00b")
+    with caplog.at_level(logging.WARNING, logger="weft_sync.liveness.engine"):
+        assert liveness.start().lock is None
+    assert "NUL" in caplog.text
+    liveness.close()
 
 
 def test_beat_and_close_refuse_bad_counts(storage: Storage) -> None:

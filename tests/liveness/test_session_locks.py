@@ -10,6 +10,7 @@ import pytest
 
 from tests.liveness.procs import holding, reap, wait_until
 from tests.liveness.wrappers import WithoutSessionLocks
+from tests.pgcluster import PostgresCluster
 from weft_sync.errors import ClosedError, StorageError
 from weft_sync.storage import SqliteStorage, Storage
 from weft_sync.storage.session_locks import (
@@ -33,6 +34,19 @@ def test_both_backends_declare_session_locks(storage: Storage) -> None:
 
 def test_a_wrapper_without_the_capability_gets_none(storage: Storage) -> None:
     assert storage_session_locks(WithoutSessionLocks(storage)) is None
+
+
+class _CapabilitiesOnly:
+    """Passes the inner store's capabilities through, but none of its session-lock methods."""
+
+    def __init__(self, inner: Storage) -> None:
+        self.capabilities = inner.capabilities
+
+
+def test_a_wrapper_passing_capabilities_but_not_the_methods_gets_none(storage: Storage) -> None:
+    wrapper = _CapabilitiesOnly(storage)
+    assert wrapper.capabilities.session_locks is True
+    assert storage_session_locks(wrapper) is None
 
 
 def test_held_while_held_and_not_after_release(storage: Storage) -> None:
@@ -126,6 +140,20 @@ def test_a_forked_child_neither_drops_nor_keeps_the_parents_lock(
             # The other child still runs, but closed its copy: the lock went with the parent.
             assert os.path.exists(f"/proc/{sleeper}")
             wait_until(lambda: not locks.held_session_locks(["parent"]), "the lock is not held")
+        finally:
+            reap(sleeper)
+
+
+def test_an_execed_child_does_not_inherit_the_lock(storage: Storage, storage_url: str) -> None:
+    locks = _locks(storage)
+    with holding(storage_url, "execer", mode="exec") as holder:
+        sleeper = int(holder.line.split()[1])
+        try:
+            assert locks.held_session_locks(["execer"]) == {"execer"}
+            holder.signal(signal.SIGKILL)
+            holder.proc.wait()
+            assert os.path.exists(f"/proc/{sleeper}")
+            wait_until(lambda: not locks.held_session_locks(["execer"]), "the lock is not held")
         finally:
             reap(sleeper)
 
@@ -232,5 +260,32 @@ def test_postgres_locks_of_two_tables_do_not_mix(storage: Storage, storage_url: 
             assert _locks(other).held_session_locks(["same-name"]) == set()
             second = _locks(other).acquire_session_lock("same-name")
             second.release()
+        finally:
+            lock.release()
+
+
+@pytest.mark.postgres_only
+def test_postgres_server_restart_drops_the_lock_and_ensure_retakes_it(
+    private_cluster: PostgresCluster,
+) -> None:
+    from weft_sync.storage import PostgresStorage
+
+    with PostgresStorage(private_cluster.url, table="weft_locks_restart", timeout=2.0) as store:
+        locks = _locks(store)
+        lock = locks.acquire_session_lock("engine-r")
+        try:
+            private_cluster.stop(remove=False)
+            assert lock.ensure() is False  # the server is down: bounded, then not held
+            private_cluster.start()
+
+            def answers_not_held() -> bool:
+                try:
+                    return not locks.held_session_locks(["engine-r"])
+                except StorageError:  # the pool is still reconnecting
+                    return False
+
+            wait_until(answers_not_held, "the server is back")
+            assert lock.ensure() is True
+            assert locks.held_session_locks(["engine-r"]) == {"engine-r"}
         finally:
             lock.release()

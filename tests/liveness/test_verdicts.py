@@ -15,6 +15,7 @@ from weft_sync.liveness import (
     judge_engine,
     stale_after_ms,
     survey_engines,
+    take_survey,
 )
 from weft_sync.storage import Storage
 from weft_sync.storage.session_locks import storage_session_locks
@@ -95,3 +96,20 @@ def test_survey_on_a_store_without_locks_judges_by_heartbeat(storage: Storage) -
         "fresh": (EngineVerdict.LIVE, None),
         "old": (EngineVerdict.STALE, None),
     }
+
+
+def test_a_judge_without_its_own_lock_believes_no_lock(storage: Storage) -> None:
+    locks = storage_session_locks(storage)
+    assert locks is not None
+    _put(storage, replace(LIVE, engine_id="crashed", lock="crashed"))
+    mine = locks.acquire_session_lock("judge")
+    try:
+        held = take_survey(storage, now=10_000, own_lock="judge")
+    finally:
+        mine.release()
+    assert held.own_lock_held is True
+    assert [s.verdict for s in held.statuses] == [EngineVerdict.CRASHED]
+    lost = take_survey(storage, now=10_000, own_lock="judge")
+    assert lost.own_lock_held is False
+    assert [(s.verdict, s.lock_held) for s in lost.statuses] == [(EngineVerdict.LIVE, None)]
+    assert take_survey(storage, now=10_000).own_lock_held is None

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import os
 import signal
 import threading
 
@@ -14,6 +15,7 @@ from weft_sync.clock import system_clock
 from weft_sync.liveness import LivenessWatcher
 from weft_sync.liveness.watcher import THREAD_NAME
 from weft_sync.storage import Storage
+from weft_sync.storage.session_locks import SessionLock, storage_session_locks
 
 
 class DeadLog:
@@ -148,3 +150,87 @@ def test_bad_intervals_are_refused_naming_them(
             clock=system_clock,
             **kwargs,  # type: ignore[arg-type]
         )
+
+
+def test_a_watcher_whose_own_lock_is_gone_reports_nothing(
+    storage: Storage, storage_url: str
+) -> None:
+    locks = storage_session_locks(storage)
+    assert locks is not None
+    own = locks.acquire_session_lock("me")
+    own.release()  # gone for good: ensure() cannot bring a released lock back
+    wrapper = ProbeCounting(storage)
+    dead = DeadLog()
+    watcher = LivenessWatcher(
+        wrapper,  # type: ignore[arg-type]
+        engine_id="me",
+        on_dead=dead,
+        poll_ms=10,
+        refresh_ms=100,
+        clock=system_clock,
+        own_lock=own,
+    )
+    with holding(storage_url, "peer", mode="engine") as peer:
+        watcher.start()
+        try:
+            # The first survey already distrusts every lock, so the peer is never watched.
+            wrapper.wait_for_probes(3)
+            assert watcher.watched() == frozenset()
+            peer.signal(signal.SIGKILL)
+            peer.proc.wait()
+            wait_until(lambda: not locks.held_session_locks(["peer"]), "the peer's lock is gone")
+            wrapper.wait_for_probes(5)
+            assert dead.calls == []
+        finally:
+            watcher.close()
+
+
+def test_a_watcher_takes_its_own_lost_lock_again_and_keeps_reporting(
+    storage: Storage, storage_url: str
+) -> None:
+    locks = storage_session_locks(storage)
+    assert locks is not None
+    own = locks.acquire_session_lock("me")
+    dead = DeadLog()
+    watcher = LivenessWatcher(
+        storage,
+        engine_id="me",
+        on_dead=dead,
+        poll_ms=10,
+        refresh_ms=100,
+        clock=system_clock,
+        own_lock=own,
+    )
+    try:
+        with holding(storage_url, "peer", mode="engine") as peer:
+            watcher.start()
+            wait_until(lambda: watcher.watched() == {"peer"}, "the peer is watched")
+            _lose(storage, own)
+            wait_until(lambda: locks.held_session_locks(["me"]) == {"me"}, "own lock re-taken")
+            assert watcher.watched() == {"peer"}
+            peer.signal(signal.SIGKILL)
+            peer.proc.wait()
+            assert dead.called.wait(30)
+            assert dead.calls == ["peer"]
+    finally:
+        watcher.close()
+        own.release()
+
+
+def _lose(storage: Storage, lock: SessionLock) -> None:
+    """Make ``lock`` lost the way each backend can lose it: file removed, session terminated."""
+    if lock.token.startswith("flock:"):
+        os.unlink(lock.token.removeprefix("flock:"))
+        return
+    backend_pid = lock._conn.info.backend_pid  # type: ignore[attr-defined]
+    with storage._connection("test") as conn:  # type: ignore[attr-defined]
+        conn.execute("SELECT pg_terminate_backend(%s)", [backend_pid])
+
+
+def test_the_watcher_stops_when_its_store_is_closed(open_store: object) -> None:
+    store = open_store()  # type: ignore[operator]
+    watcher = _watcher(store, DeadLog())
+    watcher.start()
+    store.close()
+    wait_until(lambda: not watcher.running, "the watcher thread ends")
+    watcher.close()

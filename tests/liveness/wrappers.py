@@ -38,6 +38,10 @@ class ProbeCounting:
         self.probes = 0
         self.fail_probes = 0
         self.fail_puts = False
+        # When set: a put waits for ``release_puts`` after announcing itself on ``put_waiting``.
+        self.hold_puts = False
+        self.put_waiting = threading.Event()
+        self.release_puts = threading.Event()
 
     @property
     def capabilities(self) -> StorageCapabilities:
@@ -49,6 +53,9 @@ class ProbeCounting:
     def put(self, key: str, value: bytes) -> None:
         if self.fail_puts:
             raise StorageError(f"injected put failure on {key!r}")
+        if self.hold_puts:
+            self.put_waiting.set()
+            assert self.release_puts.wait(30), "the test never released the held put"
         self._inner.put(key, value)
 
     def acquire_session_lock(self, name: str) -> SessionLock:

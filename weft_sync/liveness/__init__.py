@@ -15,7 +15,15 @@ from .records import (
     encode_engine_record,
     read_engine_records,
 )
-from .verdicts import EngineStatus, EngineVerdict, judge_engine, stale_after_ms, survey_engines
+from .verdicts import (
+    EngineStatus,
+    EngineVerdict,
+    Survey,
+    judge_engine,
+    stale_after_ms,
+    survey_engines,
+    take_survey,
+)
 from .watcher import LivenessWatcher
 
 __all__ = [
@@ -25,6 +33,7 @@ __all__ = [
     "EngineStatus",
     "EngineVerdict",
     "LivenessWatcher",
+    "Survey",
     "decode_engine_record",
     "encode_engine_record",
     "forget_engine",
@@ -32,4 +41,5 @@ __all__ = [
     "read_engine_records",
     "stale_after_ms",
     "survey_engines",
+    "take_survey",
 ]

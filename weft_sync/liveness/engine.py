@@ -23,7 +23,7 @@ from ..errors import ClosedError, StorageError
 from ..keys import engine_liveness
 from ..storage import Storage
 from ..storage.session_locks import SessionLock, storage_session_locks
-from .records import EngineRecord, encode_engine_record
+from .records import MAX_ENGINE_ID_LENGTH, EngineRecord, encode_engine_record
 
 __all__ = ["EngineLiveness"]
 
@@ -67,8 +67,11 @@ class EngineLiveness:
         claim_ttl_ms: int,
         renew_interval_ms: int,
     ) -> None:
-        if not isinstance(engine_id, str) or not engine_id:
-            raise ValueError(f"engine_id must be a non-empty str, got {engine_id!r}")
+        if not isinstance(engine_id, str) or not 0 < len(engine_id) <= MAX_ENGINE_ID_LENGTH:
+            raise ValueError(
+                f"engine_id must be a str of 1 to {MAX_ENGINE_ID_LENGTH} characters, got "
+                f"{engine_id!r:.80}"
+            )
         self._storage = storage
         self._engine_id = engine_id
         self._key = engine_liveness(engine_id)
@@ -146,7 +149,7 @@ class EngineLiveness:
             return None
         try:
             return locks.acquire_session_lock(self._engine_id)
-        except StorageError as exc:
+        except (StorageError, ValueError) as exc:  # ValueError: an id no lock can be named by
             _log.warning(
                 "engine %s runs without a session lock, so its crash is seen only when its "
                 "claims expire: %s",

@@ -20,6 +20,7 @@ from ..storage import Storage
 __all__ = [
     "ENGINE_RECORD_PREFIX",
     "ENGINE_STATES",
+    "MAX_ENGINE_ID_LENGTH",
     "EngineRecord",
     "EngineState",
     "decode_engine_record",
@@ -31,6 +32,7 @@ EngineState = Literal["live", "closed"]
 ENGINE_STATES: Final = get_args(EngineState)
 ENGINE_RECORD_PREFIX: Final = engine_liveness("")
 _MAX_TEXT: Final = 1024
+MAX_ENGINE_ID_LENGTH: Final = _MAX_TEXT
 _FIELDS: Final = (
     "engine_id",
     "state",

@@ -28,7 +28,15 @@ from ..storage import Storage
 from ..storage.session_locks import storage_session_locks
 from .records import EngineRecord, read_engine_records
 
-__all__ = ["EngineStatus", "EngineVerdict", "judge_engine", "stale_after_ms", "survey_engines"]
+__all__ = [
+    "EngineStatus",
+    "EngineVerdict",
+    "Survey",
+    "judge_engine",
+    "stale_after_ms",
+    "survey_engines",
+    "take_survey",
+]
 
 
 class EngineVerdict(str, enum.Enum):
@@ -85,9 +93,26 @@ def judge_engine(record: EngineRecord | None, lock_held: bool | None, now: int) 
     return EngineVerdict.LIVE
 
 
-def survey_engines(
-    storage: Storage, *, now: int, exclude: Collection[str] = ()
-) -> list[EngineStatus]:
+@dataclass(frozen=True, slots=True)
+class Survey:
+    """What :func:`take_survey` saw.
+
+    :param statuses: every engine, judged.
+    :param own_lock_held: whether the judge's own lock was held at the probe; ``None`` when it
+        was not probed (no ``own_lock`` given, or no lock to probe at all).
+    """
+
+    statuses: list[EngineStatus]
+    own_lock_held: bool | None
+
+
+def take_survey(
+    storage: Storage,
+    *,
+    now: int,
+    exclude: Collection[str] = (),
+    own_lock: str | None = None,
+) -> Survey:
     """Read every engine record (one prefix scan) and probe their locks (one probe), then judge.
 
     Only the locks of records in state ``"live"`` are probed; on a store without session locks
@@ -95,6 +120,9 @@ def survey_engines(
 
     :param now: the judge's clock, in ms.
     :param exclude: engine ids to leave out (the judge itself).
+    :param own_lock: the name of the judge's own session lock, probed along. When it is not held,
+        the store lost sessions rather than engines (a PostgreSQL restart, or this host cut off),
+        so no lock is believed: every verdict falls back to the heartbeat (no ``CRASHED``).
     :raises StorageError: the scan or the probe failed.
     """
     skip = set(exclude)
@@ -105,12 +133,28 @@ def survey_engines(
         for _, _, record in entries
         if record is not None and record.state == "live" and record.lock is not None
     }
-    held = locks.held_session_locks(names) if locks is not None and names else set()
+    held: set[str] = set()
+    own_held: bool | None = None
+    if locks is not None and names:
+        held = locks.held_session_locks(names | {own_lock} if own_lock is not None else names)
+        own_held = None if own_lock is None else own_lock in held
+    trusted = locks is not None and own_held is not False
     statuses: list[EngineStatus] = []
     for engine_id, raw, record in entries:
         lock_held: bool | None = None
-        if locks is not None and record is not None and record.lock in names:
+        if trusted and record is not None and record.lock in names:
             lock_held = record.lock in held
         verdict = judge_engine(record, lock_held, now)
         statuses.append(EngineStatus(engine_id, verdict, record, raw, lock_held))
-    return statuses
+    return Survey(statuses, own_held)
+
+
+def survey_engines(
+    storage: Storage,
+    *,
+    now: int,
+    exclude: Collection[str] = (),
+    own_lock: str | None = None,
+) -> list[EngineStatus]:
+    """The statuses of :func:`take_survey` (same arguments)."""
+    return take_survey(storage, now=now, exclude=exclude, own_lock=own_lock).statuses

@@ -23,8 +23,8 @@ from .._fork import process_bound_class
 from ..clock import Clock
 from ..errors import ClosedError, StorageError
 from ..storage import Storage
-from ..storage.session_locks import storage_session_locks
-from .verdicts import EngineVerdict, survey_engines
+from ..storage.session_locks import SessionLock, storage_session_locks
+from .verdicts import EngineVerdict, take_survey
 
 __all__ = ["LivenessWatcher", "THREAD_NAME"]
 
@@ -50,7 +50,8 @@ class LivenessWatcher:
     ``on_dead`` is called on the watcher thread, outside any lock, once per engine per
     disappearance: an engine reported once is reported again only after a survey has seen it
     ``LIVE`` again (its lock re-taken). An exception from ``on_dead`` is logged; it never stops
-    the thread, and neither does a storage error (logged at most every 30 s).
+    the thread, and neither does a storage error (logged at most every 30 s); a closed store
+    ends it.
 
     Thread-safe. ``_lock`` guards ``_thread`` and ``_closed``. Only the watcher thread writes
     the map of watched engines, and it replaces the map rather than changing it, so
@@ -62,6 +63,10 @@ class LivenessWatcher:
     :param poll_ms: how often the known locks are probed.
     :param refresh_ms: how often the engine records are surveyed again.
     :param clock: the clock surveys judge heartbeats with.
+    :param own_lock: this engine's own session lock, probed along with the others. A probe that
+        finds it gone too means the store lost sessions, not engines (a PostgreSQL restart, this
+        host cut off): nothing is reported from that probe, and the watcher takes its own lock
+        again at once (its engines' peers do the same), rather than at the next heartbeat.
     :raises ValueError: ``poll_ms`` or ``refresh_ms`` out of range, named in the message.
     """
 
@@ -74,6 +79,7 @@ class LivenessWatcher:
         poll_ms: int = 50,
         refresh_ms: int = 1000,
         clock: Clock,
+        own_lock: SessionLock | None = None,
     ) -> None:
         if not callable(on_dead):
             raise TypeError(f"on_dead must be callable, got {on_dead!r}")
@@ -83,6 +89,7 @@ class LivenessWatcher:
         self._poll_s = _interval("poll_ms", poll_ms, _MAX_POLL_MS) / 1000.0
         self._refresh_s = _interval("refresh_ms", refresh_ms, _MAX_REFRESH_MS) / 1000.0
         self._clock = clock
+        self._own_lock = own_lock
         self._stop = threading.Event()
         self._lock = threading.Lock()  # guards _thread and _closed
         self._thread: threading.Thread | None = None
@@ -152,7 +159,11 @@ class LivenessWatcher:
     def _guarded(self, step: Callable[[], None]) -> None:
         try:
             step()
-        except (StorageError, ClosedError) as exc:
+        except ClosedError:
+            # The store was closed under the watcher: there is nothing left to watch.
+            _log.debug("liveness watcher of engine %s stops: its store is closed", self._engine_id)
+            self._stop.set()
+        except StorageError as exc:
             self._errors += 1
             now = time.monotonic()
             if now - self._last_error_log >= _ERROR_LOG_EVERY_S:
@@ -167,8 +178,27 @@ class LivenessWatcher:
         except Exception:
             _log.exception("liveness watcher of engine %s failed a step", self._engine_id)
 
+    def _own_name(self) -> str | None:
+        return None if self._own_lock is None else self._own_lock.name
+
+    def _retake_own_lock(self) -> None:
+        assert self._own_lock is not None
+        held = self._own_lock.ensure()
+        _log.info(
+            "engine %s found its own session lock gone (%s); nothing reported from that probe",
+            self._engine_id,
+            "taken again" if held else "not taken again yet",
+        )
+
     def _refresh(self) -> None:
-        statuses = survey_engines(self._storage, now=self._clock(), exclude=(self._engine_id,))
+        own = self._own_name()
+        survey = take_survey(
+            self._storage, now=self._clock(), exclude=(self._engine_id,), own_lock=own
+        )
+        if survey.own_lock_held is False:
+            self._retake_own_lock()
+            return  # no lock can be believed: keep watching what was watched
+        statuses = survey.statuses
         known: dict[str, str] = {}
         dead: list[str] = []
         for status in statuses:
@@ -188,7 +218,12 @@ class LivenessWatcher:
         locks = storage_session_locks(self._storage)
         if locks is None:
             return
-        held = locks.held_session_locks(set(self._known.values()))
+        own = self._own_name()
+        probe = set(self._known.values())
+        held = locks.held_session_locks(probe | {own} if own is not None else probe)
+        if own is not None and own not in held:
+            self._retake_own_lock()
+            return
         dead = [engine for engine, name in self._known.items() if name not in held]
         if dead:
             # A new map, never a mutated one, so that watched() can copy it from any thread.

@@ -31,7 +31,7 @@ __all__ = [
     "validate_lock_names",
 ]
 
-MAX_SESSION_LOCK_NAME_LENGTH: Final = 256
+MAX_SESSION_LOCK_NAME_LENGTH: Final = 1024
 
 
 @runtime_checkable
@@ -87,19 +87,17 @@ class SupportsSessionLocks(Protocol):
 
 
 def storage_session_locks(storage: object) -> SupportsSessionLocks | None:
-    """Return ``storage`` as a session-lock provider, or ``None`` if it declares no such capability.
+    """Return ``storage`` as a session-lock provider, or ``None`` for a store without them.
 
-    The declared capability decides (``StorageCapabilities.session_locks``), not the presence of
-    methods: a wrapper that forwards attributes but not the capability gets ``None``.
+    A store offers them when it declares ``StorageCapabilities.session_locks`` *and* has the
+    three methods: a wrapper that passes its inner store's capabilities through but not these
+    methods (a test wrapper, say) gets ``None``, and its engines run on claim expiry alone.
     """
     capabilities = getattr(storage, "capabilities", None)
     if not getattr(capabilities, "session_locks", False):
         return None
     if not isinstance(storage, SupportsSessionLocks):
-        raise TypeError(
-            f"{type(storage).__name__} declares the 'session_locks' capability but lacks "
-            f"acquire_session_lock(), held_session_locks() or forget_session_lock()"
-        )
+        return None
     return storage
 
 

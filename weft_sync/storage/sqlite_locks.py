@@ -20,6 +20,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import fcntl
+import functools
 import hashlib
 import logging
 import os
@@ -56,6 +57,7 @@ def lock_directory(database_path: str) -> str:
     return os.path.abspath(database_path) + ".weft-locks"
 
 
+@functools.lru_cache(maxsize=4096)  # a watcher probes the same few names every 50 ms
 def _file_name(name: str) -> str:
     stem = quote(name, safe="")
     if len(stem) > _MAX_STEM:
@@ -162,6 +164,19 @@ def _close_inherited() -> None:
 register_at_fork(after_in_child=_close_inherited)
 
 
+def _lock_past_probes(fd: int) -> bool:
+    """Lock ``fd`` exclusively, waiting out probes' shared locks (a holder's lock is for good)."""
+    deadline = time.monotonic() + _ACQUIRE_RETRY_S
+    while True:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return True
+        except BlockingIOError:
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(_ACQUIRE_POLL_S)
+
+
 def _take(path: str) -> int:
     """Open ``path`` (created if missing) and lock it exclusively; return the descriptor.
 
@@ -171,27 +186,19 @@ def _take(path: str) -> int:
         os.makedirs(os.path.dirname(path), mode=0o755, exist_ok=True)
     except OSError as exc:
         raise StorageError(f"cannot create the session lock directory of {path!r}: {exc}") from exc
-    deadline = time.monotonic() + _ACQUIRE_RETRY_S
     for _ in range(_ACQUIRE_ATTEMPTS):
         try:
             fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
         except OSError as exc:
             raise StorageError(f"cannot open the session lock file {path!r}: {exc}") from exc
         try:
-            while True:
-                try:
-                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                    break
-                except BlockingIOError:
-                    # A prober holds a shared lock for a moment; a holder holds it for good.
-                    if time.monotonic() >= deadline:
-                        raise StorageError(
-                            f"the session lock file {path!r} is already held"
-                        ) from None
-                    time.sleep(_ACQUIRE_POLL_S)
+            locked = _lock_past_probes(fd)
         except BaseException:
             os.close(fd)
             raise
+        if not locked:
+            os.close(fd)
+            raise StorageError(f"the session lock file {path!r} is already held")
         if _same_file(fd, path):
             return fd
         # A releaser unlinked the file between our open and our flock: start over.
@@ -267,10 +274,8 @@ class SqliteSessionLocks:
         except OSError as exc:
             raise StorageError(f"cannot remove the session lock file {path!r}: {exc}") from exc
         try:
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
-                return  # held: by a live holder, or by a probe for a moment
+            if not _lock_past_probes(fd):
+                return  # held by a live holder
             # Unlink under the exclusive lock: whoever opened this inode before must start over.
             if _same_file(fd, path):
                 with contextlib.suppress(FileNotFoundError):
