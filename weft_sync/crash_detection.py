@@ -87,6 +87,7 @@ def build_crash_detection(
     poll_ms: int | None,
     request_reclaim: Callable[[], object],
     held_count: Callable[[], int],
+    watching: bool,
 ) -> CrashDetection:
     """Take the lock and write the record now; the probe starts with interval maintenance.
 
@@ -94,6 +95,7 @@ def build_crash_detection(
     :param poll_ms: the probe interval, or ``None`` for no probe.
     :param request_reclaim: asks for a reclaim pass now (the renewal task's).
     :param held_count: how many claims the engine holds now (published in each heartbeat).
+    :param watching: whether interval maintenance will run (and so the probe, unless off).
     """
     liveness = EngineLiveness(
         storage,
@@ -101,6 +103,7 @@ def build_crash_detection(
         clock=clock,
         claim_ttl_ms=claim_ttl_ms,
         renew_interval_ms=claim_renew_interval_ms,
+        watching=watching and poll_ms is not None,
     )
     liveness.start()
 
@@ -120,6 +123,7 @@ def build_crash_detection(
                 poll_ms=interval,
                 refresh_ms=max(_REFRESH_MS, interval),
                 clock=clock,
+                own_lock=liveness.session_lock,
             )
 
     return CrashDetection(liveness, make_watcher, held_count)

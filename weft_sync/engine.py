@@ -95,6 +95,7 @@ def build_engine(storage: Storage, settings: EngineSettings, warn: WarnSink) -> 
         poll_ms=options.crash_poll_interval_ms,
         request_reclaim=boot.renewal_task.request_reclaim,
         held_count=lambda: len(boot.registry.list_held_workflow_ids()),
+        watching=settings.background == "thread",
     )
     heartbeat.sink = crash.beat
     return EngineParts(table, workflows, boot.registry, boot.renewal_task, boot.metrics, crash)

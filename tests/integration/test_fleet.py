@@ -53,6 +53,17 @@ def _config(tmp_path: Path, url: str, index: int, workflows: list[str]) -> Fleet
     )
 
 
+def _engine_when_ready(config: FleetEngine, process: BaseProcess, deadline: float) -> str:
+    """Wait for ``config``'s engine to journal ``ready``; return its engine id."""
+
+    def alive() -> None:
+        assert process.is_alive(), (config.name, journal_errors(config.journal))
+
+    wait_ready(config.name, config.journal, deadline, POLL_S, alive)
+    ready = [e for e in read_journal(config.journal) if e["ev"] == "ready"]
+    return str(ready[0]["engine"])
+
+
 def _owners(storage: Storage, ids: list[str]) -> dict[str, tuple[str | None, int | None]]:
     found: dict[str, tuple[str | None, int | None]] = {}
     for wid in ids:
@@ -71,19 +82,14 @@ def test_a_killed_engines_workflows_are_driven_by_the_rest_of_the_fleet(
     ]
     processes = []
     try:
-        for config in configs:
-            processes.append(spawn(run_engine, config, config.name))
         deadline = time.monotonic() + 120
         engine_ids = {}
-        for config, process in zip(configs, processes, strict=True):
-
-            def alive(config: FleetEngine = config, process: BaseProcess = process) -> None:
-                assert process.is_alive(), (config.name, journal_errors(config.journal))
-
-            wait_ready(config.name, config.journal, deadline, POLL_S, alive)
-            ready = [e for e in read_journal(config.journal) if e["ev"] == "ready"]
-            engine_ids[config.name] = ready[0]["engine"]
-            assert process.is_alive()
+        # The victim first and alone: the fleet joins an engine that is already running.
+        processes.append(spawn(run_engine, configs[0], configs[0].name))
+        engine_ids["engine-0"] = _engine_when_ready(configs[0], processes[0], deadline)
+        processes += [spawn(run_engine, c, c.name) for c in configs[1:]]
+        for config, process in zip(configs[1:], processes[1:], strict=True):
+            engine_ids[config.name] = _engine_when_ready(config, process, deadline)
         store = open_store()
         victim = engine_ids["engine-0"]
         assert set(_owners(store, ids).values()) == {(victim, 1)}

@@ -56,6 +56,7 @@ class EngineLiveness:
     :param clock: the engine's clock (heartbeats are in its milliseconds).
     :param claim_ttl_ms: the engine's claim TTL, written into the record.
     :param renew_interval_ms: the engine's renew interval, written into the record.
+    :param watching: whether the engine probes other engines' locks (written into the record).
     """
 
     def __init__(
@@ -66,6 +67,7 @@ class EngineLiveness:
         clock: Clock,
         claim_ttl_ms: int,
         renew_interval_ms: int,
+        watching: bool = False,
     ) -> None:
         if not isinstance(engine_id, str) or not 0 < len(engine_id) <= MAX_ENGINE_ID_LENGTH:
             raise ValueError(
@@ -74,6 +76,7 @@ class EngineLiveness:
             )
         self._storage = storage
         self._engine_id = engine_id
+        self._watching = bool(watching)
         self._key = engine_liveness(engine_id)
         self._clock = clock
         self._ttl_ms = _positive_ms("claim_ttl_ms", claim_ttl_ms)
@@ -129,6 +132,7 @@ class EngineLiveness:
             pid=os.getpid(),
             host=socket.gethostname()[:255],
             started_at=now,
+            watching=self._watching,
         )
         try:
             self._storage.put(self._key, encode_engine_record(record))

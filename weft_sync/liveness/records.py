@@ -44,6 +44,7 @@ _FIELDS: Final = (
     "pid",
     "host",
     "started_at",
+    "watching",
 )
 
 
@@ -62,6 +63,8 @@ class EngineRecord:
     :param pid: its process id (for people; never used to judge liveness).
     :param host: its host name (for people).
     :param started_at: when it opened, in ms.
+    :param watching: whether it probes the other engines' locks (a running engine with crash
+        probing on): it takes its share of a crashed engine's claims within milliseconds.
     """
 
     engine_id: str
@@ -74,6 +77,7 @@ class EngineRecord:
     pid: int
     host: str
     started_at: int
+    watching: bool = False
 
 
 def _text(value: object, *, empty: bool) -> bool:
@@ -99,6 +103,7 @@ def _valid(r: EngineRecord) -> str | None:
         ("pid", _count(r.pid)),
         ("host", _text(r.host, empty=True)),
         ("started_at", _count(r.started_at)),
+        ("watching", isinstance(r.watching, bool)),
     )
     for name, ok in checks:
         if not ok:

@@ -207,8 +207,10 @@ class LivenessWatcher:
                 if status.lock_held:
                     known[status.engine_id] = record.lock
                     self._reported.discard(status.engine_id)
-            elif status.verdict is EngineVerdict.CRASHED and status.engine_id in self._known:
-                dead.append(status.engine_id)  # its lock went between two polls
+            elif status.verdict is EngineVerdict.CRASHED:
+                # Its lock went between two polls, or before this watcher first saw it (engines
+                # started at the same moment): reported once either way.
+                dead.append(status.engine_id)
         present = {status.engine_id for status in statuses}
         self._reported &= present
         self._known = known

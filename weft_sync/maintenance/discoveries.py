@@ -107,17 +107,23 @@ class ScanDiscovery:
     def _survey(self) -> list[EngineStatus]:
         if self._engine_id is None or self._clock is None:
             return []
-        return survey_engines(self._storage, now=self._clock(), exclude=(self._engine_id,))
+        return survey_engines(
+            self._storage,
+            now=self._clock(),
+            exclude=(self._engine_id,),
+            own_lock=self._engine_id,
+        )
 
 
 def crash_participants(statuses: list[EngineStatus]) -> frozenset[str]:
-    """The live engines that see crashes too (they hold a session lock)."""
+    """The live engines that see crashes too: they hold a session lock and probe the others'."""
     return frozenset(
         status.engine_id
         for status in statuses
         if status.verdict is EngineVerdict.LIVE
         and status.record is not None
         and status.record.lock is not None
+        and status.record.watching
     )
 
 

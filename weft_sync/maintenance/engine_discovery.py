@@ -118,7 +118,14 @@ class EngineIndexDiscovery:
         :raises StorageError: a read failed; nothing remembered moves but the windows read.
         """
         excluded = set(exclude)
-        statuses = survey_engines(self._storage, now=self._clock(), exclude=(self._engine_id,))
+        statuses = survey_engines(
+            self._storage,
+            now=self._clock(),
+            exclude=(self._engine_id,),
+            # A survey that finds this engine's own lock gone (a database restart ends every
+            # lock session at once) trusts no lock and judges by heartbeats.
+            own_lock=self._engine_id,
+        )
         indexed = self._store_indexed()
         result = EngineDiscovery() if indexed else self._migrating(excluded)
         found: dict[str, None] = dict.fromkeys(result.candidates)
