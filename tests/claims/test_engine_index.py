@@ -199,6 +199,16 @@ def test_an_engine_not_named_dead_keeps_its_unexpired_claim(
     assert entries(gated) == {("engine-a", WF): 1}
 
 
+def test_an_engine_never_takes_its_own_claim_by_naming_itself_dead(
+    reg: ClaimRegistry, make: Factory
+) -> None:
+    reg.acquire(WF)
+    restarted = make("engine-a")
+    result = restarted.takeover(WF, dead_engines={"engine-a"})
+    assert (result.status, result.held_by) == ("not-expired", "engine-a")
+    assert reg.current_epoch(WF) == 1
+
+
 def test_an_expired_claim_taken_with_dead_engines_is_not_before_expiry(
     reg: ClaimRegistry, make: Factory, clock: ManualClock
 ) -> None:

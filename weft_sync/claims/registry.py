@@ -510,7 +510,7 @@ class ClaimRegistry:
 
         :param dead_engines: engines known dead: a holder naming one is taken even before it
             expires (still conditioned on the exact holder and epoch bytes read), and the result
-            says ``before_expiry``.
+            says ``before_expiry``; this engine's own id is ignored.
 
         :returns: ``acquired`` with the new epoch; ``backoff-skipped`` during the cooldown;
             ``no-claim`` when there is no holder or no epoch; ``not-expired`` with the live

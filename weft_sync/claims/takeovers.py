@@ -207,7 +207,13 @@ class Takeovers:
         live = holder is not None and not is_claim_expired(
             expires_at=holder.expires_at, now=judge_now, renew_interval_ms=self._renew_interval_ms
         )
-        early = live and holder is not None and holder.engine_id in dead
+        # This engine is alive by definition: naming itself dead never takes its own claims.
+        early = (
+            live
+            and holder is not None
+            and holder.engine_id in dead
+            and holder.engine_id != self._engine_id
+        )
         if holder is not None and live and not early:
             _log.debug(
                 "takeover of workflow %r: held by %r until %d",

@@ -18,6 +18,7 @@ from ..clock import Clock
 from ..codec import WORKFLOW_STATUSES, WorkflowRecord, try_decode_workflow_record
 from ..errors import CorruptEpochError
 from ..storage.base import Condition, Delete, Operation, Storage, storage_conditional_batch
+from ..storage.reads import storage_get_many
 from .fencing import Fence
 from .records import (
     ACTIVE_STATUSES,
@@ -126,11 +127,12 @@ class ExternalTransitions:
         registry = self._fence.optional_registry()
         held_before = None if registry is None else registry.current_epoch(wid)
         epoch_key = keys.workflow_owner_epoch(wid)
-        # Epoch first, then holder: the rotation commits only if the epoch never moved since it
-        # was read, and a holder's engine changes only with its epoch, so the holder read names
-        # the engine whose by-engine entry the rotation must delete (or is gone, entry with it).
-        observed_epoch = self._storage.get(epoch_key)
-        holder_bytes = self._storage.get(keys.workflow_owner_holder(wid))
+        # Epoch first, then holder (one snapshot where the store has one): the rotation commits
+        # only if the epoch never moved since, and a holder's engine changes only with its epoch,
+        # so the holder read names the engine whose by-engine entry goes (or is gone, entry too).
+        observed_epoch, holder_bytes = storage_get_many(
+            self._storage, [epoch_key, keys.workflow_owner_holder(wid)]
+        )
         try:
             rotation = build_external_rotation_transition(
                 workflow_id=wid, observed_epoch_bytes=observed_epoch
