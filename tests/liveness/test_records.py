@@ -52,6 +52,7 @@ def test_round_trip_and_fixed_key_order() -> None:
         "pid",
         "host",
         "started_at",
+        "watching",
     ]
     assert encode_engine_record(replace(RECORD)) == raw
 
@@ -75,6 +76,7 @@ def test_a_record_without_a_lock_and_closed_round_trips() -> None:
         ("pid", 1.5),
         ("host", "h" * 1025),
         ("started_at", None),
+        ("watching", 1),
     ],
 )
 def test_encode_refuses_a_field_out_of_range_naming_it(field: str, value: object) -> None:
@@ -88,6 +90,7 @@ def test_encode_refuses_a_field_out_of_range_naming_it(field: str, value: object
         lambda d: d.pop("held"),
         lambda d: d.update(extra=1),
         lambda d: d.update(held=True),
+        lambda d: d.update(watching=0),
         lambda d: d.update(heartbeat_at=-5),
         lambda d: d.update(heartbeat_at=1.0),
         lambda d: d.update(state="live "),
