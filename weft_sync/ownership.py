@@ -28,7 +28,6 @@ import enum
 import logging
 import os
 import threading
-import time
 import warnings
 import weakref
 from collections.abc import Callable, Iterator, Mapping
@@ -40,6 +39,7 @@ from .claiming import ClaimAttempt, attempt_claim, claim_is_gone, claim_with_wai
 from .claims.registry import ClaimRegistry, WarnSink
 from .claims.results import ReleaseStatus
 from .clock import Clock, system_clock
+from .closing import close_engine
 from .engine import build_engine
 from .errors import (
     ClosedError,
@@ -311,23 +311,21 @@ class Ownership:
             handles = list(self._handles.values())
         for handle in handles:
             handle.lost.set()
-        deadline = None if timeout is None else time.monotonic() + timeout
         try:
-            self._task.close(timeout)
+            close_engine(
+                task=self._task,
+                workflows=self._workflows,
+                registry=self._registry,
+                storage=self._storage,
+                owns_storage=self._owns_storage,
+                timeout=timeout,
+            )
         finally:
-            self._workflows.close()
-            # Waits for claim operations racing close() (start, claim, resume) so that the
-            # final release sees what they claimed; later ones raise ClosedError.
-            self._registry.close(None if deadline is None else deadline - time.monotonic())
-            try:
-                if self._owns_storage:
-                    self._storage.close()
-            finally:
-                with self._lock:
-                    self._state = _State.CLOSED
-                    self._handles.clear()
-                _LIVE.discard(self)
-                _log.info("closed ownership of engine %s", self._registry.engine_id)
+            with self._lock:
+                self._state = _State.CLOSED
+                self._handles.clear()
+            _LIVE.discard(self)
+            _log.info("closed ownership of engine %s", self._registry.engine_id)
 
     def __enter__(self) -> Ownership:
         return self
