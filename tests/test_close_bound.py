@@ -71,8 +71,9 @@ def _transactions(storage: Storage) -> int:
     return 0 if writer is None else writer.fast_commits + writer.group_commits
 
 
-def _writer_threads() -> list[threading.Thread]:
-    return [t for t in threading.enumerate() if t.name.startswith("weft-sqlite-writer")]
+def _library_threads() -> list[str]:
+    """The writer, maintenance and release threads still running."""
+    return [t.name for t in threading.enumerate() if t.name.startswith("weft")]
 
 
 @pytest.fixture
@@ -105,7 +106,7 @@ def test_close_under_a_foreign_write_lock_forgets_the_claims_and_closes_the_stor
         assert victim.closed
         maintenance.join()
         assert victim.registry.list_held_workflow_ids() == []
-        assert _writer_threads() == []
+        assert _library_threads() == []
         assert store not in sqlite_fork.live()
     released = [r.getMessage() for r in caplog.records if "could not release" in r.getMessage()]
     assert len(released) == 1
@@ -117,6 +118,32 @@ def test_close_under_a_foreign_write_lock_forgets_the_claims_and_closes_the_stor
         for wid in IDS:
             assert holder_engine(after, wid) == victim.engine_id
             assert stored_epoch(after, wid) == 1
+
+
+def test_close_with_interval_maintenance_joins_every_thread_under_the_lock(
+    url: str, db_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    # Real time: the timer starts a renewal pass every 200 ms, which then waits for the lock.
+    victim = Ownership.open(
+        url, options=OwnershipOptions(claim_ttl=30_000, claim_renew_interval=200)
+    )
+    for wid in IDS:
+        victim.workflows.start(wid, "job")
+    store = victim.storage
+    with write_lock_in_another_process(db_path), caplog.at_level(logging.WARNING):
+        before = _transactions(store)
+        wait_until(lambda: _transactions(store) > before, "a renewal pass to start writing")
+        victim.close(timeout=0.3)
+        assert victim.closed
+        assert victim.registry.list_held_workflow_ids() == []
+        assert _library_threads() == []
+        assert store not in sqlite_fork.live()
+    assert any(
+        f"could not release {len(IDS)} of {len(IDS)} claims" in r.getMessage()
+        for r in caplog.records
+    )
+    with contextlib.closing(open_storage(url)) as after:
+        assert all(holder_engine(after, wid) == victim.engine_id for wid in IDS)
 
 
 def test_claims_left_by_a_bounded_close_are_taken_over_once_they_expire(

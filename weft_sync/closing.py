@@ -7,13 +7,15 @@ store is closed if the engine opened it. With a timeout, a store that can bound 
 so a foreign writer holding the database's write lock makes the pass in flight, the releases
 and the store's shutdown give up by then instead of each waiting out the busy timeout. A claim
 that could not be released is forgotten locally and left to expire in the store (one warning
-says how many and why); another engine takes it over once its holder expires.
+says how many and why); another engine takes it over once its holder expires. Past the
+deadline a write still takes a lock that is free, so a close whose passes overran its timeout
+still releases what it can.
 """
 
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Final
 
 from .storage.wait_bound import SupportsWaitBound
 
@@ -24,6 +26,10 @@ if TYPE_CHECKING:
     from .workflows import Workflows
 
 __all__ = ["close_engine"]
+
+# The bound ends a pass's lock wait within one busy slice of the deadline: the passes are waited
+# for that much longer rather than left running past close().
+_PASS_GRACE_S: Final = 0.25
 
 
 def close_engine(
@@ -45,7 +51,7 @@ def close_engine(
         bounded.bound_waits(deadline)
     try:
         try:
-            task.close(timeout)
+            task.close(timeout if bounded is None or timeout is None else timeout + _PASS_GRACE_S)
         finally:
             workflows.close()
             # Waits for claim operations racing close() (start, claim, resume) so that the

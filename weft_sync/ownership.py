@@ -286,7 +286,8 @@ class Ownership:
         started afterwards claims anything), waits up to ``timeout`` seconds for passes and for
         claim operations (``claim()``, ``workflows.start()``/``resume()``) in flight, joins the
         task's threads, releases every held claim (failures are logged, never raised) and
-        closes the store if :meth:`open` opened it. Live ``claim()`` handles are marked lost.
+        closes the store if :meth:`open` opened it, all by that bound even under a foreign lock
+        (see :mod:`weft_sync.closing`). Live ``claim()`` handles are marked lost.
         In a child that inherited this object across ``os.fork()`` it does nothing: the parent
         still owns the claims.
 
