@@ -282,7 +282,9 @@ class Releases:
             self.release(wid, None, deadline)
         except Exception as exc:
             _log.debug("could not release the claim on workflow %r", wid, exc_info=True)
-            return f"{type(exc).__name__}: {exc}"
+            return (
+                str(exc) if isinstance(exc, _RenewalOutlasted) else f"{type(exc).__name__}: {exc}"
+            )
         return None
 
 
