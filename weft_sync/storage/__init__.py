@@ -20,6 +20,7 @@ from .base import (
 from .cas import CasRow, SupportsCompareAndSetMany, storage_compare_and_set_many
 from .reads import SupportsGetMany, storage_get_many
 from .sqlite import SqliteStorage
+from .wait_bound import SupportsWaitBound
 
 if TYPE_CHECKING:
     from .postgres import PostgresStorage
@@ -37,6 +38,7 @@ __all__ = [
     "StorageCapabilities",
     "SupportsCompareAndSetMany",
     "SupportsGetMany",
+    "SupportsWaitBound",
     "open_storage",
     "storage_compare_and_set_many",
     "storage_conditional_batch",
