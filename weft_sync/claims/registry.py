@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import logging
 import os
+import time
 from collections.abc import Collection, Iterable, Iterator
 from contextlib import contextmanager
 from typing import cast
@@ -424,10 +425,13 @@ class ClaimRegistry:
             raise TypeError(f"committed must be a bool, got {committed!r}")
         self._releases.finish(wid, preparation, committed)
 
-    def release_all(self) -> None:
-        """Release every held claim concurrently; swallow (and log) every failure. Never raises."""
+    def release_all(self, deadline: float | None = None) -> None:
+        """Release every held claim concurrently; swallow (and log) every failure. Never raises.
+
+        See :meth:`Releases.release_all <weft_sync.claims.releases.Releases.release_all>`.
+        """
         try:
-            self._releases.release_all(self.list_held_workflow_ids())
+            self._releases.release_all(self.list_held_workflow_ids(), deadline)
         except Exception:
             _log.exception("releasing all claims failed")
 
@@ -459,8 +463,10 @@ class ClaimRegistry:
         Waits up to ``timeout`` seconds (``None``: no bound) for operations running inside
         :meth:`operation` (acquire, takeover and the ledger's folded acquires); any claim one
         of them installs after the final release began is given back by that operation, which
-        raises :class:`~weft_sync.errors.ClosedError`. Idempotent; never raises.
+        raises :class:`~weft_sync.errors.ClosedError`. The final release waits for renewals
+        in flight by the same bound (see :meth:`release_all`). Idempotent; never raises.
         """
+        deadline = None if timeout is None else time.monotonic() + timeout
         if not self._gate.close(timeout):
             _log.warning(
                 "claim operations of engine %s were still running %s s into close(); a claim "
@@ -470,7 +476,7 @@ class ClaimRegistry:
             )
         with self._table.lock:
             self._table.closed = True
-        self.release_all()
+        self.release_all(deadline)
 
     # -- a replaced store ------------------------------------------------------------------
 

@@ -21,6 +21,7 @@ from .cas import CasRow, SupportsCompareAndSetMany, storage_compare_and_set_many
 from .reads import SupportsGetMany, storage_get_many
 from .session_locks import SessionLock, SupportsSessionLocks, storage_session_locks
 from .sqlite import SqliteStorage
+from .wait_bound import SupportsWaitBound
 
 if TYPE_CHECKING:
     from .postgres import PostgresStorage
@@ -40,6 +41,7 @@ __all__ = [
     "SupportsCompareAndSetMany",
     "SupportsGetMany",
     "SupportsSessionLocks",
+    "SupportsWaitBound",
     "open_storage",
     "storage_compare_and_set_many",
     "storage_conditional_batch",
