@@ -44,10 +44,19 @@ class FenceBinding:
         the transaction (see :data:`PG_READ_EPOCH`).
     :param write_lock: on SQLite, a statement that takes the database write lock inside an open
         transaction without changing anything (one parameter, the key); ``None`` elsewhere.
+    :param confirm: on SQLite, the proof renewed by every block: ``read_epoch`` also returns
+        the file its schema is on at that moment, and ``confirm(rows)`` says whether that is
+        still the store's file (the epoch is ``rows[0][0]``). ``None`` where the proof holds for
+        the connection's lifetime (PostgreSQL: a connection never changes its database).
+    :param absent: with ``confirm``: whether an error of ``read_epoch`` says only that its
+        schema or table is not there (the connection has other files open than last time), so
+        the fence proves the connection afresh; any other error fails the block.
     """
 
     read_epoch: str
     write_lock: str | None = None
+    confirm: Callable[[Sequence[tuple[Any, ...]]], bool] | None = None
+    absent: Callable[[Exception], bool] | None = None
 
 
 @runtime_checkable
@@ -85,7 +94,15 @@ class SqliteFenceTarget:
 
     The proof compares the device and inode of every file in ``PRAGMA database_list`` with the
     store's file, so another path to the same file (a symlink, a relative path) is accepted and a
-    copy is not.
+    copy is not. The store's path is resolved when the target is made (when the store opens),
+    so a later ``chdir`` cannot point the proof at another file.
+
+    What a sqlite3 connection has open can change between two blocks (``ATTACH``/``DETACH``,
+    ``deserialize()``), and a new connection can reuse a closed one's ``id()``, so nothing is
+    cached per connection: the binding's epoch read also returns the file its schema is on *now*
+    (``pragma_database_list``, no I/O), and :meth:`FenceBinding.confirm` compares it with the
+    store's file on every block — by name when SQLite reports the store's own resolved path
+    (the same string names the same file), else by device and inode.
     """
 
     family: Family = "sqlite"
@@ -93,30 +110,58 @@ class SqliteFenceTarget:
     def __init__(self, path: str, table: str) -> None:
         self._path = path
         self._table = table
+        self._real = os.path.realpath(path)
 
     @property
     def location(self) -> str:
         return f"SQLite file {self._path!r} (table {self._table!r})"
 
     def bind(self, query: Query) -> FenceBinding | str:
-        store = os.stat(self._path)
+        store = os.stat(self._real)
         files: list[str] = []
         for _seq, schema, file in query("PRAGMA database_list", ()):
             if not file:
                 files.append(f"{schema}: (in memory or temporary)")
                 continue
             files.append(f"{schema}: {file!r}")
-            try:
-                info = os.stat(file)
-            except OSError:
-                continue
-            if (info.st_dev, info.st_ino) == (store.st_dev, store.st_ino):
-                table = f"{quote_identifier(str(schema))}.{quote_identifier(self._table)}"
-                return FenceBinding(
-                    read_epoch=f"SELECT value FROM {table} WHERE key = ?",
-                    write_lock=f"UPDATE {table} SET value = value WHERE key = ?",
-                )
+            if self._is_store(file, store):
+                return self._binding(str(schema))
         return "SQLite databases " + ", ".join(files)
+
+    def _is_store(self, file: object, store: os.stat_result | None = None) -> bool:
+        if not isinstance(file, str) or not file:
+            return False
+        if file == self._real:
+            return True
+        try:
+            info = os.stat(file)
+            if store is None:
+                store = os.stat(self._real)
+        except OSError:
+            return False
+        return (info.st_dev, info.st_ino) == (store.st_dev, store.st_ino)
+
+    def _confirm(self, rows: Sequence[tuple[Any, ...]]) -> bool:
+        return len(rows) == 1 and self._is_store(rows[0][1])
+
+    def _binding(self, schema: str) -> FenceBinding:
+        table = f"{quote_identifier(schema)}.{quote_identifier(self._table)}"
+        name = "'" + schema.replace("'", "''") + "'"
+        return FenceBinding(
+            read_epoch=(
+                f"SELECT (SELECT value FROM {table} WHERE key = ?), file "
+                f"FROM pragma_database_list WHERE name = {name}"
+            ),
+            write_lock=f"UPDATE {table} SET value = value WHERE key = ?",
+            confirm=self._confirm,
+            absent=_no_such_table,
+        )
+
+
+def _no_such_table(error: Exception) -> bool:
+    # SQLite reports a schema that is not attached, or a table not in it, only by this message
+    # (SQLITE_ERROR at prepare time, which leaves the transaction as it was).
+    return str(error).startswith("no such table")
 
 
 @dataclass(frozen=True, slots=True)
