@@ -447,3 +447,26 @@ def test_autocommit_driver_connection_still_runs_one_transaction(
         assert env.rows() == {"a": "1"}
     finally:
         env.close()
+
+
+@pytest.mark.postgres_only
+def test_psycopg_host_row_factory_does_not_change_the_epoch_read(
+    postgres_base_url: str, tmp_path: Path
+) -> None:
+    from psycopg.rows import dict_row
+
+    from tests.fencing.hosts import make_env
+
+    env = make_env("postgres", "psycopg", tmp_path, postgres_base_url)
+    try:
+        own = env.ownership()
+        own.registry.acquire("wf-1")
+        conn = psycopg.connect(env.db_url, row_factory=dict_row)
+        try:
+            with own.fenced("wf-1", conn):
+                env.write(conn, "a", "dict rows")
+        finally:
+            conn.close()
+        assert env.rows() == {"a": "dict rows"}
+    finally:
+        env.close()

@@ -85,7 +85,9 @@ FEATURE = "Ownership.fenced()"
 # and _HINTS (per store, the binding last proven on a connection that cannot be weakly
 # referenced: only a guess, which the binding's own confirm() re-proves on every block).
 _proofs_lock = threading.Lock()
-_PROOFS: weakref.WeakKeyDictionary[object, dict[str, FenceBinding]] = weakref.WeakKeyDictionary()
+_PROOFS: weakref.WeakKeyDictionary[object, dict[FenceTarget, FenceBinding]] = (
+    weakref.WeakKeyDictionary()
+)
 _HINTS: weakref.WeakKeyDictionary[FenceTarget, FenceBinding] = weakref.WeakKeyDictionary()
 
 # The key's percent-encoding costs more than the rest of the fence's Python work; a host
@@ -143,7 +145,7 @@ def _cached(host: HostTransaction, target: FenceTarget) -> FenceBinding | None:
     with _proofs_lock:
         if conn_key is None:
             return _HINTS.get(target)
-        return _PROOFS.get(conn_key, {}).get(f"{target.family}:{target.location}")
+        return _PROOFS.get(conn_key, {}).get(target)
 
 
 def _prove(host: HostTransaction, target: FenceTarget) -> FenceBinding:
@@ -157,7 +159,7 @@ def _prove(host: HostTransaction, target: FenceTarget) -> FenceBinding:
         if conn_key is None:
             _HINTS[target] = bound
         else:
-            _PROOFS.setdefault(conn_key, {})[f"{target.family}:{target.location}"] = bound
+            _PROOFS.setdefault(conn_key, {})[target] = bound
     return bound
 
 
@@ -298,9 +300,14 @@ def _read_epoch(
 
     :raises StorageError: a statement of the fence failed (the caller rolls back).
     """
-    params: tuple[str, ...] = (_epoch_key(wid),)
     if target.family == "postgresql":
-        params += tuple(f"{ms:d}ms" for ms in timeouts_ms)
+        params: tuple[str, ...] = (
+            _epoch_key(wid),
+            f"{timeouts_ms[0]:d}ms",
+            f"{timeouts_ms[1]:d}ms",
+        )
+    else:
+        params = (_epoch_key(wid),)
     try:
         # Inside a transaction already open the write lock comes first, so a cached guess
         # would take it on a schema not yet proven: prove afresh there.

@@ -1,29 +1,17 @@
-"""The fence for a host's psycopg 3 ``Connection``: a transaction, or a savepoint in one.
+"""The fence for a host's psycopg 3 ``Connection``: ``connection.transaction()``.
 
-The block begins the way psycopg's own ``connection.transaction()`` would, and ends only what it
-began:
-
-- no transaction open, ``autocommit=True``: ``BEGIN`` … ``COMMIT`` (``ROLLBACK``);
-- no transaction open, ``autocommit=False``: psycopg's implicit ``BEGIN`` …
-  ``connection.commit()`` (``rollback()``);
-- a transaction open (the host's, or the implicit one of a non-autocommit connection):
-  ``SAVEPOINT`` … ``RELEASE`` (``ROLLBACK TO`` first on an error).
-
-That first statement and the fence's first query go to the server in one round trip: they are
-sent in pipeline mode, which the adapter leaves as soon as the query's rows are back, so the
-host's own statements run exactly as they would without the fence. (``transaction()`` itself is
-not used: inside a pipeline it keeps the connection in pipeline mode until it ends.)
+psycopg's own transaction block begins a transaction, or a savepoint when one is open (also the
+implicit one of a non-autocommit connection), and commits or rolls back exactly that.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from contextlib import AbstractContextManager
 from typing import Any
 
 import psycopg
-from psycopg.pq import TransactionStatus
-
-from .base import savepoint_name
+from psycopg.rows import tuple_row
 
 __all__ = ["PsycopgTransaction"]
 
@@ -35,9 +23,7 @@ class PsycopgTransaction:
 
     def __init__(self, connection: psycopg.Connection[Any]) -> None:
         self._conn = connection
-        self._savepoint: str | None = None
-        self._explicit = False
-        self._first: str | None = None  # what begins the block, sent with the first query
+        self._tx: AbstractContextManager[psycopg.Transaction] | None = None
 
     @property
     def connection_key(self) -> object:
@@ -48,42 +34,26 @@ class PsycopgTransaction:
         return self._conn
 
     def begin(self) -> bool:
-        conn = self._conn
-        if conn.info.transaction_status != TransactionStatus.IDLE:
-            self._savepoint = savepoint_name()
-            self._first = f"SAVEPOINT {self._savepoint}"
-        elif conn.autocommit:
-            self._explicit = True
-            self._first = "BEGIN"
-        # else: psycopg sends its implicit BEGIN before the first query, in the same pipeline.
+        # BEGIN goes alone, not pipelined with the fence's read: psycopg's pipeline mode costs
+        # more than a loopback round trip, and a transaction() entered in a pipeline keeps the
+        # connection in pipeline mode (the host's statements too) until it ends.
+        tx = self._conn.transaction()
+        tx.__enter__()
+        self._tx = tx
         return True
 
     def query(self, sql: str, params: Sequence[object]) -> list[tuple[Any, ...]]:
-        conn = self._conn
-        first, self._first = self._first, None
-        cur = conn.cursor()
-        if not psycopg.Pipeline.is_supported():
-            if first is not None:
-                conn.execute(first)
-            cur.execute(sql, list(params) if params else None)
-        else:
-            with conn.pipeline():
-                if first is not None:
-                    conn.execute(first)
-                cur.execute(sql, list(params) if params else None)
-        return [tuple(row) for row in cur.fetchall()]
+        # Tuples whatever row factory the host set; no parameters: several statements may go
+        # in one round trip.
+        cur = self._conn.cursor(row_factory=tuple_row)
+        cur.execute(sql, params or None)
+        return cur.fetchall() if cur.description else []
 
     def end(self, error: BaseException | None) -> None:
-        conn = self._conn
-        if self._first is not None:
-            return  # nothing was sent: the block failed before the fence's first query
-        if self._savepoint is not None:
-            if error is not None:
-                conn.execute(f"ROLLBACK TO SAVEPOINT {self._savepoint}")
-            conn.execute(f"RELEASE SAVEPOINT {self._savepoint}")
-        elif self._explicit:
-            conn.execute("COMMIT" if error is None else "ROLLBACK")
-        elif error is None:
-            conn.commit()
+        tx, self._tx = self._tx, None
+        if tx is None:
+            return
+        if error is None:
+            tx.__exit__(None, None, None)
         else:
-            conn.rollback()
+            tx.__exit__(type(error), error, error.__traceback__)
