@@ -316,7 +316,7 @@ def test_same_database_proof_is_cached_per_connection(raw_env: HostEnv) -> None:
     finally:
         type(target).bind = original  # type: ignore[method-assign]
     # A psycopg connection is proven once; a sqlite3 one (no weak references) is proven in full
-    # once, then re-proven by every block's epoch read (see tests/fencing/test_sqlite_proof.py).
+    # once, then re-checked by every block (see tests/fencing/test_sqlite_proof.py).
     assert len(seen) == 1
     if raw_env.backend == "postgres":
         assert conn in core._PROOFS
@@ -462,6 +462,30 @@ def test_psycopg_host_row_factory_does_not_change_the_epoch_read(
         own = env.ownership()
         own.registry.acquire("wf-1")
         conn = psycopg.connect(env.db_url, row_factory=dict_row)
+        try:
+            with own.fenced("wf-1", conn):
+                env.write(conn, "a", "dict rows")
+        finally:
+            conn.close()
+        assert env.rows() == {"a": "dict rows"}
+    finally:
+        env.close()
+
+
+@pytest.mark.postgres_only
+def test_psycopg2_host_cursor_factory_does_not_change_the_epoch_read(
+    postgres_base_url: str, tmp_path: Path
+) -> None:
+    import psycopg2
+    import psycopg2.extras
+
+    from tests.fencing.hosts import make_env
+
+    env = make_env("postgres", "psycopg2", tmp_path, postgres_base_url)
+    try:
+        own = env.ownership()
+        own.registry.acquire("wf-1")
+        conn = psycopg2.connect(env.db_url, cursor_factory=psycopg2.extras.RealDictCursor)
         try:
             with own.fenced("wf-1", conn):
                 env.write(conn, "a", "dict rows")

@@ -1,11 +1,11 @@
 """The SQLite same-file proof when what a connection has open changes between two blocks.
 
 The proof of a sqlite3 connection is not cached per connection (it takes no weak reference and
-its ``id()`` can be reused); the binding last proven is only a first guess, re-proven by every
-block's epoch read. These tests change the connection's files behind that guess — ``DETACH`` and
-``ATTACH`` of a copy under the same name, ``deserialize()``, a closed connection replaced by one
-on a copy — with a copy that holds the very epoch the fence expects, so only the proof can
-refuse it.
+its ``id()`` can be reused); the binding last proven is only a first guess, re-checked on every
+block against ``PRAGMA database_list``. These tests change the connection's files behind that
+guess — ``DETACH`` and ``ATTACH`` of a copy under the same name, ``deserialize()``, a closed
+connection replaced by one on a copy — with a copy that holds the very epoch the fence expects,
+so only the proof can refuse it.
 """
 
 from __future__ import annotations

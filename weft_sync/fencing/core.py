@@ -309,19 +309,12 @@ def _read_epoch(
     else:
         params = (_epoch_key(wid),)
     try:
-        # Inside a transaction already open the write lock comes first, so a cached guess
-        # would take it on a schema not yet proven: prove afresh there.
-        binding = _cached(host, target) if locked else None
-        if binding is not None:
-            rows = _read_cached(host, binding, params)
-            if rows is not None:
-                return as_value(rows[0][0]) if rows else None
-        binding = _prove(host, target)
+        binding = _cached(host, target)
+        if binding is None or not _still_holds(host, binding):
+            binding = _prove(host, target)
         if not locked and binding.write_lock is not None:
             host.query(binding.write_lock, params[:1])
         rows = host.query(binding.read_epoch, params)
-        if binding.confirm is not None and not binding.confirm(rows):
-            _refuse(host, target, "a database it no longer has open as proven")
     except (StorageCapabilityError, TypeError):
         raise
     except Exception as exc:
@@ -332,16 +325,8 @@ def _read_epoch(
     return as_value(rows[0][0]) if rows else None
 
 
-def _read_cached(
-    host: HostTransaction, binding: FenceBinding, params: tuple[str, ...]
-) -> list[tuple[object, ...]] | None:
-    """The epoch read through a cached binding, or ``None`` when only a guess did not hold."""
-    if binding.confirm is None:
-        return host.query(binding.read_epoch, params)  # proven for this connection's lifetime
-    try:
-        rows = host.query(binding.read_epoch, params)
-    except Exception as exc:
-        if binding.absent is not None and binding.absent(exc):
-            return None  # the guessed schema is not attached on this connection
-        raise
-    return rows if binding.confirm(rows) else None
+def _still_holds(host: HostTransaction, binding: FenceBinding) -> bool:
+    """Whether a cached binding still fits ``host``'s connection (see ``FenceBinding.recheck``)."""
+    if binding.recheck is None or binding.confirm is None:
+        return True  # proven for this connection's lifetime
+    return binding.confirm(host.query(binding.recheck, ()))

@@ -44,19 +44,17 @@ class FenceBinding:
         the transaction (see :data:`PG_READ_EPOCH`).
     :param write_lock: on SQLite, a statement that takes the database write lock inside an open
         transaction without changing anything (one parameter, the key); ``None`` elsewhere.
-    :param confirm: on SQLite, the proof renewed by every block: ``read_epoch`` also returns
-        the file its schema is on at that moment, and ``confirm(rows)`` says whether that is
-        still the store's file (the epoch is ``rows[0][0]``). ``None`` where the proof holds for
-        the connection's lifetime (PostgreSQL: a connection never changes its database).
-    :param absent: with ``confirm``: whether an error of ``read_epoch`` says only that its
-        schema or table is not there (the connection has other files open than last time), so
-        the fence proves the connection afresh; any other error fails the block.
+    :param recheck: on SQLite, a statement (no parameters) run on every block before the epoch
+        read, whose rows :attr:`confirm` judges: whether the connection still has the store's
+        file open under the schema ``read_epoch`` names. ``None`` where the proof holds for the
+        connection's lifetime (PostgreSQL: a connection never changes its database).
+    :param confirm: see ``recheck``.
     """
 
     read_epoch: str
     write_lock: str | None = None
+    recheck: str | None = None
     confirm: Callable[[Sequence[tuple[Any, ...]]], bool] | None = None
-    absent: Callable[[Exception], bool] | None = None
 
 
 @runtime_checkable
@@ -99,10 +97,11 @@ class SqliteFenceTarget:
 
     What a sqlite3 connection has open can change between two blocks (``ATTACH``/``DETACH``,
     ``deserialize()``), and a new connection can reuse a closed one's ``id()``, so nothing is
-    cached per connection: the binding's epoch read also returns the file its schema is on *now*
-    (``pragma_database_list``, no I/O), and :meth:`FenceBinding.confirm` compares it with the
-    store's file on every block — by name when SQLite reports the store's own resolved path
-    (the same string names the same file), else by device and inode.
+    cached per connection: every block re-reads ``PRAGMA database_list`` (no I/O) and compares
+    the file of the proven schema with the store's file — by name when SQLite reports the store's
+    own resolved path (the same string names the same file), else by device and inode — and
+    proves afresh when it differs. (Not the ``pragma_database_list`` table-valued function in
+    the epoch read: a connection that prepared one crashes SQLite 3.40 after ``deserialize()``.)
     """
 
     family: Family = "sqlite"
@@ -141,27 +140,18 @@ class SqliteFenceTarget:
             return False
         return (info.st_dev, info.st_ino) == (store.st_dev, store.st_ino)
 
-    def _confirm(self, rows: Sequence[tuple[Any, ...]]) -> bool:
-        return len(rows) == 1 and self._is_store(rows[0][1])
-
     def _binding(self, schema: str) -> FenceBinding:
         table = f"{quote_identifier(schema)}.{quote_identifier(self._table)}"
-        name = "'" + schema.replace("'", "''") + "'"
+
+        def confirm(rows: Sequence[tuple[Any, ...]]) -> bool:
+            return any(name == schema and self._is_store(file) for _seq, name, file in rows)
+
         return FenceBinding(
-            read_epoch=(
-                f"SELECT (SELECT value FROM {table} WHERE key = ?), file "
-                f"FROM pragma_database_list WHERE name = {name}"
-            ),
+            read_epoch=f"SELECT value FROM {table} WHERE key = ?",
             write_lock=f"UPDATE {table} SET value = value WHERE key = ?",
-            confirm=self._confirm,
-            absent=_no_such_table,
+            recheck="PRAGMA database_list",
+            confirm=confirm,
         )
-
-
-def _no_such_table(error: Exception) -> bool:
-    # SQLite reports a schema that is not attached, or a table not in it, only by this message
-    # (SQLITE_ERROR at prepare time, which leaves the transaction as it was).
-    return str(error).startswith("no such table")
 
 
 @dataclass(frozen=True, slots=True)
