@@ -1,9 +1,10 @@
 """The host-data fence: the host's own statements and the epoch check in one transaction.
 
 :func:`fenced_transaction` begins a transaction on the host's connection (a savepoint inside one
-already open), proves once per connection that it reaches the store's table, checks under a lock
-that the store's epoch for the workflow is exactly the bytes this engine's registry holds, yields,
-and commits on normal exit or rolls back on an exception.
+already open), proves that it reaches the store's table (once per connection, or on SQLite by
+re-checking the last proof on every block), checks under a lock that the store's epoch for the
+workflow is exactly the bytes this engine's registry holds, yields, and commits on normal exit or
+rolls back on an exception.
 
 **PostgreSQL.** The epoch row is read with ``SELECT … FOR SHARE`` in the host's transaction. Every
 writer of an epoch row — a takeover, an acquire, an external rotation, a release or a ledger
