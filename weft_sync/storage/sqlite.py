@@ -145,8 +145,10 @@ class SqliteStorage(SqliteSessionLockMethods):
         self._busy_timeout_ms = busy_timeout_ms
         self._synchronous = str(mode)
         self._read_only = bool(read_only)
-        # Resolved once: a later chdir() must not move the store under a read-only instance.
+        # Resolved once: a later chdir() must not move the store under a read-only instance
+        # or under the fence's same-file proof.
         self._ro_uri = f"file:{quote(os.path.abspath(self._path))}?mode=ro"
+        self._fence_target = SqliteFenceTarget(self._path, self._table)
         quoted = f'"{self._table}"'
         self._sql_get = f"SELECT value FROM {quoted} WHERE key = ?"
         self._sql_get_many = f"SELECT key, value FROM {quoted} WHERE key IN "
@@ -317,12 +319,10 @@ class SqliteStorage(SqliteSessionLockMethods):
         return self._table
 
     def fence_target(self) -> SqliteFenceTarget:
-        """Where this store's table is, for :mod:`weft_sync.fencing`.
-
-        See :class:`~weft_sync.storage.fence_target.SupportsHostFence`.
-        """
+        """Where this store's table is, for :mod:`weft_sync.fencing` (see
+        :class:`~weft_sync.storage.fence_target.SupportsHostFence`)."""
         self._check_open()
-        return SqliteFenceTarget(self._path, self._table)
+        return self._fence_target
 
     def get(self, key: str) -> bytes | None:
         validate_key(key)
