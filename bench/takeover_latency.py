@@ -21,14 +21,15 @@ Four rows per backend, each from fresh stores, medians and maxima over the runs 
     Checked per workflow: the new holder's ``claimed_at`` is past the old holder's ``expires_at``
     + 2 x renew interval (read after the stop). Expected from the stop: between TTL + 1 and
     TTL + 3 renew intervals. The defaults make that 35-45 s per run; ``--stop-ttl 3s/1s`` uses a
-    shorter TTL / renew interval for this row only (the output says which). The owner gets
-    SIGCONT and then SIGKILL afterwards.
+    shorter TTL / renew interval for this row only, as ``--quick`` does with 3 s / 1 s (the output
+    says so). The owner gets SIGCONT and then SIGKILL afterwards.
 ``SIGKILL, short TTL``
     The earlier benchmark: a bare bootstrap engine (no session lock, no handlers) holding claims
     with TTL 900 ms, renew 300 ms, against ``TTL + 2 x renew interval + one interval``.
 
     python bench/takeover_latency.py [--quick] [--repeats N] [--backend sqlite|postgres|both]
-        [--claims N] [--stop-ttl TTL/RENEW] [--stop-repeats N] [--log-dir DIR]
+        [--claims N] [--stop-ttl TTL/RENEW] [--stop-repeats N] [--rows kill1,kill3,stop1,short]
+        [--log-dir DIR]
 
 ``--log-dir`` writes each survivor's log (INFO: lock seen gone, entries read, each takeover) to
 ``DIR/<backend>-<scenario>-<run>-<survivor>.log``.
@@ -104,6 +105,8 @@ class Timing:
 
 
 DEFAULT_TIMING = Timing(DEFAULTS.claim_ttl_ms, DEFAULTS.claim_renew_interval_ms)
+QUICK_STOP_TIMING = Timing(3_000, 1_000)
+"""The SIGSTOP row's timing with ``--quick`` (the defaults make it wait ~40 s a run)."""
 
 
 # -- processes ------------------------------------------------------------------------------
@@ -578,8 +581,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--stop-ttl",
         type=_stop_timing,
-        default=DEFAULT_TIMING,
-        help="TTL[/RENEW] of the SIGSTOP row (default: the library defaults, 30s/5s)",
+        default=None,
+        help="TTL[/RENEW] of the SIGSTOP row (default: the library defaults, 30s/5s; "
+        "with --quick 3s/1s)",
     )
     parser.add_argument("--stop-repeats", type=int, default=None, help="runs of the SIGSTOP row")
     parser.add_argument(
@@ -602,7 +606,7 @@ def main() -> None:
         claims=args.claims or (100 if args.quick else 500),
         runs=runs,
         stop_runs=args.stop_repeats or runs,
-        stop_timing=args.stop_ttl,
+        stop_timing=args.stop_ttl or (QUICK_STOP_TIMING if args.quick else DEFAULT_TIMING),
         log_dir=args.log_dir,
         rows=frozenset(args.rows),
     )
