@@ -236,6 +236,34 @@ def test_the_reclaim_slot_is_single_flight(harness: Callable[..., Harness]) -> N
     assert reclaim.list_calls == 2
 
 
+def test_a_tick_meeting_a_requested_reclaim_does_not_warn_of_an_overrun_until_the_next(
+    harness: Callable[..., Harness], caplog: pytest.LogCaptureFixture
+) -> None:
+    park = _Park()
+    reclaim = FakeReclaimTarget(on_list=park)
+    h = harness(reclaim_target=reclaim)
+    h.task.start()
+    assert h.task.request_reclaim()
+    wait_set(park.entered, "the requested reclaim to start")
+    with caplog.at_level(logging.DEBUG, logger="weft_sync.maintenance.task"):
+        h.fire()
+        # Less than one interval after the request: skipped, but no overrun.
+        assert [r.levelname for r in caplog.records if "still running" in r.message] == ["DEBUG"]
+        assert "asked for between ticks" in caplog.text
+        caplog.clear()
+        h.fire()
+        # One whole interval later it is an overrun like any other.
+        warnings = [r for r in caplog.records if r.levelno == logging.WARNING]
+        assert [r.getMessage() for r in warnings] == [
+            "weft_sync: the reclaim sub-pass is still running after one interval (5000 ms); "
+            "skipping it this tick"
+        ]
+    assert reclaim.list_calls == 1
+    park.open()
+    h.recorder.wait_for(RECLAIM)
+    assert h.task.wait_idle(10)
+
+
 def test_every_configured_slot_reports_its_own_partial_result(
     harness: Callable[..., Harness],
 ) -> None:

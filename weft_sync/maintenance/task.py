@@ -109,7 +109,7 @@ class RenewalTask:
     def _reset_runtime_state(self) -> None:
         # _lock guards the lifecycle (_started, _generation, _handle, _closed), the worker pool
         # (_pool, _pool_shutdowns) and the passes in flight (_in_flight, _shared_pass, _busy,
-        # _drivers).
+        # _between_ticks, _drivers).
         self._lock = threading.Lock()
         self._idle = threading.Condition(self._lock)
         # Notified by stop(): ends the pause between urgent reclaim rounds.
@@ -122,6 +122,9 @@ class RenewalTask:
         self._in_flight = 0
         self._shared_pass: Future[PassResult] | None = None
         self._busy = dict.fromkeys(self._slot_bodies, False)
+        # Busy slots whose pass began between ticks (request_reclaim) and no tick has met yet:
+        # the first tick to find one busy comes less than one interval after its start.
+        self._between_ticks: set[PassKind] = set()
         self._drivers: set[threading.Thread] = set()
         # Reclaim rounds asked for while the reclaim slot was busy.
         self._reclaim_requested = False
@@ -277,18 +280,26 @@ class RenewalTask:
 
     def _tick(self, generation: int) -> None:
         launched: list[tuple[PassKind, threading.Thread]] = []
-        skipped: list[PassKind] = []
+        skipped: list[tuple[PassKind, bool]] = []
         with self._lock:
             if not self._started or self._generation != generation:
                 return
             self._drivers = {t for t in self._drivers if t.ident is None or t.is_alive()}
             for kind in self._slot_bodies:
                 if self._busy[kind]:
-                    skipped.append(kind)
+                    skipped.append((kind, kind in self._between_ticks))
+                    self._between_ticks.discard(kind)
                     continue
                 launched.append((kind, self._new_driver(kind)))
-        for kind in skipped:
+        for kind, between_ticks in skipped:
             notify_skipped(self._observers, kind.value)
+            if between_ticks:
+                _log.debug(
+                    "weft_sync: the %s sub-pass asked for between ticks is still running; "
+                    "skipping it this tick",
+                    kind.value,
+                )
+                continue
             _log.warning(
                 "weft_sync: the %s sub-pass is still running after one interval (%d ms); "
                 "skipping it this tick",
@@ -313,6 +324,7 @@ class RenewalTask:
                 self._reclaim_requested = True
                 return True
             launched = [(PassKind.RECLAIM, self._new_driver(PassKind.RECLAIM))]
+            self._between_ticks.add(PassKind.RECLAIM)
         self._start_drivers(launched)
         return True
 
@@ -523,6 +535,7 @@ class RenewalTask:
         with self._lock:
             if kind is not None:
                 self._busy[kind] = False
+                self._between_ticks.discard(kind)
             self._in_flight -= 1
             pool = self._take_idle_pool()
             if self._is_idle():
