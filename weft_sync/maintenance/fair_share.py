@@ -6,8 +6,9 @@ most a *fair share*, and each engine takes its candidates in its own order so th
 running passes at the same moment mostly attempt different workflows.
 
 The share is computed from what discovery read: with ``n`` engines (this one included) that
-hold live claims or publish a fresh engine record (idle ones count through their records) and ``total`` claims among them plus the stranded ones, an engine
-aims to hold ``ceil(total / n)``; it takes what it lacks of that target, and at least
+hold live claims or publish a fresh engine record (idle ones count through their records) and
+``total`` claims among them plus the stranded ones, an engine aims to hold ``ceil(total / n)``;
+it takes what it lacks of that target, and at least
 ``ceil(stranded / n)`` so that the stranded count shrinks every pass whoever is counted. A
 survivor alone (``n == 1``) takes everything at once.
 
