@@ -5,11 +5,12 @@ is fast enough that the first survivor to run a pass would take them all, so eac
 most a *fair share*, and each engine takes its candidates in its own order so that survivors
 running passes at the same moment mostly attempt different workflows.
 
-The share is computed from what discovery read: with ``n`` engines (this one included) that hold
-live claims or publish a fresh engine record (idle ones count through their records) and ``total``
-claims among them plus the stranded ones, an engine aims to hold ``ceil(total / n)``; it takes what
-it lacks of that target, and at least ``ceil(stranded / n)`` so that the stranded count shrinks
-every pass whoever is counted. A survivor alone (``n == 1``) takes everything at once.
+The share is computed from what discovery read: with ``n`` engines (this one included) that
+hold live claims or publish a fresh engine record (idle ones count through their records) and
+``total`` claims among them plus the stranded ones, an engine aims to hold ``ceil(total / n)``;
+it takes what it lacks of that target, and at least
+``ceil(stranded / n)`` so that the stranded count shrinks every pass whoever is counted. A
+survivor alone (``n == 1``) takes everything at once.
 
 A stranded workflow left over by the other engines (seen stranded by this engine for
 :data:`FAIR_SHARE_WINDOW_INTERVALS` renew intervals) is taken regardless of the share: engines
