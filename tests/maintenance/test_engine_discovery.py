@@ -16,7 +16,7 @@ import pytest
 from tests.claims.gated import WarningSink
 from tests.engines import MakeOwnership, opened_engines
 from tests.integration.fleet_worker import LocklessStore
-from tests.liveness.procs import holding
+from tests.liveness.procs import holding, wait_until
 from tests.maintenance.discovery_helpers import (
     JOB,
     OPTIONS,
@@ -44,6 +44,7 @@ from weft_sync.maintenance.scan_windows import RotatingWindow
 from weft_sync.options import OwnershipOptions
 from weft_sync.ownership import Ownership
 from weft_sync.storage import Put, Storage
+from weft_sync.storage.session_locks import storage_session_locks
 
 START = 1_000_000
 
@@ -64,6 +65,12 @@ def _start(ownership: Ownership, count: int, prefix: str = "job") -> list[str]:
     for wid in ids:
         ownership.workflows.start(wid, JOB)
     return ids
+
+
+def _lock_held(storage: Storage, name: str) -> bool:
+    locks = storage_session_locks(storage)
+    assert locks is not None
+    return name in locks.held_session_locks([name])
 
 
 def _survivor(make: MakeOwnership, driven: Driven, engine_id: str = "engine-b") -> Ownership:
@@ -147,6 +154,8 @@ def test_a_sigkilled_engines_claims_are_taken_before_expiry(
 
         child.proc.kill()
         child.proc.wait()
+        # PostgreSQL ends the dead client's session (and its advisory lock) moments later.
+        wait_until(lambda: not _lock_held(storage, "engine-k"), "engine-k's lock is gone")
         survivor.run_maintenance()
 
     assert holders(storage, ids) == {wid: ("engine-b", epochs[wid] + 1) for wid in ids}

@@ -95,8 +95,7 @@ class ScanDiscovery:
         for engine in sorted(dead):
             rows = read_engine_entries(self._storage, engine, limit=len(stranded) + 1)
             result.dead_claims.extend(wid for wid, _ in rows if wid in stranded)
-        result.dead_engines = dead
-        result.dead_left = bool(result.dead_claims)
+        result.dead_engines = dead  # the full scan lists every dead claim: none is left unlisted
         result.participants = crash_participants(statuses)
         for status in statuses:
             # Idle engines count in the fair share too: the holder scan cannot see them.
