@@ -130,7 +130,8 @@ def test_a_request_is_refused_when_stopped_closed_or_without_a_reclaim_target(
 
 def test_urgent_rounds_stop_after_their_limit(make_task: MakeTask) -> None:
     target = DeadWorkTarget()
-    task = make_task(reclaim_target=target)
+    # A long interval: the rounds' own limit ends the slot, not half an interval of them.
+    task = make_task(reclaim_target=target, interval_ms=600_000)
     task.start()
 
     assert task.request_reclaim()
@@ -202,3 +203,15 @@ def test_a_heartbeat_that_raises_is_logged_and_the_pass_goes_on(
 def test_a_heartbeat_that_is_not_callable_is_refused(make_task: MakeTask) -> None:
     with pytest.raises(TypeError, match="heartbeat must be callable or None, got 'beat'"):
         make_task(heartbeat="beat")
+
+
+def test_urgent_rounds_stop_after_half_an_interval(make_task: MakeTask) -> None:
+    # With a 150 ms interval, the first 100 ms pause already passes half of it.
+    target = DeadWorkTarget()
+    task = make_task(reclaim_target=target, interval_ms=150)
+    task.start()
+
+    assert task.request_reclaim()
+
+    assert task.wait_idle(10)
+    assert target.list_calls == 1
