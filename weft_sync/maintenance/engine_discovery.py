@@ -144,9 +144,10 @@ class EngineIndexDiscovery:
             if not ids and not more:
                 self._forget(status)
                 continue
-            result.dead_left = result.dead_left or more
             ids = [wid for wid in ids if wid not in excluded]
             if verdict in _TAKE_AT_ONCE:
+                # Only claims that may be taken at once are worth another urgent round.
+                result.dead_left = result.dead_left or more
                 dead.add(status.engine_id)
                 dead_ids.extend(ids)
                 for wid in ids:
@@ -157,6 +158,9 @@ class EngineIndexDiscovery:
         if indexed:
             self._holder_window(excluded, found, stranded)
             self._ownerless_windows(excluded, found, stranded)
+        for engine in dead:
+            # The full scan of a store being migrated reads a dead engine's holders as live.
+            result.live_claims.pop(engine, None)
         now = self._clock()
         with self._lock:
             first_seen = {wid: self._dead_first_seen.get(wid, now) for wid in dead_ids}
