@@ -39,6 +39,7 @@ from weft_sync.codec import HolderRecord, encode_epoch, encode_holder
 from weft_sync.liveness import EngineVerdict, survey_engines
 from weft_sync.liveness.records import EngineRecord, encode_engine_record
 from weft_sync.maintenance.discoveries import ScanDiscovery, expiry_judge
+from weft_sync.maintenance import engine_discovery
 from weft_sync.maintenance.engine_discovery import DISCOVERY_WINDOW, EngineIndexDiscovery
 from weft_sync.maintenance.scan_windows import RotatingWindow
 from weft_sync.options import OwnershipOptions
@@ -284,8 +285,9 @@ def _old_holders(storage: Storage, engine_id: str, count: int, expires_at: int) 
 
 
 def test_a_store_without_the_marker_is_scanned_in_full_until_the_backfill_marks_it(
-    make: MakeOwnership, storage: Storage, clock: ManualClock
+    make: MakeOwnership, storage: Storage, clock: ManualClock, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    monkeypatch.setattr(engine_discovery, "BACKFILL_BUDGET", 2)  # the migration takes passes
     writer = make("engine-writer")
     ids = _start(writer, 3, "old")
     for wid in ids:  # hand the records' claims to an old engine, without index entries
@@ -307,11 +309,13 @@ def test_a_store_without_the_marker_is_scanned_in_full_until_the_backfill_marks_
     holder_prefix = keys.workflow_owner_holder("")
     assert counting.scanned[holder_prefix] >= 3
     clock.advance(PAST_EXPIRY_MS)
-    for _ in range(5):
-        if index_marker_present(storage):
-            break
-        discovery.discover(())
-    assert index_marker_present(storage)
+    migrating_passes = 0
+    while not index_marker_present(storage):
+        # No pass of the migration misses a stranded claim.
+        assert set(discovery.discover(()).candidates) == set(ids)
+        migrating_passes += 1
+        assert migrating_passes < 20, "the backfill never wrote the marker"
+    assert migrating_passes > 1
     assert {wid for wid, _ in read_engine_entries(storage, "engine-old", limit=10)} == set(ids)
 
     counting.reset()
