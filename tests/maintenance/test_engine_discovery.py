@@ -38,8 +38,8 @@ from weft_sync.clock import ManualClock
 from weft_sync.codec import HolderRecord, encode_epoch, encode_holder
 from weft_sync.liveness import EngineVerdict, survey_engines
 from weft_sync.liveness.records import EngineRecord, encode_engine_record
-from weft_sync.maintenance.discoveries import ScanDiscovery, expiry_judge
 from weft_sync.maintenance import engine_discovery
+from weft_sync.maintenance.discoveries import ScanDiscovery, expiry_judge
 from weft_sync.maintenance.engine_discovery import DISCOVERY_WINDOW, EngineIndexDiscovery
 from weft_sync.maintenance.scan_windows import RotatingWindow
 from weft_sync.options import OwnershipOptions

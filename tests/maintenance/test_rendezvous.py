@@ -14,8 +14,8 @@ import pytest
 from tests.engines import MakeOwnership, opened_engines
 from tests.maintenance.discovery_helpers import (
     JOB,
-    OPTIONS,
     RENEW_MS,
+    TTL_MS,
     Driven,
     holders,
     index_store,
@@ -24,6 +24,7 @@ from tests.maintenance.discovery_helpers import (
 from weft_sync.clock import ManualClock
 from weft_sync.maintenance.engine_discovery import DEAD_SHARE_WINDOW_MS
 from weft_sync.maintenance.fair_share import assigned_to
+from weft_sync.options import OwnershipOptions
 from weft_sync.storage import Storage
 
 IDS = [f"wf-{n:04d}" for n in range(600)]
@@ -74,9 +75,14 @@ def clock() -> ManualClock:
     return ManualClock(1_000_000)
 
 
-@pytest.fixture
-def make(storage: Storage, clock: ManualClock) -> Iterator[MakeOwnership]:
-    with opened_engines(storage, clock, OPTIONS) as factory:
+@pytest.fixture(params=["auto", "scan"])
+def make(
+    storage: Storage, clock: ManualClock, request: pytest.FixtureRequest
+) -> Iterator[MakeOwnership]:
+    options = OwnershipOptions(
+        claim_ttl=TTL_MS, claim_renew_interval=RENEW_MS, reclaim_discovery=request.param
+    )
+    with opened_engines(storage, clock, options) as factory:
         yield factory
 
 

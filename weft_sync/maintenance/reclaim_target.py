@@ -37,6 +37,7 @@ from ..metrics import ClaimMetrics
 from ..storage.base import Storage
 from ..storage.reads import storage_get_many
 from .discoveries import Discovery, EngineDiscovery, ScanDiscovery
+from .engine_discovery import DEAD_SHARE_WINDOW_MS
 from .fair_share import (
     FAIR_SHARE_WINDOW_INTERVALS,
     assigned_to,
@@ -190,6 +191,13 @@ class ReclaimTargetHandle:
         if self._fair_share:
             overdue = {wid for wid, first in seen.items() if now - first >= window}
             overdue |= discovery.urgent.intersection(seen)
+            # Whatever the discovery: a dead engine's claim waits for its rendezvous taker
+            # only for the dead-share window.
+            overdue.update(
+                wid
+                for wid in discovery.dead_claims
+                if wid in seen and now - seen[wid] >= DEAD_SHARE_WINDOW_MS
+            )
         else:
             overdue = set(shared)
         mine = self._dead_share(discovery, set(shared), overdue)
