@@ -21,7 +21,7 @@ from tests.maintenance.discovery_helpers import (
     engine_record,
     holders,
 )
-from weft_sync import Ownership, OwnershipOptions
+from weft_sync import Ownership, OwnershipOptions, keys
 from weft_sync.clock import ManualClock
 from weft_sync.errors import StorageError
 from weft_sync.storage import Storage
@@ -142,3 +142,55 @@ def test_claims_a_close_could_not_release_are_taken_over_before_they_expire(
         assert holders(storage, ids) == dict.fromkeys(ids, ("engine-b", 2))
         assert driven.all_ids() == ids
         assert engine_record(storage, "engine-a") is None  # forgotten once empty
+
+
+class WatchingCloseOrder:
+    """Forwards to a real store; at each claim release and at the record's removal, notes what
+    another engine would see then: the record, the lock, and whether a crash probe still runs."""
+
+    def __init__(self, inner: Storage, engine_id: str) -> None:
+        self._inner = inner
+        self._engine_id = engine_id
+        self._lock = threading.Lock()  # guards seen
+        self.seen: list[tuple[str, bool, bool, bool]] = []
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)
+
+    @property
+    def capabilities(self) -> Any:
+        return self._inner.capabilities
+
+    def _note(self, what: str) -> None:
+        record = engine_record(self._inner, self._engine_id) is not None
+        locked = _lock_held(self._inner, self._engine_id)
+        probing = any(t.name == "weft-liveness-watch" for t in threading.enumerate())
+        with self._lock:
+            self.seen.append((what, record, locked, probing))
+
+    def conditional_batch(self, conditions: Sequence[Any], operations: Sequence[Any]) -> bool:
+        self._note("cas")
+        return bool(self._inner.conditional_batch(conditions, operations))
+
+    def delete(self, key: str) -> None:
+        if key == keys.engine_liveness(self._engine_id):
+            self._note("record")
+        self._inner.delete(key)
+
+
+def test_close_releases_the_claims_before_the_record_and_the_record_before_the_lock(
+    storage: Storage,
+) -> None:
+    watching = WatchingCloseOrder(storage, "engine-o")
+    options = OwnershipOptions(claim_ttl="3s", claim_renew_interval="1s")
+    ownership = Ownership.open(watching, engine_id="engine-o", options=options)  # type: ignore[arg-type]
+    ownership.workflows.start("wf-1", JOB)
+    assert ownership.started
+
+    ownership.close()
+
+    # The probe is gone before anything is released; the record and the lock outlive the
+    # claims; the lock outlives the record.
+    assert watching.seen[-2:] == [("cas", True, True, False), ("record", True, True, False)]
+    assert engine_record(storage, "engine-o") is None
+    assert not _lock_held(storage, "engine-o")
