@@ -39,10 +39,10 @@ from .. import keys
 from ..claims.engine_index import backfill_step, index_marker_present, read_engine_entries
 from ..codec import try_decode_workflow_record
 from ..liveness.gc import forget_engine
-from ..liveness.verdicts import EngineStatus, EngineVerdict, survey_engines
+from ..liveness.verdicts import EngineStatus, EngineVerdict
 from ..storage.base import Storage
 from ..storage.reads import storage_get_many
-from .discoveries import EngineDiscovery, crash_participants
+from .discoveries import EngineDiscovery, crash_participants, survey_for_discovery
 from .reclaim_scan import HolderJudge, decode_key_id, discover_reclaim_candidates
 from .scan_windows import RotatingWindow
 
@@ -118,14 +118,7 @@ class EngineIndexDiscovery:
         :raises StorageError: a read failed; nothing remembered moves but the windows read.
         """
         excluded = set(exclude)
-        statuses = survey_engines(
-            self._storage,
-            now=self._clock(),
-            exclude=(self._engine_id,),
-            # A survey that finds this engine's own lock gone (a database restart ends every
-            # lock session at once) trusts no lock and judges by heartbeats.
-            own_lock=self._engine_id,
-        )
+        statuses = survey_for_discovery(self._storage, now=self._clock(), engine_id=self._engine_id)
         indexed = self._store_indexed()
         result = EngineDiscovery() if indexed else self._migrating(excluded)
         found: dict[str, None] = dict.fromkeys(result.candidates)
