@@ -64,17 +64,8 @@ def _engine_when_ready(config: FleetEngine, process: BaseProcess, deadline: floa
     return str(ready[0]["engine"])
 
 
-def _owners(storage: Storage, ids: list[str]) -> dict[str, tuple[str | None, int | None]]:
-    found: dict[str, tuple[str | None, int | None]] = {}
-    for wid in ids:
-        holder = decode_holder(storage.get(keys.workflow_owner_holder(wid)))
-        epoch = decode_epoch(storage.get(keys.workflow_owner_epoch(wid)) or b"")
-        found[wid] = (None if holder is None else holder.engine_id, epoch)
-    return found
-
-
 def _drives(configs: list[FleetEngine]) -> list[tuple[str, str, int]]:
-    """(engine name, workflow id, epoch) of every drive journaled so far."""
+    """Every drive journaled so far: (engine name, workflow id, epoch)."""
     return [
         (c.name, e["id"], e["epoch"])
         for c in configs
@@ -83,9 +74,13 @@ def _drives(configs: list[FleetEngine]) -> list[tuple[str, str, int]]:
     ]
 
 
-def _checkpoints(store: Storage, ids: list[str]) -> dict[str, bytes | None]:
-    with Ownership.open(store, background="manual") as reader:
-        return {wid: reader.workflows.load_checkpoint(wid) for wid in ids}
+def _owners(storage: Storage, ids: list[str]) -> dict[str, tuple[str | None, int | None]]:
+    found: dict[str, tuple[str | None, int | None]] = {}
+    for wid in ids:
+        holder = decode_holder(storage.get(keys.workflow_owner_holder(wid)))
+        epoch = decode_epoch(storage.get(keys.workflow_owner_epoch(wid)) or b"")
+        found[wid] = (None if holder is None else holder.engine_id, epoch)
+    return found
 
 
 def test_a_killed_engines_workflows_are_driven_by_the_rest_of_the_fleet(
@@ -122,11 +117,7 @@ def test_a_killed_engines_workflows_are_driven_by_the_rest_of_the_fleet(
             }
             forgotten = store.get(keys.engine_liveness(victim)) is None
             if all(o in survivors for o, _ in owners.values()) and driven >= set(ids) and forgotten:
-                # Judged before the stop: an engine that closes first releases its claims, and
-                # one still running may rightly take and drive those workflows again.
                 final = owners
-                drives = _drives(configs[1:])
-                checkpoints = _checkpoints(store, ids)
                 break
             assert time.monotonic() - killed_at < DEADLINE_S, (
                 f"{sum(o not in survivors for o, _ in owners.values())} workflows still held "
@@ -134,11 +125,24 @@ def test_a_killed_engines_workflows_are_driven_by_the_rest_of_the_fleet(
                 f"engine's record {'gone' if forgotten else 'still there'}"
             )
             time.sleep(POLL_S)
+        # What the takeover did, read before the fleet stops: an engine that closes releases
+        # its running workflows, which the engines still open then acquire and drive anew.
+        drives = _drives(configs[1:])
+        last_driver = {wid: name.encode() for name, wid, _ in drives}
+        with Ownership.open(store, background="manual") as reader:
+            while True:  # a drive is journaled before its checkpoint is written
+                checkpoints = {wid: reader.workflows.load_checkpoint(wid) for wid in ids}
+                if checkpoints == last_driver:
+                    break
+                assert time.monotonic() - killed_at < DEADLINE_S, "checkpoints not written"
+                time.sleep(POLL_S)
         stop_all(processes[1:], Path(configs[0].stop))
     finally:
         stop_all([p for p in processes if p.is_alive()], Path(configs[0].stop))
     for config in configs:
         assert journal_errors(config.journal) == [], config.name
+    redriven = [d for d in _drives(configs[1:]) if d not in drives]
+    assert all(epoch > 2 for _, _, epoch in redriven), redriven  # acquired after a release
     # Every workflow was taken over once (epoch 2) and driven once, by the engine that won it.
     assert sorted(wid for _, wid, _ in drives) == sorted(ids)
     assert {epoch for _, _, epoch in drives} == {2}
