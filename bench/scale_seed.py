@@ -1,0 +1,237 @@
+"""Seeding for ``bench/scale.py``: live claims of other engines written as raw rows, in bulk.
+
+A claim seeded here is byte for byte what the library writes when an engine acquires a workflow
+it started: the epoch key (``encode_epoch``), the holder record (``encode_holder``), the running
+workflow record (``encode_workflow_record``) and its status-index entry, and the by-engine
+index entry (engine, workflow) -> the epoch bytes. Rows go in with one bulk transaction per
+chunk: SQLite ``executemany`` on a plain ``sqlite3`` connection to the same file and table
+(values are stored as the raw bytes, as ``SqliteStorage`` stores them), PostgreSQL ``COPY``.
+
+A store lives either in a temporary directory (gone after the run) or in ``--keep DIR``, where a
+manifest remembers its table and how many claims were seeded, so a later run adds only what a
+larger size needs.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import sqlite3
+import time
+import uuid
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from bench.common import StoreSpec
+from weft_sync import keys
+from weft_sync.codec import (
+    HolderRecord,
+    WorkflowRecord,
+    encode_epoch,
+    encode_holder,
+    encode_workflow_record,
+)
+from weft_sync.storage.base import prefix_upper_bound
+
+__all__ = [
+    "HAS_OWNER_INDEX",
+    "SEED_TYPE",
+    "Seeder",
+    "by_engine_key",
+    "claim_rows",
+    "kept_store",
+    "owner_index_marker",
+    "save_manifest",
+]
+
+SEED_TYPE = "scale-job"
+SEED_CHUNK = 20_000
+FAR_FUTURE_MS = 4_000_000_000_000  # year 2096: never expires during a run
+
+HAS_OWNER_INDEX = hasattr(keys, "workflow_owner_by_engine")
+"""Whether the library writes by-engine index entries (and so can discover by engine)."""
+
+
+def by_engine_key(engine_id: str, workflow_id: str) -> str:
+    """The by-engine index key of (engine, workflow), by the library's builder when it has one."""
+    if HAS_OWNER_INDEX:
+        key: str = keys.workflow_owner_by_engine(engine_id, workflow_id)  # type: ignore[attr-defined]
+        return key
+    enc = keys.encode_key_component
+    return f"wf-owner-by-engine:{enc(engine_id)}:{enc(workflow_id)}"
+
+
+def owner_index_marker() -> str:
+    marker: str = getattr(keys, "OWNER_INDEX_MARKER", "wf-owner-index-marker")
+    return marker
+
+
+def claim_rows(
+    workflow_id: str, engine_id: str, *, expires_at: int, claimed_at: int
+) -> list[tuple[str, bytes]]:
+    """The five rows of one running workflow held by ``engine_id`` at epoch 1."""
+    epoch = encode_epoch(1)
+    holder = encode_holder(HolderRecord(engine_id, 1, expires_at, claimed_at))
+    record = WorkflowRecord(
+        workflow_id, SEED_TYPE, "running", created_at=claimed_at, updated_at=claimed_at
+    )
+    return [
+        (keys.workflow_owner_epoch(workflow_id), epoch),
+        (keys.workflow_owner_holder(workflow_id), holder),
+        (keys.workflow(workflow_id), encode_workflow_record(record)),
+        (keys.workflow_status_index("running", workflow_id), b""),
+        (by_engine_key(engine_id, workflow_id), epoch),
+    ]
+
+
+@dataclass
+class Seeder:
+    """Writes raw rows into one store's table, and reads back what a bench must check."""
+
+    spec: StoreSpec
+
+    @contextlib.contextmanager
+    def _sqlite(self) -> Iterator[sqlite3.Connection]:
+        conn = self.spec.raw_sqlite()
+        try:
+            yield conn
+        finally:
+            conn.close()
+
+    def insert(self, rows: Sequence[tuple[str, bytes]]) -> None:
+        """Insert ``rows`` (keys absent so far) in one transaction per chunk."""
+        table = f'"{self.spec.table}"'
+        if self.spec.backend == "sqlite":
+            with self._sqlite() as conn:
+                for start in range(0, len(rows), 5 * SEED_CHUNK):
+                    conn.execute("BEGIN IMMEDIATE")
+                    conn.executemany(
+                        f"INSERT INTO {table} (key, value) VALUES (?, ?)",
+                        rows[start : start + 5 * SEED_CHUNK],
+                    )
+                    conn.execute("COMMIT")
+            return
+        with self.spec.raw_postgres() as conn:
+            for start in range(0, len(rows), 5 * SEED_CHUNK):
+                with (
+                    conn.transaction(),
+                    conn.cursor() as cur,
+                    cur.copy(f"COPY {table} (key, value) FROM STDIN") as copy,
+                ):
+                    for row in rows[start : start + 5 * SEED_CHUNK]:
+                        copy.write_row(row)
+
+    def seed_claims(
+        self,
+        workflow_ids: Sequence[str],
+        engines: Sequence[str],
+        *,
+        expires_at: int = FAR_FUTURE_MS,
+        claimed_at: int | None = None,
+    ) -> float:
+        """Seed one claim per id, engines taken round-robin; return the seconds it took."""
+        started = time.perf_counter()
+        at = int(time.time() * 1000) if claimed_at is None else claimed_at
+        for start in range(0, len(workflow_ids), SEED_CHUNK):
+            rows: list[tuple[str, bytes]] = []
+            for offset, wid in enumerate(workflow_ids[start : start + SEED_CHUNK]):
+                engine = engines[(start + offset) % len(engines)]
+                rows += claim_rows(wid, engine, expires_at=expires_at, claimed_at=at)
+            self.insert(rows)
+        return time.perf_counter() - started
+
+    def count_prefix(self, prefix: str) -> int:
+        """How many keys of the table start with ``prefix``."""
+        upper = prefix_upper_bound(prefix)
+        table = f'"{self.spec.table}"'
+        if self.spec.backend == "sqlite":
+            with self._sqlite() as conn:
+                row = conn.execute(
+                    f"SELECT count(*) FROM {table} WHERE key >= ? AND key < ?", (prefix, upper)
+                ).fetchone()
+                return int(row[0])
+        with self.spec.raw_postgres() as conn:
+            found = conn.execute(
+                f"SELECT count(*) FROM {table} WHERE key >= %s AND key < %s", (prefix, upper)
+            ).fetchone()
+            return int(found[0])
+
+    def read_prefix(self, prefix: str) -> list[tuple[str, bytes]]:
+        upper = prefix_upper_bound(prefix)
+        table = f'"{self.spec.table}"'
+        query = f"SELECT key, value FROM {table} WHERE key >= {{p}} AND key < {{p}} ORDER BY key"
+        if self.spec.backend == "sqlite":
+            with self._sqlite() as conn:
+                rows = conn.execute(query.format(p="?"), (prefix, upper)).fetchall()
+        else:
+            with self.spec.raw_postgres() as conn:
+                rows = conn.execute(query.format(p="%s"), (prefix, upper)).fetchall()
+        return [(str(k), bytes(v)) for k, v in rows]
+
+    def delete_keys(self, doomed: Sequence[str]) -> None:
+        table = f'"{self.spec.table}"'
+        if self.spec.backend == "sqlite":
+            with self._sqlite() as conn:
+                conn.execute("BEGIN IMMEDIATE")
+                conn.executemany(f"DELETE FROM {table} WHERE key = ?", [(k,) for k in doomed])
+                conn.execute("COMMIT")
+            return
+        with self.spec.raw_postgres() as conn:
+            conn.execute(f"DELETE FROM {table} WHERE key = ANY(%s)", (list(doomed),))
+
+    def delete_prefixes(self, prefixes: Sequence[str]) -> None:
+        """Delete every key starting with one of ``prefixes``, in one transaction."""
+        table = f'"{self.spec.table}"'
+        bounds = [(p, prefix_upper_bound(p)) for p in prefixes]
+        if self.spec.backend == "sqlite":
+            with self._sqlite() as conn:
+                conn.execute("BEGIN IMMEDIATE")
+                conn.executemany(f"DELETE FROM {table} WHERE key >= ? AND key < ?", bounds)
+                conn.execute("COMMIT")
+            return
+        with self.spec.raw_postgres() as conn, conn.transaction(), conn.cursor() as cur:
+            cur.executemany(f"DELETE FROM {table} WHERE key >= %s AND key < %s", bounds)
+
+    def vacuum_analyze(self) -> None:
+        """Refresh the planner's statistics after a bulk load (PostgreSQL; SQLite: ANALYZE)."""
+        table = f'"{self.spec.table}"'
+        if self.spec.backend == "sqlite":
+            with self._sqlite() as conn:
+                conn.execute(f"ANALYZE {table}")
+                conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+            return
+        with self.spec.raw_postgres() as conn:
+            conn.execute(f"VACUUM ANALYZE {table}")
+
+
+# -- kept stores ----------------------------------------------------------------------------
+
+
+def kept_store(keep: Path, backend: str, pg_url: str | None) -> tuple[StoreSpec, dict[str, Any]]:
+    """The store kept in ``keep`` for ``backend`` and its manifest (empty for a new store).
+
+    The manifest (``keep/<backend>.json``) holds the table name and the seeded claim count;
+    never the server URL, which comes from the environment on every run.
+    """
+    keep.mkdir(parents=True, exist_ok=True)
+    manifest_path = keep / f"{backend}.json"
+    manifest: dict[str, Any] = {}
+    if manifest_path.exists():
+        manifest = json.loads(manifest_path.read_text())
+    table = str(manifest.get("table") or "scale_" + uuid.uuid4().hex[:12])
+    manifest["table"] = table
+    if backend == "sqlite":
+        path = str(keep / "scale.db")
+        spec = StoreSpec(backend, f"sqlite:///{path}?table={table}", table, path=path)
+    else:
+        if pg_url is None:
+            raise SystemExit("--backend postgres needs a server: set WEFT_SYNC_TEST_POSTGRES_DSN")
+        sep = "&" if "?" in pg_url else "?"
+        spec = StoreSpec(backend, f"{pg_url}{sep}table={table}", table, dsn=pg_url)
+    return spec, manifest
+
+
+def save_manifest(keep: Path, backend: str, manifest: dict[str, Any]) -> None:
+    (keep / f"{backend}.json").write_text(json.dumps(manifest, indent=1, sort_keys=True))
