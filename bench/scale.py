@@ -73,6 +73,7 @@ from bench.scale_seed import (
     SEED_TYPE,
     Seeder,
     by_engine_key,
+    check_seed_format,
     kept_store,
     owner_index_marker,
     save_manifest,
@@ -265,6 +266,7 @@ def bench_backend(spec: StoreSpec, sizes: Sequence[int], repeats: int) -> list[S
     rows: list[SizeRow] = []
     try:
         fleet.wait_for_index_marker(seeder)
+        check_seed_format(seeder, next(iter(fleet.measured.values())))
         have = seeded_count(seeder)
         for size in sizes:
             if have > size:

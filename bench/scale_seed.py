@@ -25,13 +25,15 @@ from pathlib import Path
 from typing import Any
 
 from bench.common import StoreSpec
-from weft_sync import keys
+from weft_sync import Ownership, keys
 from weft_sync.codec import (
     HolderRecord,
     WorkflowRecord,
+    decode_holder,
     encode_epoch,
     encode_holder,
     encode_workflow_record,
+    try_decode_workflow_record,
 )
 from weft_sync.storage.base import prefix_upper_bound
 
@@ -40,6 +42,7 @@ __all__ = [
     "SEED_TYPE",
     "Seeder",
     "by_engine_key",
+    "check_seed_format",
     "claim_rows",
     "kept_store",
     "owner_index_marker",
@@ -69,14 +72,21 @@ def owner_index_marker() -> str:
 
 
 def claim_rows(
-    workflow_id: str, engine_id: str, *, expires_at: int, claimed_at: int
+    workflow_id: str,
+    engine_id: str,
+    *,
+    expires_at: int,
+    claimed_at: int,
+    created_at: int | None = None,
 ) -> list[tuple[str, bytes]]:
-    """The five rows of one running workflow held by ``engine_id`` at epoch 1."""
+    """The five rows of one running workflow held by ``engine_id`` at epoch 1.
+
+    :param created_at: the workflow record's timestamps (default ``claimed_at``).
+    """
     epoch = encode_epoch(1)
     holder = encode_holder(HolderRecord(engine_id, 1, expires_at, claimed_at))
-    record = WorkflowRecord(
-        workflow_id, SEED_TYPE, "running", created_at=claimed_at, updated_at=claimed_at
-    )
+    at = claimed_at if created_at is None else created_at
+    record = WorkflowRecord(workflow_id, SEED_TYPE, "running", created_at=at, updated_at=at)
     return [
         (keys.workflow_owner_epoch(workflow_id), epoch),
         (keys.workflow_owner_holder(workflow_id), holder),
@@ -204,6 +214,53 @@ class Seeder:
             return
         with self.spec.raw_postgres() as conn:
             conn.execute(f"VACUUM ANALYZE {table}")
+
+
+def check_seed_format(seeder: Seeder, ownership: Ownership) -> None:
+    """Start one workflow through the library and check its rows are what seeding writes.
+
+    Every key holding the probe's id is compared, so a row the library writes and seeding does
+    not (or the other way round) stops the benchmark. The probe's rows are removed afterwards.
+    """
+    wid = f"scale-probe-{uuid.uuid4().hex[:8]}"
+    enc = keys.encode_key_component(wid)
+    # The probe's own key families, and the whole by-engine range of an engine that holds
+    # nothing else, so an entry under an unexpected key would show too.
+    prefixes = [
+        keys.workflow_owner_epoch(wid),
+        keys.workflow_owner_holder(wid),
+        keys.workflow(wid),
+        keys.workflow_status_index("running", wid),
+        by_engine_key(ownership.engine_id, ""),
+    ]
+    ownership.workflows.start(wid, SEED_TYPE)
+    try:
+        written = {k: v for p in prefixes for k, v in seeder.read_prefix(p) if enc in k}
+        holder = decode_holder(written.get(keys.workflow_owner_holder(wid)))
+        record = try_decode_workflow_record(written.get(keys.workflow(wid)))
+        if holder is None or record is None:
+            raise SystemExit(f"the probe workflow {wid!r} has no holder or record: {written}")
+        expected = dict(
+            claim_rows(
+                wid,
+                ownership.engine_id,
+                expires_at=holder.expires_at,
+                claimed_at=holder.claimed_at,
+                created_at=record.created_at,
+            )
+        )
+        if not HAS_OWNER_INDEX:
+            expected.pop(by_engine_key(ownership.engine_id, wid))
+        if written != expected:
+            raise SystemExit(
+                f"seeded rows differ from what the library writes:\n library {written}\n"
+                f" seeding {expected}"
+            )
+    finally:
+        ownership.workflows.complete(wid)
+        # The completed record, its index entry and the epoch stay behind: remove them.
+        prefixes.append(keys.workflow_status_index("completed", wid))
+        seeder.delete_keys([k for p in prefixes for k, _ in seeder.read_prefix(p) if enc in k])
 
 
 # -- kept stores ----------------------------------------------------------------------------
