@@ -35,7 +35,8 @@ read back from the store at the end), each survivor's share, the workflows drive
 takeover bound TTL + 2 x renew + one interval (+3 s allowed).
 
 ``--keep DIR`` keeps the seeded SQLite file and PostgreSQL table (with a manifest of the table
-name and claim count) in DIR, so a later run reuses them and seeds only what is missing.
+name and claim count) in DIR, so a later run reuses them and seeds only what is missing (a size
+below what the kept store holds is skipped); ``--keep DIR --drop`` removes them.
 
     python bench/scale.py [--quick] [--sizes 10k,100k,1M] [--repeats N]
         [--backend sqlite|postgres|both] [--keep DIR] [--dead] [--dead-only]
@@ -74,6 +75,7 @@ from bench.scale_seed import (
     Seeder,
     by_engine_key,
     check_seed_format,
+    drop_kept,
     kept_store,
     owner_index_marker,
     save_manifest,
@@ -641,6 +643,7 @@ def worker_main(args: argparse.Namespace) -> None:
 def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--sizes", type=sizes_arg, default=None, help="e.g. 10k,100k,1M")
     parser.add_argument("--keep", type=Path, default=None, help="keep (and reuse) stores in DIR")
+    parser.add_argument("--drop", action="store_true", help="remove the stores kept in --keep")
     parser.add_argument("--dead", action="store_true", help="add the dead-engine case")
     parser.add_argument("--dead-only", action="store_true", help="only the dead-engine case")
     parser.add_argument(
@@ -673,6 +676,11 @@ def main() -> None:
     args = parse_args(__doc__, configure)
     if args.worker:
         worker_main(args)
+        return
+    if args.drop:
+        if args.keep is None:
+            raise SystemExit("--drop removes the stores of --keep DIR: give --keep")
+        drop_kept(args.keep, os.environ.get("WEFT_SYNC_TEST_POSTGRES_DSN"))
         return
     print(f"scale benchmark; {machine_note()}; discoveries: {', '.join(modes())}", flush=True)
     if not HAS_DISCOVERY_OPTION:

@@ -44,6 +44,7 @@ __all__ = [
     "by_engine_key",
     "check_seed_format",
     "claim_rows",
+    "drop_kept",
     "kept_store",
     "owner_index_marker",
     "save_manifest",
@@ -288,6 +289,22 @@ def kept_store(keep: Path, backend: str, pg_url: str | None) -> tuple[StoreSpec,
         sep = "&" if "?" in pg_url else "?"
         spec = StoreSpec(backend, f"{pg_url}{sep}table={table}", table, dsn=pg_url)
     return spec, manifest
+
+
+def drop_kept(keep: Path, pg_url: str | None) -> None:
+    """Remove the stores kept in ``keep``: the PostgreSQL table, the SQLite files, the manifests."""
+    pg_manifest = keep / "postgres.json"
+    if pg_manifest.exists():
+        if pg_url is None:
+            raise SystemExit("dropping the kept PostgreSQL table needs WEFT_SYNC_TEST_POSTGRES_DSN")
+        table = json.loads(pg_manifest.read_text())["table"]
+        spec = StoreSpec("postgres", "", table, dsn=pg_url)
+        with spec.raw_postgres() as conn:
+            conn.execute(f'DROP TABLE IF EXISTS "{table}"')
+        pg_manifest.unlink()
+    for path in keep.glob("scale.db*"):
+        path.unlink()
+    (keep / "sqlite.json").unlink(missing_ok=True)
 
 
 def save_manifest(keep: Path, backend: str, manifest: dict[str, Any]) -> None:
