@@ -30,8 +30,10 @@ unset, each recording every drive of its handler with a timestamp):
 - ``stale``: an engine record without a lock whose heartbeat, like every holder it names, expired
   long ago. Measured from the commit that seeded it.
 
-Each row gives the time until all 10,000 were held by survivors and driven (the holders are
-read back from the store at the end), each survivor's share, the workflows driven twice, and the
+Each row gives the time until the first and until all 10,000 were held by survivors and driven
+(the holders are read back from the store at the end), each survivor's share, the workflows
+driven twice, how often a survivor's reclaim sub-pass was still running when its next tick came
+(``overruns``, from the warnings the survivors log), and whether the last drive came within the
 takeover bound TTL + 2 x renew + one interval (+3 s allowed).
 
 ``--keep DIR`` keeps the seeded SQLite file and PostgreSQL table (with a manifest of the table
@@ -100,7 +102,9 @@ def options_for(mode: str | None) -> OwnershipOptions:
     """Default claim timing; ``mode`` picks the discovery (``None``: the library's only one)."""
     if mode is None:
         return OwnershipOptions()
-    return OwnershipOptions(reclaim_discovery=mode)  # type: ignore[call-arg]
+    # Through a mapping, so this file also runs on a library without the option (then unused).
+    chosen: dict[str, Any] = {"reclaim_discovery": mode}
+    return OwnershipOptions(**chosen)
 
 
 def modes() -> dict[str, str | None]:
@@ -262,35 +266,35 @@ class SizeRow:
     samples: dict[str, PassSamples]
 
 
-def bench_backend(spec: StoreSpec, sizes: Sequence[int], repeats: int) -> list[SizeRow]:
+def bench_backend(
+    fleet: Fleet, sizes: Sequence[int], repeats: int, *, measure: bool = True
+) -> list[SizeRow]:
+    """Grow the store through ``sizes``, measuring passes at each (only seeding without
+    ``measure``)."""
+    spec = fleet.spec
     seeder = Seeder(spec)
-    fleet = Fleet(spec)
+    fleet.wait_for_index_marker(seeder)
+    check_seed_format(seeder, next(iter(fleet.measured.values())))
+    have = seeded_count(seeder)
     rows: list[SizeRow] = []
-    try:
-        fleet.wait_for_index_marker(seeder)
-        check_seed_format(seeder, next(iter(fleet.measured.values())))
-        have = seeded_count(seeder)
-        for size in sizes:
-            if have > size:
-                print(
-                    f"{spec.backend}: the store holds {have:,} claims, more than {size:,}: skipped"
-                )
-                continue
-            seconds = grow(seeder, have, size) if size > have else 0.0
-            note = f"{seconds:.1f} s (+{size - have:,})" if size > have else "kept"
-            print(f"{spec.backend}: {size:,} claims seeded, {note}", flush=True)
-            have = size
+    for size in sizes:
+        if have > size:
+            print(f"{spec.backend}: the store holds {have:,} claims, more than {size:,}: skipped")
+            continue
+        seconds = grow(seeder, have, size) if size > have else 0.0
+        note = f"{seconds:.1f} s (+{size - have:,})" if size > have else "kept"
+        print(f"{spec.backend}: {size:,} claims seeded, {note}", flush=True)
+        have = size
+        if measure:
             rows.append(SizeRow(size, note, measure_size(fleet, repeats, size)))
-            report_size(spec.backend, rows[-1], repeats)
-    finally:
-        fleet.close()
+            report_size(spec.backend, rows[-1])
     return rows
 
 
-def report_size(backend: str, row: SizeRow, repeats: int) -> None:
+def report_size(backend: str, row: SizeRow) -> None:
     print_table(
         f"{backend}, {row.size:,} live claims of {OTHERS} other engines, nothing stranded "
-        f"(median and max of {repeats} passes)",
+        f"(median and max of {', '.join(f'{len(s.wall)}' for s in row.samples.values())} passes)",
         ["discovery", "run_maintenance", "reclaim sub-pass"],
         [[name, s.cell(), s.reclaim_cell()] for name, s in row.samples.items()]
         + (
@@ -342,10 +346,36 @@ class DeadRun:
     scenario: str
     column: str
     elapsed_s: float | None
+    first_s: float | None
     shares: dict[str, int]
     driven: int
     twice: int
     held_by_survivors: int
+    overruns: int
+
+
+def spawn_worker(
+    role: str, name: str, workdir: Path, spec: StoreSpec, mode: str | None
+) -> subprocess.Popen[bytes]:
+    """Run this script as a ``role`` worker; the store URL goes by environment, never argv."""
+    root = Path(__file__).resolve().parent.parent
+    env = {**os.environ, URL_ENV: spec.url, "PYTHONPATH": str(root)}
+    command = [sys.executable, str(Path(__file__).resolve()), "--worker", role, "--name", name]
+    command += ["--workdir", str(workdir), *(["--discovery", mode] if mode else [])]
+    with (workdir / f"{name}.err").open("wb") as err:
+        return subprocess.Popen(command, env=env, stderr=err)
+
+
+def worker_errors(workdir: Path) -> tuple[int, list[str]]:
+    """How many overrun warnings the workers logged, and every other line they wrote."""
+    overruns, other = 0, []
+    for path in sorted(workdir.glob("*.err")):
+        for line in path.read_text(errors="replace").splitlines():
+            if "still running after one interval" in line:
+                overruns += 1
+            elif line.strip():
+                other.append(f"{path.stem}: {line}")
+    return overruns, other
 
 
 class Survivors:
@@ -354,24 +384,7 @@ class Survivors:
     def __init__(self, spec: StoreSpec, workdir: Path, mode: str | None) -> None:
         self.workdir = workdir
         self.stop_file = workdir / "stop"
-        env = {**os.environ, URL_ENV: spec.url, "PYTHONPATH": str(Path(__file__).parent.parent)}
-        self.procs = [
-            subprocess.Popen(
-                [
-                    sys.executable,
-                    __file__,
-                    "--worker",
-                    "survivor",
-                    "--name",
-                    name,
-                    "--workdir",
-                    str(workdir),
-                    *(["--discovery", mode] if mode else []),
-                ],
-                env=env,
-            )
-            for name in SURVIVORS
-        ]
+        self.procs = [spawn_worker("survivor", name, workdir, spec, mode) for name in SURVIVORS]
         _wait_for_files([workdir / f"{name}.ready" for name in SURVIVORS], self.procs)
 
     def drives(self) -> list[tuple[str, float, str]]:
@@ -439,7 +452,7 @@ def dead_run(
         try:
             with heartbeating(fleet):
                 if scenario == "crash":
-                    t0 = _crash(spec, seeder, workdir, dead_engine, ids, options, survivors)
+                    t0 = _crash(spec, seeder, workdir, dead_engine, ids, mode, survivors)
                 else:
                     t0 = _stale(seeder, dead_engine, ids, options)
                 elapsed = _wait_driven(survivors, ids, t0, options)
@@ -449,22 +462,28 @@ def dead_run(
         finally:
             survivors.close()
             _clean_dead(seeder, tag, dead_engine)
+        overruns, errors = worker_errors(workdir)
+    for line in errors[-20:]:
+        print(f"  {line}")
     counts: dict[str, int] = {}
-    shares = {name: 0 for name in SURVIVORS}
+    shares = dict.fromkeys(SURVIVORS, 0)
     for name, _, wid in events:
         counts[wid] = counts.get(wid, 0) + 1
         shares[name] += 1
     held = sum(
         1 for _, value in holders if (h := decode_holder(value)) and h.engine_id in SURVIVORS
     )
+    first = min((at for _, at, _ in events), default=None)
     return DeadRun(
-        scenario,
-        column,
-        elapsed,
-        shares,
-        len(counts),
-        sum(1 for n in counts.values() if n > 1),
-        held,
+        scenario=scenario,
+        column=column,
+        elapsed_s=elapsed,
+        first_s=None if first is None else first - t0,
+        shares=shares,
+        driven=len(counts),
+        twice=sum(1 for n in counts.values() if n > 1),
+        held_by_survivors=held,
+        overruns=overruns,
     )
 
 
@@ -474,25 +493,11 @@ def _crash(
     workdir: Path,
     dead_engine: str,
     ids: list[str],
-    options: OwnershipOptions,
+    mode: str | None,
     survivors: Survivors,
 ) -> float:
-    env = {**os.environ, URL_ENV: spec.url, "PYTHONPATH": str(Path(__file__).parent.parent)}
-    mode = getattr(options, "reclaim_discovery", None)
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            __file__,
-            "--worker",
-            "dead",
-            "--name",
-            dead_engine,
-            "--workdir",
-            str(workdir),
-            *(["--discovery", mode] if mode else []),
-        ],
-        env=env,
-    )
+    options = options_for(mode)
+    proc = spawn_worker("dead", dead_engine, workdir, spec, mode)
     try:
         _wait_for_files([workdir / f"{dead_engine}.ready"], [proc])
         now = int(time.time() * 1000)
@@ -526,8 +531,29 @@ def _stale(seeder: Seeder, dead_engine: str, ids: list[str], options: OwnershipO
 
 
 def stale_engine_record(engine_id: str, options: OwnershipOptions) -> tuple[str, bytes] | None:
-    """The liveness record of an engine without a lock whose heartbeat expired long ago."""
-    return None
+    """The liveness record of an engine without a lock whose heartbeat expired long ago.
+
+    ``None`` when the library keeps no engine records (nothing could call such an engine dead).
+    """
+    try:
+        from weft_sync.liveness import EngineRecord, encode_engine_record
+    except ImportError:
+        return None
+    long_ago = int(time.time() * 1000) - 10 * options.claim_ttl_ms
+    record = EngineRecord(
+        engine_id=engine_id,
+        state="live",
+        heartbeat_at=long_ago,
+        claim_ttl_ms=options.claim_ttl_ms,
+        renew_interval_ms=options.claim_renew_interval_ms,
+        held=DEAD_CLAIMS,
+        lock=None,
+        pid=0,
+        host="",
+        started_at=long_ago,
+    )
+    key: str = keys.engine_liveness(engine_id)  # type: ignore[attr-defined]
+    return key, encode_engine_record(record)
 
 
 def _wait_driven(
@@ -569,18 +595,30 @@ def report_dead(backend: str, size: int, runs: list[DeadRun]) -> None:
         rows.append(
             [
                 f"{run.scenario}, {run.column}",
+                "-" if run.first_s is None else f"{run.first_s * 1000:,.0f} ms",
                 "not all" if run.elapsed_s is None else f"{run.elapsed_s * 1000:,.0f} ms",
                 *(f"{run.shares[name]:,}" for name in SURVIVORS),
                 f"{run.driven:,}/{DEAD_CLAIMS:,}",
                 f"{run.held_by_survivors:,}",
                 str(run.twice),
+                str(run.overruns),
                 "yes" if within else "no",
             ]
         )
     print_table(
         f"{backend}: a dead engine's {DEAD_CLAIMS:,} claims among {size:,} live ones, 3 survivor "
         f"processes (bound TTL + 2 x renew + one interval = {bound_s:.0f} s, +{ALLOWED_S:.0f} s)",
-        ["death, discovery", "all driven after", *SURVIVORS, "driven", "held", "twice", "in bound"],
+        [
+            "death, discovery",
+            "first driven",
+            "all driven",
+            *SURVIVORS,
+            "driven",
+            "held",
+            "twice",
+            "overruns",
+            "in bound",
+        ],
         rows,
     )
 
@@ -593,20 +631,16 @@ def dead_modes(include_old: bool) -> dict[str, str | None]:
     return {"new": found["new"]}
 
 
-def bench_dead(spec: StoreSpec, size: int, scenarios: Sequence[str], include_old: bool) -> None:
-    fleet = Fleet(spec)
+def bench_dead(fleet: Fleet, size: int, scenarios: Sequence[str], include_old: bool) -> None:
     runs: list[DeadRun] = []
-    try:
-        for scenario in scenarios:
-            for column, mode in dead_modes(include_old).items():
-                tag = f"{scenario}-{column}-{os.getpid()}"
-                try:
-                    runs.append(dead_run(spec, fleet, scenario, column, mode, tag))
-                except SystemExit as exc:
-                    print(f"{spec.backend} {scenario}, {column}: {exc}", flush=True)
-    finally:
-        fleet.close()
-    report_dead(spec.backend, size, runs)
+    for scenario in scenarios:
+        for column, mode in dead_modes(include_old).items():
+            tag = f"{scenario}-{column}-{os.getpid()}"
+            try:
+                runs.append(dead_run(fleet.spec, fleet, scenario, column, mode, tag))
+            except SystemExit as exc:
+                print(f"{fleet.spec.backend} {scenario}, {column}: {exc}", flush=True)
+    report_dead(fleet.spec.backend, size, runs)
 
 
 # -- worker processes -----------------------------------------------------------------------
@@ -661,14 +695,19 @@ def run_backend(
     sizes = args.sizes or (QUICK_SIZES if args.quick else FULL_SIZES)
     repeats = args.repeats or 5
     lines: list[str] = []
-    if not args.dead_only:
-        rows = bench_backend(spec, sizes, repeats)
-        lines += summarize(backend, rows)
-    if manifest is not None:
-        manifest["claims"] = Seeder(spec).count_prefix(keys.workflow_owner_holder("wf-"))
-        save_manifest(args.keep, backend, manifest)
-    if args.dead or args.dead_only:
-        bench_dead(spec, max(sizes), ("crash", "stale"), args.dead_old)
+    fleet = Fleet(spec)
+    try:
+        if args.dead_only:
+            bench_backend(fleet, (max(sizes),), repeats, measure=False)
+        else:
+            lines += summarize(backend, bench_backend(fleet, sizes, repeats))
+        if manifest is not None:
+            manifest["claims"] = seeded_count(Seeder(spec))
+            save_manifest(args.keep, backend, manifest)
+        if args.dead or args.dead_only:
+            bench_dead(fleet, max(sizes), ("crash", "stale"), args.dead_old)
+    finally:
+        fleet.close()
     return lines
 
 
