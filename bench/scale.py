@@ -10,11 +10,14 @@ right amount of work is about zero. Measured for each N (10k / 100k / 1M; ``--qu
 - ``new``: an engine with the default discovery (``"auto"``: engine records, session locks and
   the by-engine index). Shown as ``n/a`` when the library has no ``reclaim_discovery`` option.
 
-Each figure is the median and the max of the passes (``--repeats``, 5; 3 for the old discovery
-at 1M and above): the wall time of ``Ownership.run_maintenance()`` and of its reclaim sub-pass
-(the ``weft_workflow_claim_pass_seconds{subpass="reclaim"}`` histogram). Before each pass of the
-new engine the other engines run one maintenance pass of their own (not timed), so their
-heartbeats stay fresh however long the old discovery's passes take.
+Each figure is the median and the max of the passes (``--repeats`` rounds, 5; each round runs
+one pass of the old engine, none after the third round at 1M and above, and three of the new
+one, whose passes are cheap and noisier): the wall time of ``Ownership.run_maintenance()`` and
+of its reclaim sub-pass (the ``weft_workflow_claim_pass_seconds{subpass="reclaim"}``
+histogram). Untimed warm-up passes come first (1 old, 10 new: the first few are slower while
+psycopg prepares statements), and a garbage collection before each pass. Before each pass the
+other engines run one maintenance pass of their own (not timed), so their heartbeats stay fresh
+however long the old discovery's passes take.
 
 Seeding writes raw rows (``bench/scale_seed.py``): per claim the epoch, the holder (expiring in
 2096), the running workflow record, its status-index entry and the by-engine index entry. N grows
@@ -48,6 +51,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import gc
 import os
 import signal
 import statistics
@@ -86,6 +90,8 @@ from weft_sync import Ownership, OwnershipOptions, ReclaimedWorkflow, keys
 from weft_sync.codec import decode_holder
 
 OTHERS = 8
+WARM_PASSES = 10
+NEW_PER_ROUND = 3
 FULL_SIZES = (10_000, 100_000, 1_000_000)
 QUICK_SIZES = (10_000, 100_000)
 TARGET_MS = 10.0
@@ -218,17 +224,21 @@ class Fleet:
 def measure_size(fleet: Fleet, repeats: int, size: int) -> dict[str, PassSamples]:
     """Interleaved passes of every measured engine; each checked to have reclaimed nothing."""
     samples = {column: PassSamples() for column in fleet.measured}
-    for column, ownership in fleet.measured.items():  # warm caches, plans and connections
-        fleet.heartbeat()
-        _one_pass(ownership, column, size)
+    for column, ownership in fleet.measured.items():
+        # Warm caches, connections and (psycopg prepares a statement on its 5th run) plans.
+        for _ in range(1 if column == "old" else WARM_PASSES):
+            fleet.heartbeat()
+            _one_pass(ownership, column, size)
     for round_ in range(repeats):
         for column, ownership in fleet.measured.items():
             if column == "old" and size >= 1_000_000 and round_ >= 3:
                 continue
-            fleet.heartbeat()
-            wall, reclaim = _one_pass(ownership, column, size)
-            samples[column].wall.append(wall)
-            samples[column].reclaim.append(reclaim)
+            for _ in range(1 if column == "old" else NEW_PER_ROUND):
+                fleet.heartbeat()
+                gc.collect()
+                wall, reclaim = _one_pass(ownership, column, size)
+                samples[column].wall.append(wall)
+                samples[column].reclaim.append(reclaim)
     return samples
 
 
