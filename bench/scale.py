@@ -50,17 +50,12 @@ below what the kept store holds is skipped); ``--keep DIR --drop`` removes them.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import gc
 import os
-import signal
 import statistics
-import subprocess
 import sys
-import tempfile
-import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -75,49 +70,25 @@ from bench.common import (
     print_table,
     selected_backends,
 )
+from bench.scale_dead import bench_dead, worker_main
+from bench.scale_fleet import HAS_DISCOVERY_OPTION, OTHERS, Fleet, claim_id, modes, other_ids
 from bench.scale_seed import (
     HAS_OWNER_INDEX,
-    SEED_TYPE,
     Seeder,
     by_engine_key,
     check_seed_format,
     drop_kept,
     kept_store,
-    owner_index_marker,
     save_manifest,
 )
-from weft_sync import Ownership, OwnershipOptions, ReclaimedWorkflow, keys
-from weft_sync.codec import decode_holder
+from weft_sync import Ownership, keys
 
-OTHERS = 8
 WARM_PASSES = 10
 NEW_PER_ROUND = 3
 FULL_SIZES = (10_000, 100_000, 1_000_000)
 QUICK_SIZES = (10_000, 100_000)
 TARGET_MS = 10.0
 FLAT_TARGET = 2.0
-DEAD_CLAIMS = 10_000
-SURVIVORS = ("scale-survivor-1", "scale-survivor-2", "scale-survivor-3")
-ALLOWED_S = 3.0
-URL_ENV = "WEFT_SCALE_URL"
-HAS_DISCOVERY_OPTION = "reclaim_discovery" in getattr(OwnershipOptions, "__dataclass_fields__", {})
-"""Whether the library can choose between the old full scan and the new discovery."""
-
-
-def options_for(mode: str | None) -> OwnershipOptions:
-    """Default claim timing; ``mode`` picks the discovery (``None``: the library's only one)."""
-    if mode is None:
-        return OwnershipOptions()
-    # Through a mapping, so this file also runs on a library without the option (then unused).
-    chosen: dict[str, Any] = {"reclaim_discovery": mode}
-    return OwnershipOptions(**chosen)
-
-
-def modes() -> dict[str, str | None]:
-    """Column name -> discovery option of every discovery this library has."""
-    if HAS_DISCOVERY_OPTION:
-        return {"old": "scan", "new": "auto"}
-    return {"old": None}
 
 
 def parse_size(text: str) -> int:
@@ -131,14 +102,6 @@ def parse_size(text: str) -> int:
 
 def sizes_arg(text: str) -> tuple[int, ...]:
     return tuple(sorted({parse_size(part) for part in text.split(",") if part.strip()}))
-
-
-def claim_id(n: int) -> str:
-    return f"wf-{n:07d}"
-
-
-def other_ids() -> list[str]:
-    return [f"scale-other-{n}" for n in range(OTHERS)]
 
 
 # -- the steady state -----------------------------------------------------------------------
@@ -167,58 +130,6 @@ def _ms(seconds: float) -> str:
 
 def _reclaim_total(ownership: Ownership) -> float:
     return ownership.metrics.snapshot().pass_seconds["reclaim"].total
-
-
-def _refuse_drive(ctx: ReclaimedWorkflow) -> None:
-    raise SystemExit(f"a measured engine drove {ctx.workflow_id!r}, a live claim of another engine")
-
-
-class Fleet:
-    """The other engines and one measured engine per discovery, all open on one store."""
-
-    def __init__(self, spec: StoreSpec) -> None:
-        self.spec = spec
-        self._stack = contextlib.ExitStack()
-        self.others = [self._open(engine, options_for(None)) for engine in other_ids()]
-        self.measured = {
-            column: self._open(
-                f"scale-measured-{column}", options_for(mode), handlers={SEED_TYPE: _refuse_drive}
-            )
-            for column, mode in modes().items()
-        }
-
-    def _open(
-        self, engine: str, options: OwnershipOptions, handlers: dict[str, Any] | None = None
-    ) -> Ownership:
-        ownership = Ownership.open(
-            self.spec.url,
-            options=options,
-            background="manual",
-            engine_id=engine,
-            handlers=handlers,
-        )
-        self._stack.callback(ownership.close)
-        return ownership
-
-    def heartbeat(self) -> None:
-        """One maintenance pass of every other engine (its heartbeat, with the new discovery)."""
-        if HAS_DISCOVERY_OPTION:
-            for ownership in self.others:
-                ownership.run_maintenance()
-
-    def wait_for_index_marker(self, seeder: Seeder) -> None:
-        """Let the new engine's backfill mark the (still empty) store as fully indexed."""
-        if not HAS_DISCOVERY_OPTION:
-            return
-        marker = [owner_index_marker()]
-        for _ in range(20):
-            if seeder.read_prefix(marker[0]):
-                return
-            self.measured["new"].run_maintenance()
-        raise SystemExit("the owner index backfill never set its marker on an empty store")
-
-    def close(self) -> None:
-        self._stack.close()
 
 
 def measure_size(fleet: Fleet, repeats: int, size: int) -> dict[str, PassSamples]:
@@ -346,339 +257,6 @@ def summarize(backend: str, rows: list[SizeRow]) -> list[str]:
     if not HAS_DISCOVERY_OPTION:
         lines.append(f"{backend} new: n/a (this library has no reclaim_discovery option)")
     return lines
-
-
-# -- the dead engine ------------------------------------------------------------------------
-
-
-@dataclass
-class DeadRun:
-    scenario: str
-    column: str
-    elapsed_s: float | None
-    first_s: float | None
-    shares: dict[str, int]
-    driven: int
-    twice: int
-    held_by_survivors: int
-    overruns: int
-
-
-def spawn_worker(
-    role: str, name: str, workdir: Path, spec: StoreSpec, mode: str | None
-) -> subprocess.Popen[bytes]:
-    """Run this script as a ``role`` worker; the store URL goes by environment, never argv."""
-    root = Path(__file__).resolve().parent.parent
-    env = {**os.environ, URL_ENV: spec.url, "PYTHONPATH": str(root)}
-    command = [sys.executable, str(Path(__file__).resolve()), "--worker", role, "--name", name]
-    command += ["--workdir", str(workdir), *(["--discovery", mode] if mode else [])]
-    with (workdir / f"{name}.err").open("wb") as err:
-        return subprocess.Popen(command, env=env, stderr=err)
-
-
-def worker_errors(workdir: Path) -> tuple[int, list[str]]:
-    """How many overrun warnings the workers logged, and every other line they wrote."""
-    overruns, other = 0, []
-    for path in sorted(workdir.glob("*.err")):
-        for line in path.read_text(errors="replace").splitlines():
-            if "still running after one interval" in line:
-                overruns += 1
-            elif line.strip():
-                other.append(f"{path.stem}: {line}")
-    return overruns, other
-
-
-class Survivors:
-    """Three survivor processes, each recording its drives to its own file."""
-
-    def __init__(self, spec: StoreSpec, workdir: Path, mode: str | None) -> None:
-        self.workdir = workdir
-        self.stop_file = workdir / "stop"
-        self.procs = [spawn_worker("survivor", name, workdir, spec, mode) for name in SURVIVORS]
-        _wait_for_files([workdir / f"{name}.ready" for name in SURVIVORS], self.procs)
-
-    def drives(self) -> list[tuple[str, float, str]]:
-        """Every drive so far: (survivor, monotonic time, workflow id)."""
-        found: list[tuple[str, float, str]] = []
-        for name in SURVIVORS:
-            path = self.workdir / f"{name}.drives"
-            if not path.exists():
-                continue
-            for line in path.read_text().splitlines():
-                at, _, wid = line.partition(" ")
-                if wid:
-                    found.append((name, float(at), wid))
-        return found
-
-    def close(self) -> None:
-        self.stop_file.touch()
-        for proc in self.procs:
-            try:
-                proc.wait(120)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait(30)
-
-
-def _wait_for_files(paths: Sequence[Path], procs: Sequence[subprocess.Popen[bytes]]) -> None:
-    deadline = time.monotonic() + 180
-    while not all(p.exists() for p in paths):
-        if any(proc.poll() is not None for proc in procs):
-            raise SystemExit("a worker process exited before it was ready")
-        if time.monotonic() > deadline:
-            raise SystemExit("a worker process did not get ready within 180 s")
-        time.sleep(0.05)
-
-
-@contextlib.contextmanager
-def heartbeating(fleet: Fleet) -> Iterator[None]:
-    """Keep the other engines' heartbeats fresh (one pass each per renew interval) meanwhile."""
-    stop = threading.Event()
-    renew_s = options_for(None).claim_renew_interval_ms / 1000
-
-    def loop() -> None:
-        while not stop.wait(renew_s):
-            fleet.heartbeat()
-
-    thread = threading.Thread(target=loop, name="scale-heartbeat", daemon=True)
-    thread.start()
-    try:
-        yield
-    finally:
-        stop.set()
-        thread.join(120)
-
-
-def dead_run(
-    spec: StoreSpec, fleet: Fleet, scenario: str, column: str, mode: str | None, tag: str
-) -> DeadRun:
-    seeder = Seeder(spec)
-    ids = [f"dead-{tag}-{n:05d}" for n in range(DEAD_CLAIMS)]
-    dead_engine = f"scale-dead-{tag}"
-    options = options_for(mode)
-    with tempfile.TemporaryDirectory(prefix="weft-scale-") as tmp:
-        workdir = Path(tmp)
-        survivors = Survivors(spec, workdir, mode)
-        try:
-            with heartbeating(fleet):
-                if scenario == "crash":
-                    t0 = _crash(spec, seeder, workdir, dead_engine, ids, mode, survivors)
-                else:
-                    t0 = _stale(seeder, dead_engine, ids, options)
-                elapsed = _wait_driven(survivors, ids, t0, options)
-                time.sleep(options.claim_renew_interval_ms / 1000)  # a second drive would show
-                events = survivors.drives()
-                holders = seeder.read_prefix(keys.workflow_owner_holder(f"dead-{tag}-"))
-        finally:
-            survivors.close()
-            _clean_dead(seeder, tag, dead_engine)
-        overruns, errors = worker_errors(workdir)
-    for line in errors[-20:]:
-        print(f"  {line}")
-    counts: dict[str, int] = {}
-    shares = dict.fromkeys(SURVIVORS, 0)
-    for name, _, wid in events:
-        counts[wid] = counts.get(wid, 0) + 1
-        shares[name] += 1
-    held = sum(
-        1 for _, value in holders if (h := decode_holder(value)) and h.engine_id in SURVIVORS
-    )
-    first = min((at for _, at, _ in events), default=None)
-    return DeadRun(
-        scenario=scenario,
-        column=column,
-        elapsed_s=elapsed,
-        first_s=None if first is None else first - t0,
-        shares=shares,
-        driven=len(counts),
-        twice=sum(1 for n in counts.values() if n > 1),
-        held_by_survivors=held,
-        overruns=overruns,
-    )
-
-
-def _crash(
-    spec: StoreSpec,
-    seeder: Seeder,
-    workdir: Path,
-    dead_engine: str,
-    ids: list[str],
-    mode: str | None,
-    survivors: Survivors,
-) -> float:
-    options = options_for(mode)
-    proc = spawn_worker("dead", dead_engine, workdir, spec, mode)
-    try:
-        _wait_for_files([workdir / f"{dead_engine}.ready"], [proc])
-        now = int(time.time() * 1000)
-        seeder.seed_claims(
-            ids, [dead_engine], expires_at=now + options.claim_ttl_ms, claimed_at=now
-        )
-        # Every survivor runs a pass while the engine lives, so it knows the engine and its lock.
-        time.sleep(options.claim_renew_interval_ms / 1000 + 1.0)
-        if survivors.drives():
-            raise SystemExit("a survivor drove a live engine's claim before the kill")
-        t0 = time.monotonic()
-        os.kill(proc.pid, signal.SIGKILL)
-        proc.wait(30)
-        return t0
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait(30)
-
-
-def _stale(seeder: Seeder, dead_engine: str, ids: list[str], options: OwnershipOptions) -> float:
-    record = stale_engine_record(dead_engine, options)
-    if record is None:
-        raise SystemExit("no engine liveness records in this library: the stale case is n/a")
-    long_ago = int(time.time() * 1000) - 10 * options.claim_ttl_ms
-    seeder.seed_claims(
-        ids, [dead_engine], expires_at=long_ago + options.claim_ttl_ms, claimed_at=long_ago
-    )
-    seeder.insert([record])
-    return time.monotonic()
-
-
-def stale_engine_record(engine_id: str, options: OwnershipOptions) -> tuple[str, bytes] | None:
-    """The liveness record of an engine without a lock whose heartbeat expired long ago.
-
-    ``None`` when the library keeps no engine records (nothing could call such an engine dead).
-    """
-    try:
-        from weft_sync.liveness import EngineRecord, encode_engine_record
-    except ImportError:
-        return None
-    long_ago = int(time.time() * 1000) - 10 * options.claim_ttl_ms
-    record = EngineRecord(
-        engine_id=engine_id,
-        state="live",
-        heartbeat_at=long_ago,
-        claim_ttl_ms=options.claim_ttl_ms,
-        renew_interval_ms=options.claim_renew_interval_ms,
-        held=DEAD_CLAIMS,
-        lock=None,
-        pid=0,
-        host="",
-        started_at=long_ago,
-    )
-    key: str = keys.engine_liveness(engine_id)  # type: ignore[attr-defined]
-    return key, encode_engine_record(record)
-
-
-def _wait_driven(
-    survivors: Survivors, ids: list[str], t0: float, options: OwnershipOptions
-) -> float | None:
-    bound_s = (options.claim_ttl_ms + 3 * options.claim_renew_interval_ms) / 1000 + ALLOWED_S
-    wanted = set(ids)
-    deadline = t0 + bound_s + 30.0
-    while time.monotonic() < deadline:
-        events = survivors.drives()
-        driven = {wid for _, _, wid in events if wid in wanted}
-        if len(driven) == len(wanted):
-            return max(at for _, at, wid in events if wid in wanted) - t0
-        time.sleep(0.05)
-    return None
-
-
-def _clean_dead(seeder: Seeder, tag: str, dead_engine: str) -> None:
-    """Remove every row of a dead run, so the store holds only the other engines' claims."""
-    ids = f"dead-{tag}-"
-    prefixes = [
-        keys.workflow_owner_epoch(ids),
-        keys.workflow_owner_holder(ids),
-        keys.workflow(ids),
-        *(keys.workflow_status_index(s, ids) for s in ("running", "completed", "failed")),
-        *(by_engine_key(engine, ids) for engine in (dead_engine, *SURVIVORS)),
-    ]
-    seeder.delete_prefixes(prefixes)
-    if hasattr(keys, "engine_liveness"):
-        seeder.delete_keys([keys.engine_liveness(dead_engine)])
-
-
-def report_dead(backend: str, size: int, runs: list[DeadRun]) -> None:
-    options = options_for(None)
-    bound_s = (options.claim_ttl_ms + 3 * options.claim_renew_interval_ms) / 1000
-    rows = []
-    for run in runs:
-        within = run.elapsed_s is not None and run.elapsed_s <= bound_s + ALLOWED_S
-        rows.append(
-            [
-                f"{run.scenario}, {run.column}",
-                "-" if run.first_s is None else f"{run.first_s * 1000:,.0f} ms",
-                "not all" if run.elapsed_s is None else f"{run.elapsed_s * 1000:,.0f} ms",
-                *(f"{run.shares[name]:,}" for name in SURVIVORS),
-                f"{run.driven:,}/{DEAD_CLAIMS:,}",
-                f"{run.held_by_survivors:,}",
-                str(run.twice),
-                str(run.overruns),
-                "yes" if within else "no",
-            ]
-        )
-    print_table(
-        f"{backend}: a dead engine's {DEAD_CLAIMS:,} claims among {size:,} live ones, 3 survivor "
-        f"processes (bound TTL + 2 x renew + one interval = {bound_s:.0f} s, +{ALLOWED_S:.0f} s)",
-        [
-            "death, discovery",
-            "first driven",
-            "all driven",
-            *SURVIVORS,
-            "driven",
-            "held",
-            "twice",
-            "overruns",
-            "in bound",
-        ],
-        rows,
-    )
-
-
-def dead_modes(include_old: bool) -> dict[str, str | None]:
-    """The discoveries the dead-engine case runs: the new one, the old one when asked or alone."""
-    found = modes()
-    if include_old or "new" not in found:
-        return found
-    return {"new": found["new"]}
-
-
-def bench_dead(fleet: Fleet, size: int, scenarios: Sequence[str], include_old: bool) -> None:
-    runs: list[DeadRun] = []
-    for scenario in scenarios:
-        for column, mode in dead_modes(include_old).items():
-            tag = f"{scenario}-{column}-{os.getpid()}"
-            try:
-                runs.append(dead_run(fleet.spec, fleet, scenario, column, mode, tag))
-            except SystemExit as exc:
-                print(f"{fleet.spec.backend} {scenario}, {column}: {exc}", flush=True)
-    report_dead(fleet.spec.backend, size, runs)
-
-
-# -- worker processes -----------------------------------------------------------------------
-
-
-def worker_main(args: argparse.Namespace) -> None:
-    url = os.environ[URL_ENV]
-    workdir = Path(args.workdir)
-    options = options_for(args.discovery)
-    if args.worker == "dead":
-        Ownership.open(url, options=options, engine_id=args.name)
-        (workdir / f"{args.name}.ready").touch()
-        while True:
-            time.sleep(60)
-    drives = (workdir / f"{args.name}.drives").open("a", buffering=1)
-    lock = threading.Lock()  # guards drives (handlers run on several maintenance threads)
-
-    def drive(ctx: ReclaimedWorkflow) -> None:
-        line = f"{time.monotonic():.6f} {ctx.workflow_id}\n"
-        with lock:
-            drives.write(line)
-
-    with Ownership.open(url, options=options, engine_id=args.name, handlers={SEED_TYPE: drive}):
-        (workdir / f"{args.name}.ready").touch()
-        stop = workdir / "stop"
-        while not stop.exists():
-            time.sleep(0.05)
-    drives.close()
 
 
 # -- main -----------------------------------------------------------------------------------
