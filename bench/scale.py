@@ -224,6 +224,9 @@ def report_size(backend: str, row: SizeRow) -> None:
             else []
         ),
     )
+    for name, samples in row.samples.items():
+        passes = ", ".join(f"{w * 1000:,.1f}" for w in samples.wall)
+        print(f"  {name}, every pass (ms): {passes}")
 
 
 def summarize(backend: str, rows: list[SizeRow]) -> list[str]:
