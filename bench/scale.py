@@ -43,8 +43,9 @@ takeover bound TTL + 2 x renew + one interval (+3 s allowed).
 name and claim count) in DIR, so a later run reuses them and seeds only what is missing (a size
 below what the kept store holds is skipped); ``--keep DIR --drop`` removes them.
 
-    python bench/scale.py [--quick] [--sizes 10k,100k,1M] [--repeats N]
-        [--backend sqlite|postgres|both] [--keep DIR] [--dead] [--dead-only]
+    python bench/scale.py [--quick] [--sizes 10k,100k,1M] [--repeats N] [--old-up-to N]
+        [--backend sqlite|postgres|both] [--keep DIR [--drop]] [--dead | --dead-only]
+        [--dead-old]
 """
 
 from __future__ import annotations
@@ -114,12 +115,12 @@ class PassSamples:
 
     def cell(self) -> str:
         if not self.wall:
-            return "n/a"
+            return "not run"
         return f"{_ms(statistics.median(self.wall))} (max {_ms(max(self.wall))})"
 
     def reclaim_cell(self) -> str:
         if not self.reclaim:
-            return "n/a"
+            return "not run"
         return f"{_ms(statistics.median(self.reclaim))} (max {_ms(max(self.reclaim))})"
 
 
@@ -132,16 +133,24 @@ def _reclaim_total(ownership: Ownership) -> float:
     return ownership.metrics.snapshot().pass_seconds["reclaim"].total
 
 
-def measure_size(fleet: Fleet, repeats: int, size: int) -> dict[str, PassSamples]:
-    """Interleaved passes of every measured engine; each checked to have reclaimed nothing."""
+def measure_size(
+    fleet: Fleet, repeats: int, size: int, old_up_to: int | None = None
+) -> dict[str, PassSamples]:
+    """Interleaved passes of every measured engine; each checked to have reclaimed nothing.
+
+    :param old_up_to: above this size the old discovery is not run (its passes take a minute).
+    """
     samples = {column: PassSamples() for column in fleet.measured}
-    for column, ownership in fleet.measured.items():
+    engines = dict(fleet.measured)
+    if old_up_to is not None and size > old_up_to:
+        engines.pop("old", None)
+    for column, ownership in engines.items():
         # Warm caches, connections and (psycopg prepares a statement on its 5th run) plans.
         for _ in range(1 if column == "old" else WARM_PASSES):
             fleet.heartbeat()
             _one_pass(ownership, column, size)
     for round_ in range(repeats):
-        for column, ownership in fleet.measured.items():
+        for column, ownership in engines.items():
             if column == "old" and size >= 1_000_000 and round_ >= 3:
                 continue
             for _ in range(1 if column == "old" else NEW_PER_ROUND):
@@ -188,7 +197,12 @@ class SizeRow:
 
 
 def bench_backend(
-    fleet: Fleet, sizes: Sequence[int], repeats: int, *, measure: bool = True
+    fleet: Fleet,
+    sizes: Sequence[int],
+    repeats: int,
+    *,
+    measure: bool = True,
+    old_up_to: int | None = None,
 ) -> list[SizeRow]:
     """Grow the store through ``sizes``, measuring passes at each (only seeding without
     ``measure``)."""
@@ -207,7 +221,7 @@ def bench_backend(
         print(f"{spec.backend}: {size:,} claims seeded, {note}", flush=True)
         have = size
         if measure:
-            rows.append(SizeRow(size, note, measure_size(fleet, repeats, size)))
+            rows.append(SizeRow(size, note, measure_size(fleet, repeats, size, old_up_to)))
             report_size(spec.backend, rows[-1])
     return rows
 
@@ -225,6 +239,8 @@ def report_size(backend: str, row: SizeRow) -> None:
         ),
     )
     for name, samples in row.samples.items():
+        if not samples.wall:
+            continue
         passes = ", ".join(f"{w * 1000:,.1f}" for w in samples.wall)
         print(f"  {name}, every pass (ms): {passes}")
 
@@ -267,6 +283,9 @@ def summarize(backend: str, rows: list[SizeRow]) -> list[str]:
 
 def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--sizes", type=sizes_arg, default=None, help="e.g. 10k,100k,1M")
+    parser.add_argument(
+        "--old-up-to", type=parse_size, default=None, help="run the old discovery up to this N"
+    )
     parser.add_argument("--keep", type=Path, default=None, help="keep (and reuse) stores in DIR")
     parser.add_argument("--drop", action="store_true", help="remove the stores kept in --keep")
     parser.add_argument("--dead", action="store_true", help="add the dead-engine case")
@@ -291,7 +310,8 @@ def run_backend(
         if args.dead_only:
             bench_backend(fleet, (max(sizes),), repeats, measure=False)
         else:
-            lines += summarize(backend, bench_backend(fleet, sizes, repeats))
+            rows = bench_backend(fleet, sizes, repeats, old_up_to=args.old_up_to)
+            lines += summarize(backend, rows)
         if manifest is not None:
             manifest["claims"] = seeded_count(Seeder(spec))
             save_manifest(args.keep, backend, manifest)
