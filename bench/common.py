@@ -33,6 +33,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from weft_sync import keys  # noqa: E402
+from weft_sync.claims.engine_index import with_claim_entry  # noqa: E402
 from weft_sync.claims.registry import ClaimRegistry  # noqa: E402
 from weft_sync.claims.results import AcquirePreparation  # noqa: E402
 from weft_sync.claims.transitions import build_acquire_transition  # noqa: E402
@@ -293,21 +294,26 @@ def hold_claims(
 ) -> None:
     """Make ``registry`` hold a fresh claim (epoch 1) on every id of an empty store.
 
-    Writes the exact epoch and holder bytes an acquire would write, in large plain batches, then
-    tracks them with ``record_folded_acquire``: the same durable and local state as one
-    ``acquire`` per id, much faster to set up.
+    Writes the exact epoch, holder and by-engine entry an acquire would write, in large plain
+    batches, then tracks them with ``record_folded_acquire``: the same durable and local state
+    as one ``acquire`` per id, much faster to set up.
     """
     at = registry_clock_now(now)
     for start in range(0, len(ids), SEED_CHUNK):
         chunk = ids[start : start + SEED_CHUNK]
         preparations = [
             AcquirePreparation(
-                build_acquire_transition(
-                    workflow_id=wid,
-                    engine_id=registry.engine_id,
-                    now=at,
-                    claim_ttl_ms=ttl_ms,
-                    observed_epoch_bytes=None,
+                with_claim_entry(
+                    build_acquire_transition(
+                        workflow_id=wid,
+                        engine_id=registry.engine_id,
+                        now=at,
+                        claim_ttl_ms=ttl_ms,
+                        observed_epoch_bytes=None,
+                    ),
+                    wid,
+                    registry.engine_id,
+                    None,
                 ),
                 1,
                 at,

@@ -2,7 +2,8 @@
 
 For each backend, one store and one host table ``(id, v)`` share a database: a SQLite file (WAL,
 ``synchronous=FULL`` on both connections) or a PostgreSQL database. Each round runs ``--ops``
-transactions of one ``UPDATE … WHERE id = ?`` both ways, interleaved:
+transactions of one ``UPDATE … WHERE id = ?`` each way, the ways taking turns every ``--chunk``
+transactions:
 
 - ``unfenced``: the host's own transaction (``BEGIN IMMEDIATE`` … ``COMMIT`` on SQLite,
   ``connection.transaction()`` on psycopg);
@@ -10,15 +11,17 @@ transactions of one ``UPDATE … WHERE id = ?`` both ways, interleaved:
 - ``hand-written``: the unfenced transaction plus the one epoch read the fence adds, written by
   hand (``SELECT … FOR SHARE`` on PostgreSQL), the floor for any fence of this kind.
 
-Prints the median per-transaction time of each and the ratio fenced / unfenced measured in this
-run. The fence adds one round trip (the epoch read) to the host's three (``BEGIN``, the
-``UPDATE``, ``COMMIT``), so on PostgreSQL the ratio depends on what a commit costs.
+Prints the median per-transaction time of each (over all chunks) and the ratio fenced / unfenced
+measured in this run. The fence adds one statement, the epoch read (on SQLite it also returns the
+file the store's schema is on, for the same-database proof); on PostgreSQL that is one round trip
+added to the host's three (``BEGIN``, the ``UPDATE``, ``COMMIT``), so the ratio there depends on
+what a commit costs.
 ``postgres`` uses ``WEFT_SYNC_TEST_POSTGRES_DSN`` when set, else a throwaway cluster; both the
 test clusters run with ``fsync=off``, where commits are nearly free. ``postgres-durable`` starts
 a throwaway cluster of its own with ``fsync=on`` and ``synchronous_commit=on``, as production
 runs.
 
-    python bench/fenced_host_write.py [--ops 200] [--rounds 7]
+    python bench/fenced_host_write.py [--ops 200] [--rounds 7] [--chunk 10]
         [--backend sqlite|postgres|postgres-durable]
 """
 
@@ -77,24 +80,30 @@ def _pg_url(durable: bool) -> Iterator[str]:
         cluster.stop()
 
 
-def _time_ops(ops: int, one: Callable[[int], None]) -> float:
+def _time_ops(start_i: int, ops: int, one: Callable[[int], None]) -> float:
     start = time.perf_counter()
-    for i in range(ops):
+    for i in range(start_i, start_i + ops):
         one(i)
     return (time.perf_counter() - start) / ops
 
 
-def _measure(ops: int, rounds: int, *ways: Callable[[int], None]) -> list[float]:
+def _measure(ops: int, rounds: int, chunk: int, *ways: Callable[[int], None]) -> list[float]:
+    """Median per-transaction time of each way, over chunks of ``chunk`` transactions.
+
+    The ways take turns every ``chunk`` transactions, so a disk or a neighbour whose speed
+    drifts during the run slows all of them alike instead of whichever ran at that moment.
+    """
     for way in ways:
         way(0)  # warm up: connection set-up and the same-database proof
     samples: list[list[float]] = [[] for _ in ways]
     for _ in range(rounds):
-        for way, sample in zip(ways, samples, strict=True):
-            sample.append(_time_ops(ops, way))
+        for start_i in range(0, ops, chunk):
+            for way, sample in zip(ways, samples, strict=True):
+                sample.append(_time_ops(start_i, min(chunk, ops - start_i), way))
     return [statistics.median(sample) for sample in samples]
 
 
-def bench_sqlite(ops: int, rounds: int) -> list[float]:
+def bench_sqlite(ops: int, rounds: int, chunk: int) -> list[float]:
     with tempfile.TemporaryDirectory() as tmp:
         path = os.path.join(tmp, "bench.db")
         with Ownership.open(f"sqlite:///{path}", background="manual") as own:
@@ -122,12 +131,12 @@ def bench_sqlite(ops: int, rounds: int) -> list[float]:
                 conn.execute("COMMIT")
 
             try:
-                return _measure(ops, rounds, unfenced, fenced, floor)
+                return _measure(ops, rounds, chunk, unfenced, fenced, floor)
             finally:
                 conn.close()
 
 
-def bench_postgres(ops: int, rounds: int, durable: bool = False) -> list[float]:
+def bench_postgres(ops: int, rounds: int, chunk: int, durable: bool = False) -> list[float]:
     with _pg_url(durable) as base:
         suffix = uuid.uuid4().hex[:10]
         host = f"bench_host_{suffix}"
@@ -157,7 +166,7 @@ def bench_postgres(ops: int, rounds: int, durable: bool = False) -> list[float]:
                         conn.execute(lock, [epoch_key]).fetchall()
                         conn.execute(sql, [i])
 
-                return _measure(ops, rounds, unfenced, fenced, floor)
+                return _measure(ops, rounds, chunk, unfenced, fenced, floor)
             finally:
                 with conn.transaction():
                     conn.execute(f"DROP TABLE IF EXISTS {host}")
@@ -170,16 +179,17 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--ops", type=int, default=200)
     parser.add_argument("--rounds", type=int, default=7)
+    parser.add_argument("--chunk", type=int, default=10, help="transactions per turn of each way")
     parser.add_argument(
         "--backend", choices=("sqlite", "postgres", "postgres-durable"), action="append"
     )
     args = parser.parse_args()
     for backend in args.backend or ["sqlite", "postgres", "postgres-durable"]:
         if backend == "sqlite":
-            plain, guarded, floor = bench_sqlite(args.ops, args.rounds)
+            plain, guarded, floor = bench_sqlite(args.ops, args.rounds, args.chunk)
         else:
             plain, guarded, floor = bench_postgres(
-                args.ops, args.rounds, backend.endswith("durable")
+                args.ops, args.rounds, args.chunk, backend.endswith("durable")
             )
         print(
             f"{backend:16s} unfenced {plain * 1e6:7.0f} us  fenced {guarded * 1e6:7.0f} us  "

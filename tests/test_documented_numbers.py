@@ -135,3 +135,32 @@ def test_the_library_installs_no_log_handlers_and_never_prints(
     assert state["root_changed"] is False
     assert state["loggers"], "no weft_sync logger was created: the check saw nothing"
     assert all(handlers == [] for handlers in state["loggers"].values()), state["loggers"]
+
+
+def _table_rows(text: str) -> list[list[str]]:
+    return [
+        [cell.strip() for cell in line.strip().strip("|").split("|")]
+        for line in text.splitlines()
+        if line.startswith("|")
+    ]
+
+
+def test_fenced_write_numbers_in_the_readme_are_the_measured_ones() -> None:
+    """The README's fence costs are the latest "after" rows of bench/RESULTS.md's section 6."""
+    readme = re.sub(r"\s+", " ", README)
+    times = "\u00d7"  # the multiplication sign the README and RESULTS.md write ratios with
+    found = re.search(
+        rf"fenced one-row host `UPDATE`.*?([\d.]+){times} on SQLite and ([\d.]+){times} on "
+        r"PostgreSQL "
+        r"with durable commits in the latest run.*?the fence's own work is ([\d.]+) µs per block",
+        readme,
+    )
+    assert found, "the README no longer quotes the fence's measured cost"
+    sqlite_ratio, postgres_ratio, own_work = found.groups()
+    results = (ROOT / "bench" / "RESULTS.md").read_text()
+    rows = _table_rows(results[results.index("## 6. Host-data fencing") :])
+    ratios = {row[0]: row[5] for row in rows if len(row) == 7 and row[1] == "after"}
+    assert ratios["SQLite, WAL, `synchronous=FULL`"] == f"{sqlite_ratio}{times}"
+    assert ratios["PostgreSQL, durable"] == f"{postgres_ratio}{times}"
+    overhead = [row[3] for row in rows if len(row) == 4 and row[0] == "after"]
+    assert overhead == [f"{own_work} µs"]

@@ -9,10 +9,12 @@ afterwards; the handler table is bound by the facade, which it hands to handlers
 from __future__ import annotations
 
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from .claims.registry import ClaimRegistry, WarnSink
 from .claims.store_clock import resolve_store_clock
+from .crash_detection import CrashDetection, build_crash_detection
 from .handlers import HandlerTable
 from .maintenance.bootstrap import bootstrap_workflow_lease_ownership
 from .maintenance.task import RenewalTask
@@ -34,6 +36,7 @@ class EngineParts:
     registry: ClaimRegistry
     task: RenewalTask
     metrics: ClaimMetrics
+    crash: CrashDetection
 
 
 def build_engine(storage: Storage, settings: EngineSettings, warn: WarnSink) -> EngineParts:
@@ -62,6 +65,7 @@ def build_engine(storage: Storage, settings: EngineSettings, warn: WarnSink) -> 
         fence_observers=instruments.fence_observers,
     )
     options = settings.options
+    heartbeat = _Heartbeat()
     boot = bootstrap_workflow_lease_ownership(
         storage=storage,
         clock=settings.clock,
@@ -78,6 +82,31 @@ def build_engine(storage: Storage, settings: EngineSettings, warn: WarnSink) -> 
         observers=instruments.pass_observers,
         max_claims=settings.max_claims,
         fair_share=True,
+        reclaim_discovery=options.reclaim_discovery,
+        heartbeat=heartbeat,
     )
     workflows.bind_registry(boot.registry)
-    return EngineParts(table, workflows, boot.registry, boot.renewal_task, boot.metrics)
+    crash = build_crash_detection(
+        storage,
+        engine_id=engine_id,
+        clock=boot.registry.clock,
+        claim_ttl_ms=options.claim_ttl_ms,
+        claim_renew_interval_ms=options.claim_renew_interval_ms,
+        poll_ms=options.crash_poll_interval_ms,
+        request_reclaim=boot.renewal_task.request_reclaim,
+        held_count=lambda: len(boot.registry.list_held_workflow_ids()),
+        watching=settings.background == "thread",
+    )
+    heartbeat.sink = crash.beat
+    return EngineParts(table, workflows, boot.registry, boot.renewal_task, boot.metrics, crash)
+
+
+class _Heartbeat:
+    """The renewal task's after-renewal hook, bound to the engine record once it exists."""
+
+    def __init__(self) -> None:
+        self.sink: Callable[[], None] | None = None
+
+    def __call__(self) -> None:
+        if self.sink is not None:
+            self.sink()

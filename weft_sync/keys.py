@@ -12,17 +12,25 @@ from urllib.parse import quote
 
 __all__ = [
     "OWNERSHIP_MODE_MARKER",
+    "OWNER_INDEX_MARKER",
     "decode_key_component",
+    "decode_owner_by_engine_key",
     "encode_key_component",
+    "engine_liveness",
     "try_decode_key_component",
     "validate_workflow_id",
     "workflow",
+    "workflow_owner_by_engine",
+    "workflow_owner_by_engine_prefix",
     "workflow_owner_epoch",
     "workflow_owner_holder",
     "workflow_status_index",
 ]
 
 OWNERSHIP_MODE_MARKER: Final = "ownership-mode-marker"
+OWNER_INDEX_MARKER: Final = "wf-owner-index-marker"
+"""Set once every holder of the store has its by-engine entry (see
+:mod:`weft_sync.claims.engine_index`)."""
 MAX_WORKFLOW_ID_LENGTH: Final = 1024
 
 _UNRESERVED: Final = "-_.!~*'()"
@@ -126,6 +134,44 @@ def workflow_owner_holder(workflow_id: str) -> str:
     return "wf-owner-holder:" + encode_key_component(workflow_id)
 
 
+_BY_ENGINE: Final = "wf-owner-by-engine:"
+
+
+def workflow_owner_by_engine(engine_id: str, workflow_id: str) -> str:
+    """Key of the by-engine entry saying ``engine_id`` holds ``workflow_id``'s claim."""
+    return _BY_ENGINE + encode_key_component(engine_id) + ":" + encode_key_component(workflow_id)
+
+
+def workflow_owner_by_engine_prefix(engine_id: str) -> str:
+    """Prefix of every by-engine entry of ``engine_id``.
+
+    Engine ids are never empty, so ``""`` gives the prefix of every engine's entries.
+    """
+    if engine_id == "":
+        return _BY_ENGINE
+    return _BY_ENGINE + encode_key_component(engine_id) + ":"
+
+
+def decode_owner_by_engine_key(key: str) -> tuple[str, str] | None:
+    """Return ``(engine_id, workflow_id)`` of a by-engine entry key, or ``None``.
+
+    ``None`` unless ``key`` is exactly what :func:`workflow_owner_by_engine` builds: both
+    components non-empty, well-formed and in canonical encoding.
+    """
+    if not isinstance(key, str) or not key.startswith(_BY_ENGINE):
+        return None
+    parts = key[len(_BY_ENGINE) :].split(":")
+    if len(parts) != 2:
+        return None
+    decoded = [try_decode_key_component(part) for part in parts]
+    engine_id, workflow_id = decoded
+    if not engine_id or not workflow_id:
+        return None
+    if [encode_key_component(engine_id), encode_key_component(workflow_id)] != parts:
+        return None
+    return engine_id, workflow_id
+
+
 def workflow(workflow_id: str) -> str:
     """Key of the workflow's state record."""
     return "wf:" + encode_key_component(workflow_id)
@@ -134,3 +180,8 @@ def workflow(workflow_id: str) -> str:
 def workflow_status_index(status: str, workflow_id: str) -> str:
     """Key of the workflow's entry in the status index."""
     return "wf-idx-status:" + encode_key_component(status) + ":" + encode_key_component(workflow_id)
+
+
+def engine_liveness(engine_id: str) -> str:
+    """Key of an engine's liveness record (its heartbeat); ``""`` gives the prefix."""
+    return "wf-owner-engine:" + encode_key_component(engine_id)

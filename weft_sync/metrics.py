@@ -38,7 +38,7 @@ __all__ = [
     "ClaimMetrics",
     "ClaimMetricsCollector",
     "Family",
-        "MetricsSnapshot",
+    "MetricsSnapshot",
     "Subpass",
     "metric_families",
     "register_prometheus",
@@ -101,7 +101,8 @@ class MetricsSnapshot:
     :param renewal_seconds: one observation per renewal batch (``None`` in a hand-built snapshot).
     :param pass_seconds: one histogram per sub-pass of :data:`SUBPASSES`.
     :param fenced_write_seconds: one observation per fenced write of the ledger.
-    :param takeover_delay_seconds: our takeover minus the dead holder's expiry.
+    :param takeover_delay_seconds: our takeover minus the dead holder's expiry; a holder taken
+        before its expiry (its engine known dead) is not observed.
     :param expiry_margin_seconds: the smallest remaining expiry among held claims after the last
         renewal pass; ``None`` before the first pass or while nothing is held.
     :param lost: claims lost locally, per cause of :data:`CLAIM_LOSS_CAUSES`.

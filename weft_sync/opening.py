@@ -37,6 +37,7 @@ class EngineSettings:
     warn: WarnSink | None = None
     engine_id: str | None = None
     tracing: object = False
+    background: str = "thread"
 
 
 def validate_settings(
@@ -86,6 +87,7 @@ def validate_settings(
         warn=warn,
         engine_id=engine_id,
         tracing=validate_tracing(tracing),
+        background=background,
     )
 
 

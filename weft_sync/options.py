@@ -18,6 +18,7 @@ __all__ = [
     "OWNERSHIP_MODES",
     "OwnershipFields",
     "OwnershipOptions",
+    "RECLAIM_DISCOVERIES",
     "TIME_SOURCES",
     "TTL_SAFETY_MULTIPLIER",
     "parse_duration",
@@ -33,6 +34,7 @@ TTL_SAFETY_MULTIPLIER: Final = 3
 
 OWNERSHIP_MODES: Final = ("none", "lease", "workflow-lease")
 TIME_SOURCES: Final = ("local", "store")
+RECLAIM_DISCOVERIES: Final = ("auto", "scan")
 BACKGROUND_MODES: Final = ("thread", "manual")
 
 Duration = int | str
@@ -121,15 +123,29 @@ class OwnershipOptions:
         ``clock``). ``None``: ``"store"`` on PostgreSQL, ``"local"`` on SQLite (one host) and
         whenever the host passes its own ``clock=`` to ``Ownership.open`` (that clock is then
         claim time).
-    :raises ValueError: a duration is invalid, the pair breaks the safety rules, or
-        ``time_source`` is not ``"local"``, ``"store"`` or ``None``.
+    :param reclaim_discovery: how reclaim passes find stranded claims: ``"auto"`` reads the
+        engine records, the claims of dead engines and bounded rotating windows (cost
+        independent of the store's size; a store created before the index is migrated in the
+        background and scanned in full meanwhile); ``"scan"`` reads every holder and every
+        running workflow on every pass (the fallback, cost linear in the store).
+    :param crash_poll_interval: how often a running engine (``background="thread"``) probes
+        the other engines' session locks, so that a crashed engine's claims are taken over at
+        once instead of after their TTL; ``None`` turns the probe off (crashes are then seen at
+        the next reclaim pass, and claims of an engine without a lock after the TTL). Values
+        longer than the renew interval are clamped to it.
+    :raises ValueError: a duration is invalid, the pair breaks the safety rules,
+        ``time_source`` is not ``"local"``, ``"store"`` or ``None``, ``reclaim_discovery`` is
+        not ``"auto"`` or ``"scan"``, or ``crash_poll_interval`` is zero.
     """
 
     claim_ttl: Duration = "30s"
     claim_renew_interval: Duration = "5s"
     time_source: Literal["local", "store"] | None = None
+    reclaim_discovery: Literal["auto", "scan"] = "auto"
+    crash_poll_interval: Duration | None = "50ms"
     claim_ttl_ms: int = field(init=False)
     claim_renew_interval_ms: int = field(init=False)
+    crash_poll_interval_ms: int | None = field(init=False)
 
     def __post_init__(self) -> None:
         ttl_ms = parse_duration(self.claim_ttl)
@@ -141,8 +157,24 @@ class OwnershipOptions:
                 f"{', '.join(repr(t) for t in TIME_SOURCES)}, or None for the backend's default "
                 f"('store' on PostgreSQL, 'local' on SQLite)"
             )
+        if self.reclaim_discovery not in RECLAIM_DISCOVERIES:
+            raise ValueError(
+                f"unknown reclaim_discovery={self.reclaim_discovery!r}: use one of "
+                f"{', '.join(repr(d) for d in RECLAIM_DISCOVERIES)}"
+            )
+        poll_ms = None
+        if self.crash_poll_interval is not None:
+            poll_ms = parse_duration(self.crash_poll_interval)
+            if poll_ms == 0:
+                raise ValueError(
+                    f"crash_poll_interval must be more than 0, got "
+                    f"{self.crash_poll_interval!r}; use None to turn crash probing off"
+                )
+            # Probing less often than the reclaim passes run would add nothing.
+            poll_ms = min(poll_ms, renew_ms)
         object.__setattr__(self, "claim_ttl_ms", ttl_ms)
         object.__setattr__(self, "claim_renew_interval_ms", renew_ms)
+        object.__setattr__(self, "crash_poll_interval_ms", poll_ms)
 
 
 @dataclass(frozen=True, slots=True)

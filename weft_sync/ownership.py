@@ -28,7 +28,6 @@ import enum
 import logging
 import os
 import threading
-import time
 import warnings
 import weakref
 from collections.abc import Callable, Iterator, Mapping
@@ -40,6 +39,7 @@ from .claiming import ClaimAttempt, attempt_claim, claim_is_gone, claim_with_wai
 from .claims.registry import ClaimRegistry, WarnSink
 from .claims.results import ReleaseStatus
 from .clock import Clock, system_clock
+from .closing import close_engine
 from .engine import build_engine
 from .errors import (
     ClosedError,
@@ -113,6 +113,7 @@ class Ownership:
         self._registry: ClaimRegistry = parts.registry
         self._task: RenewalTask = parts.task
         self._metrics: ClaimMetrics = parts.metrics
+        self._crash = parts.crash
         _LIVE.add(self)
 
     # ----------------------------------------------------------------------------------------
@@ -268,6 +269,7 @@ class Ownership:
         """
         self._require_open("start()")
         self._task.start()
+        self._crash.start_watching()
 
     def run_maintenance(self) -> PassResult:
         """Run one full maintenance pass now, on this thread, and return its result.
@@ -286,7 +288,8 @@ class Ownership:
         started afterwards claims anything), waits up to ``timeout`` seconds for passes and for
         claim operations (``claim()``, ``workflows.start()``/``resume()``) in flight, joins the
         task's threads, releases every held claim (failures are logged, never raised) and
-        closes the store if :meth:`open` opened it. Live ``claim()`` handles are marked lost.
+        closes the store if :meth:`open` opened it, all by that bound even under a foreign lock
+        (see :mod:`weft_sync.closing`). Live ``claim()`` handles are marked lost.
         In a child that inherited this object across ``os.fork()`` it does nothing: the parent
         still owns the claims.
 
@@ -311,23 +314,22 @@ class Ownership:
             handles = list(self._handles.values())
         for handle in handles:
             handle.lost.set()
-        deadline = None if timeout is None else time.monotonic() + timeout
         try:
-            self._task.close(timeout)
+            close_engine(
+                task=self._task,
+                workflows=self._workflows,
+                registry=self._registry,
+                storage=self._storage,
+                owns_storage=self._owns_storage,
+                timeout=timeout,
+                crash=self._crash,
+            )
         finally:
-            self._workflows.close()
-            # Waits for claim operations racing close() (start, claim, resume) so that the
-            # final release sees what they claimed; later ones raise ClosedError.
-            self._registry.close(None if deadline is None else deadline - time.monotonic())
-            try:
-                if self._owns_storage:
-                    self._storage.close()
-            finally:
-                with self._lock:
-                    self._state = _State.CLOSED
-                    self._handles.clear()
-                _LIVE.discard(self)
-                _log.info("closed ownership of engine %s", self._registry.engine_id)
+            with self._lock:
+                self._state = _State.CLOSED
+                self._handles.clear()
+            _LIVE.discard(self)
+            _log.info("closed ownership of engine %s", self._registry.engine_id)
 
     def __enter__(self) -> Ownership:
         return self

@@ -136,9 +136,7 @@ class Workflows:
         self._lock = threading.Lock()
         self._registry: ClaimRegistry | None = None
         self._closed = False
-        self._fence = Fence(
-            storage, self._current_registry, warn or default_warn, fence_observers
-        )
+        self._fence = Fence(storage, self._current_registry, warn or default_warn, fence_observers)
         self._signals = SignalBuffer(storage, self._fence, clock)
         self._updates = UpdateQueue(storage, self._fence, clock)
         self._external = ExternalTransitions(

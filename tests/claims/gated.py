@@ -116,6 +116,11 @@ class GatedStorage:
         """Run ``callback`` (e.g. a competitor's write) just before the next matching CAS."""
         return self.intercept_next_cas(before=callback, match=match)
 
+    def clear_intercepts(self) -> None:
+        """Disarm every intercept no CAS has hit yet."""
+        with self._lock:
+            self._intercepts.clear()
+
     # -- counters --------------------------------------------------------------------------
 
     @property

@@ -231,7 +231,10 @@ def test_prepared_release_names_the_cached_bytes_and_blocks_renewals(
         Condition(EPOCH, epoch_bytes),
         Condition(HOLDER, holder_bytes),
     )
-    assert prep.fragment.operations == (Delete(HOLDER),)
+    assert prep.fragment.operations == (
+        Delete(HOLDER),
+        Delete(keys.workflow_owner_by_engine("engine-a", WF)),
+    )
     cas = gated.transactions
     assert reg.renew(WF).status == "not-held"
     assert reg.renew_many([WF])[0].status == "not-held"

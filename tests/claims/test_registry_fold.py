@@ -36,6 +36,7 @@ def test_prepare_on_a_fresh_id_mints_epoch_one_and_writes_nothing(
     assert prep.fragment.operations == (
         Put(EPOCH, encode_epoch(1)),
         Put(HOLDER, encode_holder(HolderRecord("engine-a", 1, START_MS + TTL_MS, START_MS))),
+        Put(keys.workflow_owner_by_engine("engine-a", WF), encode_epoch(1)),
     )
     assert gated.transactions == 0
     assert storage.get(EPOCH) is None

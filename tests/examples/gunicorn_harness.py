@@ -264,12 +264,35 @@ def _kill_quietly(pid: int, sig: signal.Signals) -> None:
 
 
 def write_locks_held(pid: int) -> list[str]:
-    """The ``/proc/locks`` lines of write locks (flock or fcntl) that ``pid`` holds."""
+    """The ``/proc/locks`` lines of write locks (flock or fcntl) that ``pid`` holds.
+
+    The engine's session lock (an ``flock`` it holds on a file in ``<db>.weft-locks/`` for as
+    long as it lives) is left out: only the locks of a write in progress count.
+    """
+    session_inodes = _session_lock_inodes(pid)
     held = []
     for line in Path("/proc/locks").read_text().splitlines():
         fields = line.split()
         # "1: FLOCK  ADVISORY  WRITE 1234 08:01:5678 0 EOF"; blocked waiters are "->" lines.
-        live = len(fields) >= 5 and fields[1] != "->"
-        if live and fields[3] == "WRITE" and fields[4] == str(pid):
+        live = len(fields) >= 6 and fields[1] != "->"
+        mine = live and fields[3] == "WRITE" and fields[4] == str(pid)
+        if mine and fields[5].rsplit(":", 1)[-1] not in session_inodes:
             held.append(line)
     return held
+
+
+def _session_lock_inodes(pid: int) -> set[str]:
+    """The inodes of the session-lock files ``pid`` has open."""
+    inodes: set[str] = set()
+    fd_dir = Path(f"/proc/{pid}/fd")
+    try:
+        fds = list(fd_dir.iterdir())
+    except OSError:
+        return inodes
+    for fd in fds:
+        try:
+            if ".weft-locks" in os.readlink(fd):
+                inodes.add(str(fd.stat().st_ino))
+        except OSError:
+            continue  # closed meanwhile
+    return inodes

@@ -315,10 +315,13 @@ def test_same_database_proof_is_cached_per_connection(raw_env: HostEnv) -> None:
                 pass
     finally:
         type(target).bind = original  # type: ignore[method-assign]
-    # sqlite3 connections take no weak references: their (cheap) proof runs every time.
-    assert len(seen) == (3 if raw_env.backend == "sqlite" else 1)
+    # A psycopg connection is proven once; a sqlite3 one (no weak references) is proven in full
+    # once, then re-checked by every block (see tests/fencing/test_sqlite_proof.py).
+    assert len(seen) == 1
     if raw_env.backend == "postgres":
         assert conn in core._PROOFS
+    else:
+        assert target in core._HINTS
 
 
 def test_epoch_key_is_the_one_the_ledger_fences(raw_env: HostEnv) -> None:
@@ -442,5 +445,52 @@ def test_autocommit_driver_connection_still_runs_one_transaction(
             env.write(conn, "b", "2")
             raise KeyError
         assert env.rows() == {"a": "1"}
+    finally:
+        env.close()
+
+
+@pytest.mark.postgres_only
+def test_psycopg_host_row_factory_does_not_change_the_epoch_read(
+    postgres_base_url: str, tmp_path: Path
+) -> None:
+    from psycopg.rows import dict_row
+
+    from tests.fencing.hosts import make_env
+
+    env = make_env("postgres", "psycopg", tmp_path, postgres_base_url)
+    try:
+        own = env.ownership()
+        own.registry.acquire("wf-1")
+        conn = psycopg.connect(env.db_url, row_factory=dict_row)
+        try:
+            with own.fenced("wf-1", conn):
+                env.write(conn, "a", "dict rows")
+        finally:
+            conn.close()
+        assert env.rows() == {"a": "dict rows"}
+    finally:
+        env.close()
+
+
+@pytest.mark.postgres_only
+def test_psycopg2_host_cursor_factory_does_not_change_the_epoch_read(
+    postgres_base_url: str, tmp_path: Path
+) -> None:
+    import psycopg2
+    import psycopg2.extras
+
+    from tests.fencing.hosts import make_env
+
+    env = make_env("postgres", "psycopg2", tmp_path, postgres_base_url)
+    try:
+        own = env.ownership()
+        own.registry.acquire("wf-1")
+        conn = psycopg2.connect(env.db_url, cursor_factory=psycopg2.extras.RealDictCursor)
+        try:
+            with own.fenced("wf-1", conn):
+                env.write(conn, "a", "dict rows")
+        finally:
+            conn.close()
+        assert env.rows() == {"a": "dict rows"}
     finally:
         env.close()

@@ -23,7 +23,8 @@ from weft_sync.clock import ManualClock
 from weft_sync.errors import ClosedError
 from weft_sync.maintenance.scheduler import TimerScheduler
 from weft_sync.maintenance.targets import RENEWAL_CONCURRENCY, PassKind
-from weft_sync.maintenance.task import RenewalTask, create_renewal_task
+from weft_sync.maintenance.task import RenewalTask
+from weft_sync.maintenance.task_factory import create_renewal_task
 
 RENEWAL, RECLAIM = PassKind.RENEWAL, PassKind.RECLAIM
 

@@ -6,7 +6,7 @@ from collections.abc import Container, Iterable
 
 from ..keys import validate_workflow_id
 
-__all__ = ["optional_epoch", "positive_int", "workflow_ids_arg"]
+__all__ = ["engine_ids_arg", "optional_epoch", "positive_int", "workflow_ids_arg"]
 
 
 def positive_int(name: str, value: object) -> int:
@@ -35,3 +35,18 @@ def workflow_ids_arg(workflow_ids: Iterable[str], tracked: Container[str] = ()) 
             f"to renew one workflow"
         )
     return [w if type(w) is str and w in tracked else validate_workflow_id(w) for w in workflow_ids]
+
+
+def engine_ids_arg(engine_ids: Iterable[str]) -> frozenset[str]:
+    """Validate a collection of engine ids (``dead_engines=``); return it as a frozenset."""
+    if isinstance(engine_ids, (str, bytes, bytearray, memoryview)):
+        raise TypeError(
+            f"dead_engines must be a collection of engine ids such as a set, got the "
+            f"{type(engine_ids).__name__} {engine_ids!r:.80}; pass {{{engine_ids!r:.80}}} for "
+            f"one engine"
+        )
+    ids = frozenset(engine_ids)
+    for engine_id in ids:
+        if not isinstance(engine_id, str) or not engine_id:
+            raise ValueError(f"dead_engines must hold non-empty str engine ids, got {engine_id!r}")
+    return ids

@@ -29,6 +29,7 @@ from ..clock import Clock, system_clock
 from ..codec import EPOCH_MAX, decode_epoch, decode_holder, encode_epoch
 from ..keys import try_decode_key_component, validate_workflow_id
 from ..storage.base import Condition, Delete, Operation, Put, Storage, storage_conditional_batch
+from .engine_index import release_entry_ops
 
 __all__ = [
     "REPAIR_EPOCHS_PER_MS",
@@ -142,6 +143,7 @@ def repair_corrupt_epoch(
     operations: list[Operation] = [Put(epoch_key, encode_epoch(epoch))]
     if holder_bytes is not None:
         operations.append(Delete(holder_key))
+        operations += release_entry_ops(wid, holder_bytes)
     conditions = [Condition(epoch_key, corrupt), Condition(holder_key, holder_bytes)]
     if not storage_conditional_batch(storage, conditions, operations):
         raise RuntimeError(

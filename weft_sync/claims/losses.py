@@ -88,6 +88,11 @@ class LocalLosses:
                     dropped.append(wid)
         return dropped
 
+    def lose_overdue(self, wid: str, entry: TrackedClaim, now: int) -> None:
+        """Drop and report ``entry`` if still tracked and past its deadline. Never raises."""
+        for lost, exc in self.report(self.drop_overdue([(wid, entry)], now), DEADLINE).items():
+            _log.warning("the warn sink raised reporting workflow %r lost: %r", lost, exc)
+
     def drop_all(self, now: int) -> list[str]:
         """Drop every tracked claim; return their ids (report them with :meth:`report`)."""
         table = self._table

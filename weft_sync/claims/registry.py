@@ -21,7 +21,8 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Iterable, Iterator
+import time
+from collections.abc import Collection, Iterable, Iterator
 from contextlib import contextmanager
 from typing import cast
 
@@ -35,9 +36,10 @@ from ..metrics import ClaimLossCause, ClaimMetrics
 from ..options import MAX_CLAIM_TTL_MS
 from ..storage.base import Storage, storage_conditional_batch
 from ..storage.reads import storage_get_many
-from .arguments import optional_epoch, positive_int, workflow_ids_arg
+from .arguments import engine_ids_arg, optional_epoch, positive_int, workflow_ids_arg
+from .engine_index import with_claim_entry
 from .gate import OperationGate
-from .losses import DEADLINE, LocalLosses
+from .losses import LocalLosses
 from .releases import RELEASE_ALL_CONCURRENCY, ReleasePreparation, Releases
 from .renewals import DEFAULT_RENEW_CHUNK_SIZE, Renewals, WarnSink, default_warn, renewal_split
 from .results import (
@@ -211,9 +213,7 @@ class ClaimRegistry:
                 return False
             if now - entry.renewed_at < self._losses.deadline_ms:
                 return True
-        dropped = self._losses.drop_overdue([(wid, entry)], now)
-        for lost, exc in self._losses.report(dropped, DEADLINE).items():
-            _log.warning("the warn sink raised reporting workflow %r lost: %r", lost, exc)
+        self._losses.lose_overdue(wid, entry, now)
         return False
 
     def current_epoch_bytes(self, workflow_id: str) -> bytes | None:
@@ -425,10 +425,13 @@ class ClaimRegistry:
             raise TypeError(f"committed must be a bool, got {committed!r}")
         self._releases.finish(wid, preparation, committed)
 
-    def release_all(self) -> None:
-        """Release every held claim concurrently; swallow (and log) every failure. Never raises."""
+    def release_all(self, deadline: float | None = None) -> None:
+        """Release every held claim concurrently; swallow (and log) every failure. Never raises.
+
+        See :meth:`Releases.release_all <weft_sync.claims.releases.Releases.release_all>`.
+        """
         try:
-            self._releases.release_all(self.list_held_workflow_ids())
+            self._releases.release_all(self.list_held_workflow_ids(), deadline)
         except Exception:
             _log.exception("releasing all claims failed")
 
@@ -460,8 +463,10 @@ class ClaimRegistry:
         Waits up to ``timeout`` seconds (``None``: no bound) for operations running inside
         :meth:`operation` (acquire, takeover and the ledger's folded acquires); any claim one
         of them installs after the final release began is given back by that operation, which
-        raises :class:`~weft_sync.errors.ClosedError`. Idempotent; never raises.
+        raises :class:`~weft_sync.errors.ClosedError`. The final release waits for renewals
+        in flight by the same bound (see :meth:`release_all`). Idempotent; never raises.
         """
+        deadline = None if timeout is None else time.monotonic() + timeout
         if not self._gate.close(timeout):
             _log.warning(
                 "claim operations of engine %s were still running %s s into close(); a claim "
@@ -471,7 +476,7 @@ class ClaimRegistry:
             )
         with self._table.lock:
             self._table.closed = True
-        self.release_all()
+        self.release_all(deadline)
 
     # -- a replaced store ------------------------------------------------------------------
 
@@ -499,25 +504,19 @@ class ClaimRegistry:
         :param expected_epoch: forget only if the tracked epoch equals this one, so a newer
             generation of the same id survives.
         """
-        wid = validate_workflow_id(workflow_id)
-        expected = optional_epoch(expected_epoch)
-        table = self._table
-        with table.lock:
-            entry = table.claims.get(wid)
-            if entry is not None and (expected is None or entry.epoch == expected):
-                del table.claims[wid]
-            else:
-                entry = None
-        if entry is not None:
-            _log.debug("forgot the local claim on workflow %r at epoch %d", wid, entry.epoch)
+        self._releases.forget(validate_workflow_id(workflow_id), optional_epoch(expected_epoch))
 
     # -- takeover --------------------------------------------------------------------------
 
-    def takeover(self, workflow_id: str) -> TakeoverResult:
+    def takeover(self, workflow_id: str, *, dead_engines: Collection[str] = ()) -> TakeoverResult:
         """Take over a claim whose holder expired (or is unreadable), minting epoch + 1.
 
         Makes at most one compare-and-swap attempt; callers retry. Reads nothing while this
         engine's cooldown for the workflow (after it lost the claim) is active.
+
+        :param dead_engines: engines known dead: a holder naming one is taken even before it
+            expires (still conditioned on the exact holder and epoch bytes read), and the result
+            says ``before_expiry``; this engine's own id is ignored.
 
         :returns: ``acquired`` with the new epoch; ``backoff-skipped`` during the cooldown;
             ``no-claim`` when there is no holder or no epoch; ``not-expired`` with the live
@@ -526,12 +525,17 @@ class ClaimRegistry:
             (nothing is written; :meth:`takeover_many` reports it as that id's outcome).
         """
         wid = validate_workflow_id(workflow_id)
+        dead = engine_ids_arg(dead_engines)
         with self.operation("takeover()"):
             self._losses.refuse_lost_store()
-            return self._takeovers.takeover(wid)
+            return self._takeovers.takeover(wid, dead)
 
     def takeover_many(
-        self, workflow_ids: Iterable[str], *, chunk_size: int = DEFAULT_TAKEOVER_CHUNK_SIZE
+        self,
+        workflow_ids: Iterable[str],
+        *,
+        chunk_size: int = DEFAULT_TAKEOVER_CHUNK_SIZE,
+        dead_engines: Collection[str] = (),
     ) -> list[TakeoverResult | Exception]:
         """Like :meth:`takeover` for each id, reading and committing a chunk at a time.
 
@@ -546,12 +550,12 @@ class ClaimRegistry:
         :raises TypeError: ``workflow_ids`` is a ``str`` or ``bytes`` rather than ids.
         :raises ValueError: an invalid id, or ``chunk_size`` is not a positive int.
         """
-        ids = workflow_ids_arg(workflow_ids)
+        ids, dead = workflow_ids_arg(workflow_ids), engine_ids_arg(dead_engines)
         if isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size < 1:
             raise ValueError(f"chunk_size must be an int >= 1, got {chunk_size!r}")
         with self.operation("takeover_many()"):
             self._losses.refuse_lost_store()
-            return self._takeovers.takeover_many(ids, chunk_size)
+            return self._takeovers.takeover_many(ids, chunk_size, dead)
 
     # -- helpers ---------------------------------------------------------------------------
 
@@ -560,13 +564,14 @@ class ClaimRegistry:
 
     def _acquire_fragment(self, wid: str, now: int, observed_epoch: bytes | None) -> Fragment:
         try:
-            return build_acquire_transition(
+            fragment = build_acquire_transition(
                 workflow_id=wid,
                 engine_id=self._engine_id,
                 now=now,
                 claim_ttl_ms=self._claim_ttl_ms,
                 observed_epoch_bytes=observed_epoch,
             )
+            return with_claim_entry(fragment, wid, self._engine_id, None)
         except CorruptEpochError as exc:
             _log.warning("%s", exc)
             raise

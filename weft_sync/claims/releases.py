@@ -12,12 +12,14 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Final, TypeVar
 
 from .. import keys
 from ..storage.base import Storage, storage_conditional_batch
+from .engine_index import with_release_entry
 from .results import ReleaseResult, ReleaseStatus
 from .tracking import ClaimTable, TrackedClaim
 from .transitions import Fragment, build_release_transition
@@ -28,8 +30,15 @@ __all__ = ["RELEASE_ALL_CONCURRENCY", "ReleasePreparation", "Releases"]
 _log = logging.getLogger("weft_sync.claims.registry")
 
 RELEASE_ALL_CONCURRENCY: Final = 16
+# Past release_all's deadline a renewal in flight is still waited for this long: a store that
+# bounds its lock waits by the same deadline ends that renewal within it.
+_IN_FLIGHT_GRACE_S: Final = 0.5
 
 _T = TypeVar("_T")
+
+
+class _RenewalOutlasted(Exception):
+    """A renewal in flight outlasted ``release_all``'s deadline; the claim was not released."""
 
 
 class _FoldToken:
@@ -77,17 +86,30 @@ class Releases:
 
     # -- standalone release ----------------------------------------------------------------
 
-    def release(self, wid: str, expected_epoch: int | None) -> ReleaseResult:
-        """See :meth:`ClaimRegistry.release <weft_sync.claims.registry.ClaimRegistry.release>`."""
+    def release(
+        self, wid: str, expected_epoch: int | None, deadline: float | None = None
+    ) -> ReleaseResult:
+        """See :meth:`ClaimRegistry.release <weft_sync.claims.registry.ClaimRegistry.release>`.
+
+        :raises _RenewalOutlasted: with a ``deadline``, when a renewal in flight outlasts it;
+            the claim is then forgotten here, its holder left to expire in the store.
+        """
         in_flight = self._table.begin_release(wid)
         try:
             if in_flight is not None:
                 _log.debug("release of workflow %r waits for the renewal in flight", wid)
                 # Waits without raising: the renewal's own caller sees its error.
-                in_flight.done.wait()
+                if not in_flight.done.wait(_wait_for(deadline)):
+                    self._forget(wid)
+                    raise _RenewalOutlasted("a renewal in flight outlasted close()'s timeout")
             return self._release_tracked(wid, expected_epoch)
         finally:
             self._table.end_release(wid)
+
+    def _forget(self, wid: str) -> None:
+        entry = self._table.get(wid)
+        if entry is not None:
+            self._table.drop_if_same(wid, entry)
 
     def _release_tracked(self, wid: str, expected_epoch: int | None) -> ReleaseResult:
         table = self._table
@@ -130,9 +152,7 @@ class Releases:
         return ReleaseResult(ReleaseStatus.LOST_RACE, wid)
 
     def _commit(self, wid: str, epoch_bytes: bytes, holder_bytes: bytes) -> bool:
-        fragment = build_release_transition(
-            workflow_id=wid, current_epoch_bytes=epoch_bytes, current_holder_bytes=holder_bytes
-        )
+        fragment = _release_fragment(wid, epoch_bytes, holder_bytes)
         return storage_conditional_batch(self._storage, fragment.conditions, fragment.operations)
 
     # -- folded release --------------------------------------------------------------------
@@ -179,9 +199,7 @@ class Releases:
             if self._table.claims.get(wid) is not entry:
                 return None
             epoch_bytes, holder_bytes = entry.epoch_bytes, entry.holder_bytes
-        fragment = build_release_transition(
-            workflow_id=wid, current_epoch_bytes=epoch_bytes, current_holder_bytes=holder_bytes
-        )
+        fragment = _release_fragment(wid, epoch_bytes, holder_bytes)
         _log.debug("prepared a release fragment for workflow %r at epoch %d", wid, entry.epoch)
         return ReleasePreparation(
             wid, fragment, entry.epoch, epoch_bytes, holder_bytes, _FoldToken(entry)
@@ -213,6 +231,20 @@ class Releases:
             "committed" if committed else "did not commit; the claim stays tracked",
         )
 
+    def forget(self, wid: str, expected_epoch: int | None) -> None:
+        """See :meth:`ClaimRegistry.forget_local_claim
+        <weft_sync.claims.registry.ClaimRegistry.forget_local_claim>`.
+        """
+        table = self._table
+        with table.lock:
+            entry = table.claims.get(wid)
+            if entry is not None and (expected_epoch is None or entry.epoch == expected_epoch):
+                del table.claims[wid]
+            else:
+                entry = None
+        if entry is not None:
+            _log.debug("forgot the local claim on workflow %r at epoch %d", wid, entry.epoch)
+
     # -- every claim -----------------------------------------------------------------------
 
     def give_back(self, wid: str, epoch_bytes: bytes, holder_bytes: bytes) -> None:
@@ -220,9 +252,7 @@ class Releases:
 
         Conditioned on the exact epoch and holder bytes written, so nothing newer is touched.
         """
-        fragment = build_release_transition(
-            workflow_id=wid, current_epoch_bytes=epoch_bytes, current_holder_bytes=holder_bytes
-        )
+        fragment = _release_fragment(wid, epoch_bytes, holder_bytes)
         try:
             storage_conditional_batch(self._storage, fragment.conditions, fragment.operations)
         except Exception:
@@ -230,27 +260,83 @@ class Releases:
                 "could not release the claim on workflow %r made after close()", wid, exc_info=True
             )
 
-    def release_all(self, ids: Sequence[str]) -> None:
-        """Release ``ids`` concurrently; swallow (and log) every failure."""
-        if ids:
-            _run_concurrently(self._release_quietly, ids, RELEASE_ALL_CONCURRENCY)
+    def release_all(self, ids: Sequence[str], deadline: float | None = None) -> list[str]:
+        """Release ``ids`` concurrently; swallow every failure, and log one warning for them.
 
-    def _release_quietly(self, wid: str) -> None:
+        A claim whose release fails is forgotten here all the same: its holder is left to
+        expire in the store, where another engine takes it over after the claim TTL.
+
+        :param deadline: a ``time.monotonic()`` reading past which a release waits for a
+            renewal of its claim in flight no longer than ``_IN_FLIGHT_GRACE_S``.
+        :returns: the ids not released because of an error or the deadline.
+        """
+        if not ids:
+            return []
+        failures = _run_concurrently(
+            lambda wid: self._release_quietly(wid, deadline), ids, RELEASE_ALL_CONCURRENCY
+        )
+        if failures:
+            _log.warning(
+                "could not release %d of %d claims (%s); they are forgotten here and their "
+                "holders expire in the store, where another engine can take them over",
+                len(failures),
+                len(ids),
+                failures[0][1],
+            )
+        return [wid for wid, _reason in failures]
+
+    def _release_quietly(self, wid: str, deadline: float | None) -> str | None:
+        """Release ``wid``; return why it failed, or ``None``."""
         try:
-            self.release(wid, None)
-        except Exception:
-            _log.warning("could not release the claim on workflow %r", wid, exc_info=True)
+            self.release(wid, None, deadline)
+        except Exception as exc:
+            _log.debug("could not release the claim on workflow %r", wid, exc_info=True)
+            return (
+                str(exc) if isinstance(exc, _RenewalOutlasted) else f"{type(exc).__name__}: {exc}"
+            )
+        return None
 
 
-def _run_concurrently(fn: Callable[[_T], None], items: Sequence[_T], max_workers: int) -> None:
+def _release_fragment(wid: str, epoch_bytes: bytes, holder_bytes: bytes) -> Fragment:
+    """The release transition plus the delete of this holder's by-engine entry."""
+    fragment = build_release_transition(
+        workflow_id=wid, current_epoch_bytes=epoch_bytes, current_holder_bytes=holder_bytes
+    )
+    return with_release_entry(fragment, wid, holder_bytes)
+
+
+def _wait_for(deadline: float | None) -> float | None:
+    if deadline is None:
+        return None
+    return max(deadline - time.monotonic(), _IN_FLIGHT_GRACE_S)
+
+
+def _run_concurrently(
+    fn: Callable[[_T], str | None], items: Sequence[_T], max_workers: int
+) -> list[tuple[_T, str]]:
     """Call ``fn`` on every item from up to ``max_workers`` named daemon threads; join them all.
 
     ``fn`` must not raise (exceptions would end that worker early and be printed by threading).
+
+    :returns: each item for which ``fn`` returned a reason, with it, in the order of ``items``.
     """
+    results: list[str | None] = [None] * len(items)
     if len(items) == 1:
-        fn(items[0])
-        return
-    # lock guards position.
+        results[0] = fn(items[0])
+    else:
+        _run_workers(fn, items, results, max_workers)
+    return [
+        (item, reason) for item, reason in zip(items, results, strict=True) if reason is not None
+    ]
+
+
+def _run_workers(
+    fn: Callable[[_T], str | None],
+    items: Sequence[_T],
+    results: list[str | None],
+    max_workers: int,
+) -> None:
+    # lock guards position; each worker writes only the result slots of the indexes it took.
     lock = threading.Lock()
     position = iter(range(len(items)))
 
@@ -260,7 +346,7 @@ def _run_concurrently(fn: Callable[[_T], None], items: Sequence[_T], max_workers
                 index = next(position, None)
             if index is None:
                 return
-            fn(items[index])
+            results[index] = fn(items[index])
 
     threads = [
         threading.Thread(target=worker, name=f"weft-sync-release-{n}", daemon=True)

@@ -100,8 +100,10 @@ class TakeoverResult:
     """Outcome of a takeover attempt.
 
     ``acquired`` carries ``epoch`` and the ``expires_at`` of the holder it replaced (``None`` when
-    that record did not decode); ``lost-race`` carries ``held_by`` (``None`` if unknown);
-    ``not-expired`` carries ``held_by`` and ``expires_at`` of the live holder.
+    that record did not decode), and ``before_expiry`` when that holder had not expired but its
+    engine was named dead (a takeover delay, our takeover minus that expiry, means nothing for
+    it); ``lost-race`` carries ``held_by`` (``None`` if unknown); ``not-expired`` carries
+    ``held_by`` and ``expires_at`` of the live holder.
     """
 
     status: TakeoverStatus
@@ -109,6 +111,7 @@ class TakeoverResult:
     epoch: int | None = None
     held_by: str | None = None
     expires_at: int | None = None
+    before_expiry: bool = False
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,10 +1,14 @@
 """Claim takeover: one workflow per compare-and-swap, or many per read and per transaction.
 
-A takeover replaces a holder that expired (past its grace) or cannot be decoded, minting epoch +
-1, conditioned on the exact holder and epoch bytes it read. :meth:`Takeovers.takeover_many` gives
-each id the outcome :meth:`Takeovers.takeover` would give it, but reads the holders and epochs of
-a chunk with one ``get_many`` (one snapshot) and commits the chunk's takeovers with one
-``conditional_batches``.
+A takeover replaces a holder that expired (past its grace), cannot be decoded, or names an engine
+the caller knows is dead (``dead_engines``), minting epoch + 1, conditioned on the exact holder
+and epoch bytes it read: a wrong verdict of death moves work needlessly, but the holder's engine
+(its renewal conditions on the replaced bytes) can never write again. The same batch moves the
+claim's by-engine entry (see :mod:`~weft_sync.claims.engine_index`).
+
+:meth:`Takeovers.takeover_many` gives each id the outcome :meth:`Takeovers.takeover` would give
+it, but reads the holders and epochs of a chunk with one ``get_many`` (one snapshot) and commits
+the chunk's takeovers with one ``conditional_batches``.
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ from ..errors import CorruptEpochError, StorageCapabilityError
 from ..storage.base import Storage, storage_conditional_batch
 from ..storage.isolation import Judged, storage_conditional_batches_isolated
 from ..storage.reads import storage_get_many
+from .engine_index import with_claim_entry
 from .results import TakeoverResult, TakeoverStatus
 from .tracking import ClaimTable
 from .transitions import Fragment, build_takeover_transition, is_claim_expired
@@ -73,7 +78,7 @@ class Takeovers:
         self._claim_ttl_ms = claim_ttl_ms
         self._renew_interval_ms = renew_interval_ms
 
-    def takeover(self, wid: str) -> TakeoverResult:
+    def takeover(self, wid: str, dead: frozenset[str] = frozenset()) -> TakeoverResult:
         """See :meth:`ClaimRegistry.takeover <weft_sync.claims.registry.ClaimRegistry.takeover>`."""
         now = self._clock()
         if self._table.cooldown.is_active(wid, now):
@@ -82,15 +87,17 @@ class Takeovers:
         observed_holder, observed_epoch = storage_get_many(
             self._storage, [keys.workflow_owner_holder(wid), keys.workflow_owner_epoch(wid)]
         )
-        judged = self._judge(wid, now, self._judge_now(now), observed_holder, observed_epoch)
+        judged = self._judge(wid, now, self._judge_now(now), observed_holder, observed_epoch, dead)
         if isinstance(judged, TakeoverResult):
             return judged
-        fragment, previous = judged
+        fragment, previous, early = judged
         if not storage_conditional_batch(self._storage, fragment.conditions, fragment.operations):
             return self._lost(wid, self._storage.get(keys.workflow_owner_holder(wid)))
-        return self._acquired(wid, fragment, now, previous)
+        return self._acquired(wid, fragment, now, previous, early)
 
-    def takeover_many(self, ids: Sequence[str], chunk_size: int) -> list[TakeoverOutcome]:
+    def takeover_many(
+        self, ids: Sequence[str], chunk_size: int, dead: frozenset[str] = frozenset()
+    ) -> list[TakeoverOutcome]:
         """See :meth:`ClaimRegistry.takeover_many
         <weft_sync.claims.registry.ClaimRegistry.takeover_many>`.
         """
@@ -106,7 +113,7 @@ class Takeovers:
         for start in range(0, len(pending), chunk_size):
             chunk = pending[start : start + chunk_size]
             try:
-                self._takeover_chunk(chunk, now, judge_now, outcomes)
+                self._takeover_chunk(chunk, now, judge_now, outcomes, dead)
             except Exception as exc:
                 for wid in chunk:
                     outcomes.setdefault(wid, exc)
@@ -126,7 +133,12 @@ class Takeovers:
     # -- steps -----------------------------------------------------------------------------
 
     def _takeover_chunk(
-        self, chunk: list[str], now: int, judge_now: int, outcomes: dict[str, TakeoverOutcome]
+        self,
+        chunk: list[str],
+        now: int,
+        judge_now: int,
+        outcomes: dict[str, TakeoverOutcome],
+        dead: frozenset[str],
     ) -> None:
         """Read, judge and commit the takeovers of ``chunk``, storing each outcome.
 
@@ -137,12 +149,12 @@ class Takeovers:
         values = storage_get_many(
             self._storage, holder_keys + [keys.workflow_owner_epoch(wid) for wid in chunk]
         )
-        planned: list[tuple[str, Fragment, HolderRecord | None]] = []
+        planned: list[tuple[str, Fragment, HolderRecord | None, bool]] = []
         for i, wid in enumerate(chunk):
             holder, epoch = values[i], values[len(chunk) + i]
             try:
                 judged = self._judge(
-                    wid, now, judge_now, holder, epoch if holder is not None else None
+                    wid, now, judge_now, holder, epoch if holder is not None else None, dead
                 )
             except CorruptEpochError as exc:
                 outcomes[wid] = exc
@@ -153,14 +165,14 @@ class Takeovers:
                 planned.append((wid, *judged))
         if not planned:
             return
-        committed = self._commit([fragment for _, fragment, _ in planned])
+        committed = self._commit([fragment for _, fragment, _, _ in planned])
         lost: list[str] = []
-        for (wid, fragment, previous), ok in zip(planned, committed, strict=True):
+        for (wid, fragment, previous, early), ok in zip(planned, committed, strict=True):
             if isinstance(ok, Exception):
                 # Its row was locked by another session: not judged, so not a lost race.
                 outcomes[wid] = ok
             elif ok:
-                outcomes[wid] = self._acquired(wid, fragment, now, previous)
+                outcomes[wid] = self._acquired(wid, fragment, now, previous, early)
             else:
                 lost.append(wid)
         if lost:
@@ -177,10 +189,12 @@ class Takeovers:
         judge_now: int,
         holder_bytes: bytes | None,
         epoch_bytes: bytes | None,
-    ) -> TakeoverResult | tuple[Fragment, HolderRecord | None]:
-        """Decide a takeover from what was read: a final result, or the fragment to commit and
-        the previous holder (``None`` if it did not decode). Expiry is judged at ``judge_now``;
-        the new holder is written at ``now``."""
+        dead: frozenset[str],
+    ) -> TakeoverResult | tuple[Fragment, HolderRecord | None, bool]:
+        """Decide a takeover from what was read: a final result, or the fragment to commit, the
+        previous holder (``None`` if it did not decode) and whether it is taken before its expiry
+        (its engine is in ``dead``). Expiry is judged at ``judge_now``; the new holder is written
+        at ``now``."""
         if holder_bytes is None or epoch_bytes is None:
             # A holder without an epoch breaks the invariant: there is nothing safe to fence on.
             _log.debug(
@@ -190,11 +204,17 @@ class Takeovers:
             )
             return TakeoverResult(TakeoverStatus.NO_CLAIM, wid)
         holder = decode_holder(holder_bytes)
-        if holder is not None and not is_claim_expired(
-            expires_at=holder.expires_at,
-            now=judge_now,
-            renew_interval_ms=self._renew_interval_ms,
-        ):
+        live = holder is not None and not is_claim_expired(
+            expires_at=holder.expires_at, now=judge_now, renew_interval_ms=self._renew_interval_ms
+        )
+        # This engine is alive by definition: naming itself dead never takes its own claims.
+        early = (
+            live
+            and holder is not None
+            and holder.engine_id in dead
+            and holder.engine_id != self._engine_id
+        )
+        if holder is not None and live and not early:
             _log.debug(
                 "takeover of workflow %r: held by %r until %d",
                 wid,
@@ -219,7 +239,7 @@ class Takeovers:
         except CorruptEpochError as exc:
             _log.warning("%s", exc)
             raise
-        return fragment, holder
+        return with_claim_entry(fragment, wid, self._engine_id, holder_bytes), holder, early
 
     def _commit(self, fragments: list[Fragment]) -> list[Judged]:
         """Commit the fragments in one transaction; one on a row locked elsewhere fails alone."""
@@ -230,21 +250,23 @@ class Takeovers:
         )
 
     def _acquired(
-        self, wid: str, fragment: Fragment, now: int, previous: HolderRecord | None
+        self, wid: str, fragment: Fragment, now: int, previous: HolderRecord | None, early: bool
     ) -> TakeoverResult:
         epoch = self._install(wid, fragment, now)
         _log.info(
-            "engine %s took over workflow %r at epoch %d from %r",
+            "engine %s took over workflow %r at epoch %d from %r%s",
             self._engine_id,
             wid,
             epoch,
             None if previous is None else previous.engine_id,
+            " (an engine known dead, before its claim expired)" if early else "",
         )
         return TakeoverResult(
             TakeoverStatus.ACQUIRED,
             wid,
             epoch=epoch,
             expires_at=None if previous is None else previous.expires_at,
+            before_expiry=early,
         )
 
     def _lost(self, wid: str, holder_bytes: bytes | None) -> TakeoverResult:

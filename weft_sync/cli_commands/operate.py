@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Final, TextIO
 
 from .. import keys
+from ..claims.engine_index import release_entry_ops
 from ..claims.epochs import repair_corrupt_epoch
 from ..claims.transitions import build_external_rotation_transition, extract_put_value
 from ..clock import system_clock
@@ -68,7 +69,8 @@ def release(store: StoreRef, workflow_id: str, out: TextIO) -> int:
                 Condition(holder_key, holder_raw),
                 *rotation.conditions,
             ]
-            if storage_conditional_batch(storage, conditions, rotation.operations):
+            operations = [*rotation.operations, *release_entry_ops(wid, holder_raw)]
+            if storage_conditional_batch(storage, conditions, operations):
                 epoch = decode_epoch(extract_put_value(rotation.operations, epoch_key))
                 out.write(f"{wid}: released ({_holder_text(holder_raw)}; epoch now {epoch})\n")
                 return 0

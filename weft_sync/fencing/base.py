@@ -50,7 +50,8 @@ class HostTransaction(Protocol):
     @property
     def connection_key(self) -> object | None:
         """A weak-referenceable object that lives as long as the physical connection, or
-        ``None`` when there is none (the same-database proof is then not cached)."""
+        ``None`` when there is none (the last proof is then a guess that every block re-checks,
+        see :class:`~weft_sync.storage.fence_target.FenceBinding`)."""
         ...
 
     @property

@@ -1,9 +1,10 @@
 """The host-data fence: the host's own statements and the epoch check in one transaction.
 
 :func:`fenced_transaction` begins a transaction on the host's connection (a savepoint inside one
-already open), proves once per connection that it reaches the store's table, checks under a lock
-that the store's epoch for the workflow is exactly the bytes this engine's registry holds, yields,
-and commits on normal exit or rolls back on an exception.
+already open), proves that it reaches the store's table (once per connection, or on SQLite by
+re-checking the last proof on every block), checks under a lock that the store's epoch for the
+workflow is exactly the bytes this engine's registry holds, yields, and commits on normal exit or
+rolls back on an exception.
 
 **PostgreSQL.** The epoch row is read with ``SELECT … FOR SHARE`` in the host's transaction. Every
 writer of an epoch row — a takeover, an acquire, an external rotation, a release or a ledger
@@ -53,11 +54,13 @@ The same-database proof and the lock statements come from the store
 
 from __future__ import annotations
 
+import functools
 import logging
 import threading
 import weakref
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
+from contextlib import AbstractContextManager
+from types import TracebackType
 from typing import NoReturn
 
 from .. import keys
@@ -79,9 +82,18 @@ _log = logging.getLogger(__name__)
 
 FEATURE = "Ownership.fenced()"
 
-# Guards _PROOFS: per physical connection, the binding of every store it was proven against.
+# Guards _PROOFS (per physical connection, the binding of every store it was proven against)
+# and _HINTS (per store, the binding last proven on a connection that cannot be weakly
+# referenced: only a guess, which the binding's own confirm() re-proves on every block).
 _proofs_lock = threading.Lock()
-_PROOFS: weakref.WeakKeyDictionary[object, dict[str, FenceBinding]] = weakref.WeakKeyDictionary()
+_PROOFS: weakref.WeakKeyDictionary[object, dict[FenceTarget, FenceBinding]] = (
+    weakref.WeakKeyDictionary()
+)
+_HINTS: weakref.WeakKeyDictionary[FenceTarget, FenceBinding] = weakref.WeakKeyDictionary()
+
+# The key's percent-encoding costs more than the rest of the fence's Python work; a host
+# fences the same few workflows over and over.
+_epoch_key = functools.lru_cache(maxsize=1024)(keys.workflow_owner_epoch)
 
 
 def _target(storage: Storage) -> FenceTarget:
@@ -127,21 +139,28 @@ def _refuse(host: HostTransaction, target: FenceTarget, where: str) -> NoReturn:
     raise ForeignDatabaseError(type(host.result).__name__, where, target.location)
 
 
-def _binding(host: HostTransaction, target: FenceTarget) -> FenceBinding:
-    """Prove ``host`` reaches ``target``'s table, once per physical connection when possible."""
+def _cached(host: HostTransaction, target: FenceTarget) -> FenceBinding | None:
+    """The binding last proven for ``host``'s connection, or (without a weak-referenceable one)
+    the binding last proven for ``target`` on any connection, which must then be confirmed."""
     conn_key = _weakly_referenceable(host.connection_key)
-    cache_key = f"{target.family}:{target.location}"
-    if conn_key is not None:
-        with _proofs_lock:
-            known = _PROOFS.get(conn_key, {}).get(cache_key)
-        if known is not None:
-            return known
+    with _proofs_lock:
+        if conn_key is None:
+            return _HINTS.get(target)
+        return _PROOFS.get(conn_key, {}).get(target)
+
+
+def _prove(host: HostTransaction, target: FenceTarget) -> FenceBinding:
+    """Prove ``host`` reaches ``target``'s table and remember how (per connection, or as the
+    next block's first guess when the connection cannot be weakly referenced)."""
     bound = target.bind(host.query)
     if isinstance(bound, str):
         _refuse(host, target, bound)
-    if conn_key is not None:
-        with _proofs_lock:
-            _PROOFS.setdefault(conn_key, {})[cache_key] = bound
+    conn_key = _weakly_referenceable(host.connection_key)
+    with _proofs_lock:
+        if conn_key is None:
+            _HINTS[target] = bound
+        else:
+            _PROOFS.setdefault(conn_key, {})[target] = bound
     return bound
 
 
@@ -173,7 +192,6 @@ def _end_quietly(host: HostTransaction, error: BaseException) -> None:
         _log.warning("could not roll back a fenced host transaction", exc_info=True)
 
 
-@contextmanager
 def fenced_transaction(
     connection: object,
     workflow_id: str,
@@ -183,7 +201,7 @@ def fenced_transaction(
     warn: Callable[[Warning], None],
     lock_timeout_ms: int | None = None,
     idle_timeout_ms: int | None = None,
-) -> Iterator[object]:
+) -> AbstractContextManager[object]:
     """Run the block as one transaction on ``connection`` with the epoch check for ``workflow_id``.
 
     :param connection: the host's connection (see :func:`~weft_sync.fencing.adapters.adapt`).
@@ -203,28 +221,72 @@ def fenced_transaction(
     :raises StorageError: one of the fence's own statements failed (a lock wait timed out, the
         SQLite file stayed locked); the transaction was rolled back.
     """
-    wid = keys.validate_workflow_id(workflow_id)
-    host = adapt(connection)
-    target = _target(storage)
-    if host.family != target.family:
-        _refuse(host, target, f"a {host.family!r} database")
-    expected = registry.current_epoch_bytes(wid)
-    if expected is None:
-        _deposed(wid, warn)
     timeouts = (
         registry.claim_renew_interval_ms if lock_timeout_ms is None else lock_timeout_ms,
         registry.claim_ttl_ms if idle_timeout_ms is None else idle_timeout_ms,
     )
-    locked = host.begin()
-    try:
-        observed = _read_epoch(host, target, wid, locked=locked, timeouts_ms=timeouts)
-        if observed != expected:
-            _deposed(wid, warn)
-        yield host.result
-    except BaseException as exc:
-        _end_quietly(host, exc)
-        raise
-    host.end(None)
+    return _FencedBlock(connection, workflow_id, storage, registry, warn, timeouts)
+
+
+class _FencedBlock:
+    """One fenced block: checks and begins on entry, commits or rolls back on exit.
+
+    A class rather than a generator context manager: the fence is on the path of every host
+    write it guards, and a generator's set-up costs more than all of this module's own work.
+    """
+
+    __slots__ = ("_connection", "_host", "_registry", "_storage", "_timeouts", "_warn", "_wid")
+
+    def __init__(
+        self,
+        connection: object,
+        workflow_id: str,
+        storage: Storage,
+        registry: ClaimRegistry,
+        warn: Callable[[Warning], None],
+        timeouts: tuple[int, int],
+    ) -> None:
+        self._connection = connection
+        self._wid = workflow_id
+        self._storage = storage
+        self._registry = registry
+        self._warn = warn
+        self._timeouts = timeouts
+        self._host: HostTransaction | None = None
+
+    def __enter__(self) -> object:
+        wid = keys.validate_workflow_id(self._wid)
+        host = adapt(self._connection)
+        target = _target(self._storage)
+        if host.family != target.family:
+            _refuse(host, target, f"a {host.family!r} database")
+        expected = self._registry.current_epoch_bytes(wid)
+        if expected is None:
+            _deposed(wid, self._warn)
+        locked = host.begin()
+        try:
+            observed = _read_epoch(host, target, wid, locked=locked, timeouts_ms=self._timeouts)
+            if observed != expected:
+                _deposed(wid, self._warn)
+        except BaseException as exc:
+            _end_quietly(host, exc)
+            raise
+        self._host = host
+        return host.result
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        host, self._host = self._host, None
+        if host is None:
+            return
+        if exc is None:
+            host.end(None)
+        else:
+            _end_quietly(host, exc)
 
 
 def _read_epoch(
@@ -239,14 +301,20 @@ def _read_epoch(
 
     :raises StorageError: a statement of the fence failed (the caller rolls back).
     """
-    epoch_key = keys.workflow_owner_epoch(wid)
+    if target.family == "postgresql":
+        params: tuple[str, ...] = (
+            _epoch_key(wid),
+            f"{timeouts_ms[0]:d}ms",
+            f"{timeouts_ms[1]:d}ms",
+        )
+    else:
+        params = (_epoch_key(wid),)
     try:
-        binding = _binding(host, target)
+        binding = _cached(host, target)
+        if binding is None or not _still_holds(host, binding):
+            binding = _prove(host, target)
         if not locked and binding.write_lock is not None:
-            host.query(binding.write_lock, (epoch_key,))
-        params: tuple[str, ...] = (epoch_key,)
-        if target.family == "postgresql":
-            params += tuple(f"{ms:d}ms" for ms in timeouts_ms)
+            host.query(binding.write_lock, params[:1])
         rows = host.query(binding.read_epoch, params)
     except (StorageCapabilityError, TypeError):
         raise
@@ -256,3 +324,10 @@ def _read_epoch(
             f"{target.location}: {exc}"
         ) from exc
     return as_value(rows[0][0]) if rows else None
+
+
+def _still_holds(host: HostTransaction, binding: FenceBinding) -> bool:
+    """Whether a cached binding still fits ``host``'s connection (see ``FenceBinding.recheck``)."""
+    if binding.recheck is None or binding.confirm is None:
+        return True  # proven for this connection's lifetime
+    return binding.confirm(host.query(binding.recheck, ()))

@@ -7,10 +7,11 @@ implicit one of a non-autocommit connection), and commits or rolls back exactly 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from contextlib import ExitStack
+from contextlib import AbstractContextManager
 from typing import Any
 
 import psycopg
+from psycopg.rows import tuple_row
 
 __all__ = ["PsycopgTransaction"]
 
@@ -22,7 +23,7 @@ class PsycopgTransaction:
 
     def __init__(self, connection: psycopg.Connection[Any]) -> None:
         self._conn = connection
-        self._tx = ExitStack()
+        self._tx: AbstractContextManager[psycopg.Transaction] | None = None
 
     @property
     def connection_key(self) -> object:
@@ -33,17 +34,26 @@ class PsycopgTransaction:
         return self._conn
 
     def begin(self) -> bool:
-        self._tx.enter_context(self._conn.transaction())
+        # BEGIN goes alone, not pipelined with the fence's read: psycopg's pipeline mode costs
+        # more than a loopback round trip, and a transaction() entered in a pipeline keeps the
+        # connection in pipeline mode (the host's statements too) until it ends.
+        tx = self._conn.transaction()
+        tx.__enter__()
+        self._tx = tx
         return True
 
     def query(self, sql: str, params: Sequence[object]) -> list[tuple[Any, ...]]:
-        # No parameters: several statements may go in one round trip.
-        cur = self._conn.cursor()
-        cur.execute(sql, list(params) if params else None)
-        return [tuple(row) for row in cur.fetchall()] if cur.description else []
+        # Tuples whatever row factory the host set; no parameters: several statements may go
+        # in one round trip.
+        cur = self._conn.cursor(row_factory=tuple_row)
+        cur.execute(sql, params or None)
+        return cur.fetchall() if cur.description else []
 
     def end(self, error: BaseException | None) -> None:
+        tx, self._tx = self._tx, None
+        if tx is None:
+            return
         if error is None:
-            self._tx.__exit__(None, None, None)
+            tx.__exit__(None, None, None)
         else:
-            self._tx.__exit__(type(error), error, error.__traceback__)
+            tx.__exit__(type(error), error, error.__traceback__)

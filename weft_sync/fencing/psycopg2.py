@@ -47,7 +47,8 @@ class Psycopg2Transaction:
         return True
 
     def query(self, sql: str, params: Sequence[object]) -> list[tuple[Any, ...]]:
-        with self._conn.cursor() as cur:
+        # A plain cursor: the host's cursor_factory (e.g. RealDictCursor) would change the rows.
+        with self._conn.cursor(cursor_factory=psycopg2.extensions.cursor) as cur:
             cur.execute(sql, tuple(params) if params else None)
             return [tuple(row) for row in cur.fetchall()] if cur.description else []
 

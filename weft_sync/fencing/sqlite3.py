@@ -29,8 +29,8 @@ class Sqlite3Transaction:
     """A :class:`~weft_sync.fencing.base.HostTransaction` over a ``sqlite3.Connection``."""
 
     family = "sqlite"
-    # sqlite3.Connection takes no weak references; the proof (one PRAGMA, two stat calls) runs
-    # on every block instead.
+    # sqlite3.Connection takes no weak references: the last proof is only a guess, re-checked
+    # by every block (FenceBinding.recheck).
     connection_key = None
 
     def __init__(self, connection: sqlite3.Connection) -> None:

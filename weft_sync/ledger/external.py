@@ -12,11 +12,13 @@ import logging
 from typing import Final
 
 from .. import keys
+from ..claims.engine_index import release_entry_ops
 from ..claims.transitions import build_external_rotation_transition, extract_put_value
 from ..clock import Clock
 from ..codec import WORKFLOW_STATUSES, WorkflowRecord, try_decode_workflow_record
 from ..errors import CorruptEpochError
 from ..storage.base import Condition, Delete, Operation, Storage, storage_conditional_batch
+from ..storage.reads import storage_get_many
 from .fencing import Fence
 from .records import (
     ACTIVE_STATUSES,
@@ -125,9 +127,15 @@ class ExternalTransitions:
         registry = self._fence.optional_registry()
         held_before = None if registry is None else registry.current_epoch(wid)
         epoch_key = keys.workflow_owner_epoch(wid)
+        # Epoch first, then holder (one snapshot where the store has one): the rotation commits
+        # only if the epoch never moved since, and a holder's engine changes only with its epoch,
+        # so the holder read names the engine whose by-engine entry goes (or is gone, entry too).
+        observed_epoch, holder_bytes = storage_get_many(
+            self._storage, [epoch_key, keys.workflow_owner_holder(wid)]
+        )
         try:
             rotation = build_external_rotation_transition(
-                workflow_id=wid, observed_epoch_bytes=self._storage.get(epoch_key)
+                workflow_id=wid, observed_epoch_bytes=observed_epoch
             )
         except CorruptEpochError as exc:
             _log.warning("%s", exc)
@@ -135,7 +143,7 @@ class ExternalTransitions:
         if not storage_conditional_batch(
             self._storage,
             [*conditions, *rotation.conditions],
-            [*operations, *rotation.operations],
+            [*operations, *rotation.operations, *release_entry_ops(wid, holder_bytes)],
         ):
             _log.debug("external commit for workflow %r lost its precondition; retrying", wid)
             return None

@@ -56,7 +56,8 @@ from .targets import (
     UpdatePollSubpassResult,
     UpdatePollTarget,
 )
-from .task import PassCallback, RenewalTask, create_renewal_task
+from .task import PassCallback, RenewalTask
+from .task_factory import create_renewal_task
 
 __all__ = [
     "AUTHORITATIVE_SCAN_LIMIT",

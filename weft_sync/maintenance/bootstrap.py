@@ -6,6 +6,7 @@ import logging
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Literal
 
 from ..claims.arguments import positive_int
 from ..claims.gates import bootstrap_ownership_gates
@@ -15,13 +16,16 @@ from ..claims.store_clock import StoreClock
 from ..clock import Clock
 from ..metrics import ClaimMetrics
 from ..storage.base import Storage
+from .discoveries import Discovery, ScanDiscovery, expiry_judge
+from .engine_discovery import EngineIndexDiscovery
 from .fair_share import validate_max_claims
 from .instrumentation import MetricsPassObserver, metrics_bridge
 from .observer import PassObserver
 from .reclaim_target import EligibilityPredicate, ReclaimTargetHandle, create_reclaim_target
 from .scheduler import IntervalScheduler
 from .targets import SignalPollTarget, UpdatePollTarget
-from .task import PassCallback, RenewalTask, create_renewal_task
+from .task import PassCallback, RenewalTask
+from .task_factory import create_renewal_task
 
 __all__ = ["OwnershipBootstrap", "bootstrap_workflow_lease_ownership", "metrics_bridge"]
 
@@ -62,6 +66,8 @@ def bootstrap_workflow_lease_ownership(
     max_claims: int | None = None,
     fair_share: bool = False,
     observers: tuple[PassObserver, ...] = (),
+    reclaim_discovery: Literal["auto", "scan"] | None = None,
+    heartbeat: Callable[[], None] | None = None,
 ) -> OwnershipBootstrap:
     """Run the ownership gates, then build everything one engine needs; start nothing.
 
@@ -82,6 +88,12 @@ def bootstrap_workflow_lease_ownership(
     :raises ValueError: a duration is not a positive int, ``engine_id`` is empty, or
         ``max_claims`` is not ``None`` or an ``int >= 1`` (checked before the store is touched).
     :param observers: more observers of the renewal task's sub-passes (e.g. tracing).
+    :param reclaim_discovery: ``None`` (the full scans of every holder and running workflow,
+        every pass), ``"scan"`` (the same, plus the engine records: crashed and closed engines'
+        claims are taken at once) or ``"auto"`` (engine records, dead engines' index entries and
+        bounded windows; see :mod:`.engine_discovery`).
+    :param heartbeat: called after each renewal sub-pass (and each reclaim sub-pass that
+        reclaimed something): the engine's liveness record.
     :raises TypeError: ``clock`` or ``warn`` is not callable (checked before the store is
         touched).
     :raises StorageCapabilityError: the store has no compare-and-swap (nothing is built).
@@ -121,6 +133,7 @@ def bootstrap_workflow_lease_ownership(
         skip_live_holders=skip_live_holders,
         max_claims=max_claims,
         fair_share=fair_share,
+        discovery=_discovery(reclaim_discovery, storage, registry, skip_live_holders),
     )
     task = create_renewal_task(
         target=renewal_target,
@@ -134,6 +147,28 @@ def bootstrap_workflow_lease_ownership(
         before_stop=reclaim_target.mark_disposing,
         observers=(MetricsPassObserver(metrics), *observers),
         verify_store=getattr(storage, "verify_identity", None),
+        heartbeat=heartbeat,
     )
     _log.info("bootstrapped workflow-lease ownership for engine %s", registry.engine_id)
     return OwnershipBootstrap(registry, task, metrics, reclaim_target)
+
+
+def _discovery(
+    kind: str | None, storage: Storage, registry: ClaimRegistry, skip_live: bool
+) -> Discovery | None:
+    if kind is None:
+        return None  # the reclaim target's own full scan, blind to engine records
+    judge = expiry_judge(registry.clock, registry.claim_renew_interval_ms)
+    if kind == "scan":
+        return ScanDiscovery(
+            storage, judge, skip_live=skip_live, engine_id=registry.engine_id, clock=registry.clock
+        )
+    if kind != "auto":
+        raise ValueError(f"unknown reclaim_discovery={kind!r}: use 'auto', 'scan' or None")
+    return EngineIndexDiscovery(
+        storage,
+        engine_id=registry.engine_id,
+        clock=registry.clock,
+        judge=judge,
+        skip_live=skip_live,
+    )

@@ -31,6 +31,7 @@ from typing import Final
 
 __all__ = [
     "FAIR_SHARE_WINDOW_INTERVALS",
+    "assigned_to",
     "select_takeovers",
     "takeover_budget",
     "takeover_order",
@@ -64,6 +65,29 @@ def takeover_order(engine_id: str, workflow_ids: Iterable[str]) -> list[str]:
         return hashlib.blake2b(prefix + workflow_id.encode(), digest_size=8).digest()
 
     return sorted(workflow_ids, key=rank)
+
+
+def assigned_to(
+    engine_id: str, participants: Iterable[str], workflow_ids: Iterable[str]
+) -> list[str]:
+    """The ``workflow_ids`` that rendezvous hashing assigns to ``engine_id`` among ``participants``.
+
+    Every engine that computes this over the same participants gets a disjoint share, and the
+    shares together cover every id: a crashed engine's claims are split in one round, without
+    two survivors racing for the same claim. ``engine_id`` always takes part.
+    """
+    engines = sorted(set(participants) | {engine_id})
+    if len(engines) == 1:
+        return list(workflow_ids)
+
+    def winner(workflow_id: str) -> str:
+        tail = b"\0" + workflow_id.encode()
+        return max(
+            engines,
+            key=lambda e: hashlib.blake2b(e.encode() + tail, digest_size=8).digest(),
+        )
+
+    return [wid for wid in workflow_ids if winner(wid) == engine_id]
 
 
 def takeover_budget(

@@ -37,6 +37,7 @@ __all__ = [
     "AUTHORITATIVE_SCAN_LIMIT",
     "HolderJudge",
     "ReclaimDiscovery",
+    "decode_key_id",
     "discover_reclaim_candidates",
     "list_reclaim_candidates",
 ]
@@ -187,6 +188,9 @@ def _decode_id(key: str, prefix: str) -> str | None:
     if keys.encode_key_component(workflow_id) != component:
         return None
     return workflow_id
+
+
+decode_key_id = _decode_id
 
 
 def _read_cursor(storage: Storage) -> str | None:

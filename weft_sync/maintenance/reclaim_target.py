@@ -36,8 +36,14 @@ from ..codec import WorkflowRecord, decode_holder, try_decode_workflow_record
 from ..metrics import ClaimMetrics
 from ..storage.base import Storage
 from ..storage.reads import storage_get_many
-from .fair_share import FAIR_SHARE_WINDOW_INTERVALS, select_takeovers, validate_max_claims
-from .reclaim_scan import discover_reclaim_candidates, list_reclaim_candidates
+from .discoveries import Discovery, EngineDiscovery, ScanDiscovery
+from .fair_share import (
+    FAIR_SHARE_WINDOW_INTERVALS,
+    assigned_to,
+    select_takeovers,
+    validate_max_claims,
+)
+from .reclaim_scan import list_reclaim_candidates
 from .targets import TAKEOVER_MAX_ATTEMPTS, ReclaimAttemptResult
 
 __all__ = ["EligibilityPredicate", "ReclaimPlan", "ReclaimTargetHandle", "create_reclaim_target"]
@@ -96,7 +102,12 @@ class ReclaimTargetHandle:
         skip_live_holders: bool = False,
         max_claims: int | None = None,
         fair_share: bool = False,
+        discovery: Discovery | None = None,
     ) -> None:
+        self._discovery: Discovery = discovery or ScanDiscovery(
+            storage, self._live_engine, skip_live=skip_live_holders
+        )
+        self._custom_discovery = discovery is not None
         self._max_claims = validate_max_claims(max_claims)
         self._fair_share = fair_share
         self._registry = registry
@@ -115,6 +126,10 @@ class ReclaimTargetHandle:
         # (a handler may be added), but left out of the fair share they would otherwise use up.
         self._ineligible: set[str] = set()
         self._disposing = False
+        # Engines the last discovery saw crashed or closed, and whether they kept claims it did
+        # not list.
+        self._dead_engines: frozenset[str] = frozenset()
+        self._dead_left = False
 
     @property
     def disposing(self) -> bool:
@@ -142,7 +157,7 @@ class ReclaimTargetHandle:
         if self._is_disposing():
             return []
         held = self._registry.list_held_workflow_ids()
-        if self._fair_share or self._max_claims is not None:
+        if self._fair_share or self._max_claims is not None or self._custom_discovery:
             found = self._select_candidates(held)
         else:
             found = list_reclaim_candidates(
@@ -156,9 +171,7 @@ class ReclaimTargetHandle:
 
     def _select_candidates(self, held: list[str]) -> list[str]:
         """Discovery limited to this pass's takeovers: the fair share, within ``max_claims``."""
-        discovery = discover_reclaim_candidates(
-            self._storage, held, judge=self._live_engine, skip_live=self._skip_live_holders
-        )
+        discovery = self._discovery.discover(held)
         now = self._registry.clock()
         window = FAIR_SHARE_WINDOW_INTERVALS * self._registry.claim_renew_interval_ms
         with self._lock:
@@ -167,15 +180,20 @@ class ReclaimTargetHandle:
             shared = [wid for wid in discovery.stranded if wid not in self._ineligible]
             seen = {wid: self._first_seen.get(wid, now) for wid in shared}
             self._first_seen = seen
+            self._dead_engines = discovery.dead_engines
+            self._dead_left = discovery.dead_left or bool(discovery.dead_engines)
+        dead = set(discovery.dead_claims)
         if self._fair_share:
             overdue = {wid for wid, first in seen.items() if now - first >= window}
+            overdue |= discovery.urgent.intersection(seen)
         else:
             overdue = set(shared)
-        chosen = select_takeovers(
+        mine = self._dead_share(discovery, set(shared), overdue)
+        chosen = mine + select_takeovers(
             engine_id=self._registry.engine_id,
-            stranded=shared,
+            stranded=[wid for wid in shared if wid not in dead],
             overdue=overdue,
-            held=len(held),
+            held=len(held) + len(mine),
             live_claims=discovery.live_claims,
             max_claims=self._max_claims,
         )
@@ -192,6 +210,29 @@ class ReclaimTargetHandle:
         stranded = set(discovery.stranded)
         rest = [wid for wid in discovery.candidates if wid not in stranded]
         return chosen + known_ineligible + rest
+
+    def _dead_share(
+        self, discovery: EngineDiscovery, shared: set[str], overdue: set[str]
+    ) -> list[str]:
+        """Dead engines' claims this engine takes: its rendezvous share, and the overdue ones."""
+        ids = [wid for wid in discovery.dead_claims if wid in shared]
+        if not self._fair_share:
+            mine = ids
+        else:
+            assigned = set(assigned_to(self._registry.engine_id, discovery.participants, ids))
+            mine = [wid for wid in ids if wid in assigned or wid in overdue]
+        capacity = self._capacity_left()
+        return mine if capacity is None else mine[:capacity]
+
+    def dead_engines(self) -> frozenset[str]:
+        """Engines the last discovery saw crashed or closed."""
+        with self._lock:
+            return self._dead_engines
+
+    def dead_work_left(self) -> bool:
+        """Whether the last discovery saw claims of crashed or closed engines."""
+        with self._lock:
+            return self._dead_left
 
     def _capacity_left(self) -> int | None:
         """How many more claims ``max_claims`` allows now; ``None`` without a limit."""
@@ -321,7 +362,7 @@ class ReclaimTargetHandle:
 
     def _first_attempts(self, eligible: list[str], plans: dict[str, ReclaimPlan]) -> None:
         """Attempt ``eligible`` in one ``takeover_many``; a failed id is attempted alone later."""
-        outcomes = self._registry.takeover_many(eligible)
+        outcomes = self._registry.takeover_many(eligible, dead_engines=self.dead_engines())
         for wid, outcome in zip(eligible, outcomes, strict=True):
             if isinstance(outcome, Exception):
                 _log.debug("batched takeover of %r failed (%r); attempting alone", wid, outcome)
@@ -372,11 +413,12 @@ class ReclaimTargetHandle:
             else:
                 if self._is_disposing():
                     return _NOT_ELIGIBLE
-                result = self._registry.takeover(workflow_id)
+                result = self._registry.takeover(workflow_id, dead_engines=self.dead_engines())
             status = result.status
             if status == "acquired":
                 self._metrics.record_claim_attempt("takeover")
-                if result.expires_at is not None:
+                # A holder taken before its expiry (its engine known dead) has no delay.
+                if result.expires_at is not None and not result.before_expiry:
                     delay_ms = self._registry.clock() - result.expires_at
                     self._metrics.observe_takeover_delay(delay_ms / 1000)
                 assert result.epoch is not None
@@ -513,6 +555,7 @@ def create_reclaim_target(
     skip_live_holders: bool = False,
     max_claims: int | None = None,
     fair_share: bool = False,
+    discovery: Discovery | None = None,
 ) -> ReclaimTargetHandle:
     """Build the reclaim target of one engine (see :class:`ReclaimTargetHandle`)."""
     return ReclaimTargetHandle(
@@ -524,4 +567,5 @@ def create_reclaim_target(
         skip_live_holders=skip_live_holders,
         max_claims=max_claims,
         fair_share=fair_share,
+        discovery=discovery,
     )

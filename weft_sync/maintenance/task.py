@@ -21,14 +21,14 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import TypeVar
 
 from ..clock import Clock
 from ..errors import ClosedError
 from .observer import FULL_PASS, PassObserver, notify_skipped, observed
-from .scheduler import IntervalScheduler, TimerScheduler
+from .scheduler import IntervalScheduler
 from .subpasses import (
     run_reclaim_pass,
     run_renewal_subpass,
@@ -36,9 +36,9 @@ from .subpasses import (
     run_update_poll_subpass,
 )
 from .targets import (
-    RENEWAL_CONCURRENCY,
     PassKind,
     PassResult,
+    ReclaimPassResult,
     ReclaimTarget,
     RenewalSubpassResult,
     RenewalTarget,
@@ -46,98 +46,22 @@ from .targets import (
     UpdatePollTarget,
 )
 
-__all__ = ["PassCallback", "RenewalTask", "create_renewal_task"]
+__all__ = ["URGENT_RECLAIM_GAP_MS", "URGENT_RECLAIM_ROUNDS", "PassCallback", "RenewalTask"]
 
 _log = logging.getLogger(__name__)
 
 PassCallback = Callable[[PassResult], None]
+
+URGENT_RECLAIM_ROUNDS = 5
+"""Reclaim sub-passes one slot runs while crashed or closed engines still hold claims."""
+
+URGENT_RECLAIM_GAP_MS = 100
+"""The pause between those sub-passes, in which the other survivors take their shares."""
 _Result = TypeVar("_Result")
 
 
-def create_renewal_task(
-    *,
-    target: RenewalTarget,
-    clock: Clock,
-    interval_ms: int,
-    scheduler: IntervalScheduler | None = None,
-    reclaim_target: ReclaimTarget | None = None,
-    signal_poll_target: SignalPollTarget | None = None,
-    update_poll_target: UpdatePollTarget | None = None,
-    on_pass_complete: PassCallback | None = None,
-    executor_workers: int = RENEWAL_CONCURRENCY,
-    before_stop: Callable[[], None] | None = None,
-    observers: Sequence[PassObserver] = (),
-    verify_store: Callable[[], None] | None = None,
-) -> RenewalTask:
-    """Build a renewal task; it does nothing until ``run_once()`` or ``start()`` is called.
-
-    :param target: renews the held claims (a batched target is renewed in chunks).
-    :param clock: integer-millisecond clock; required, read for ``started_at``/``finished_at``.
-    :param interval_ms: tick interval of interval mode (the claim renew interval).
-    :param scheduler: fires the ticks; defaults to a :class:`~.scheduler.TimerScheduler`.
-    :param reclaim_target: signal_poll_target: update_poll_target: optional sub-passes; a pass
-        result's matching field is ``None`` exactly when the target is not configured.
-    :param on_pass_complete: called with every (full or partial) result, possibly from several
-        threads at once; an exception it raises is logged and does not affect the pass.
-    :param executor_workers: size of the worker pool renewal and reclaim fan out over.
-    :param before_stop: called first by every ``stop()`` (and so by ``close()``), even before
-        ``start()``; the bootstrap passes the reclaim target's ``mark_disposing`` here.
-    :param observers: told each sub-pass's duration and each skipped tick (metrics, tracing).
-    :param verify_store: called at the start of every pass that renews (the store's
-        ``verify_identity``, when it has one); a failure it raises is left for the renewal's own
-        writes to meet and report.
-    :raises TypeError: a target lacks its methods, or ``clock``, ``on_pass_complete`` or
-        ``before_stop`` is not callable, or an observer is not a :class:`~.observer.PassObserver`.
-    :raises ValueError: ``interval_ms`` or ``executor_workers`` is not a positive integer.
-    """
-    _require_methods("target", target, ("list_held_workflow_ids", "renew_workflow_claim"))
-    if reclaim_target is not None:
-        _require_methods(
-            "reclaim_target",
-            reclaim_target,
-            ("list_reclaim_candidate_workflow_ids", "attempt_workflow_claim_takeover"),
-        )
-    if signal_poll_target is not None:
-        _require_methods(
-            "signal_poll_target",
-            signal_poll_target,
-            ("list_parked_signal_waits", "has_buffered_signal", "wake_workflow"),
-        )
-    if update_poll_target is not None:
-        _require_methods(
-            "update_poll_target",
-            update_poll_target,
-            ("list_held_workflow_ids", "has_pending_updates", "drain_pending_updates"),
-        )
-    if not callable(clock):
-        raise TypeError(f"clock must be a zero-argument callable returning ms, got {clock!r}")
-    if on_pass_complete is not None and not callable(on_pass_complete):
-        raise TypeError(f"on_pass_complete must be callable or None, got {on_pass_complete!r}")
-    if before_stop is not None and not callable(before_stop):
-        raise TypeError(f"before_stop must be callable or None, got {before_stop!r}")
-    _check_positive("interval_ms", interval_ms)
-    _check_positive("executor_workers", executor_workers)
-    for observer in observers:
-        if not isinstance(observer, PassObserver):
-            raise TypeError(f"observers must be PassObserver objects, got {observer!r}")
-    return RenewalTask(
-        target=target,
-        clock=clock,
-        interval_ms=interval_ms,
-        scheduler=scheduler if scheduler is not None else TimerScheduler(),
-        reclaim_target=reclaim_target,
-        signal_poll_target=signal_poll_target,
-        update_poll_target=update_poll_target,
-        on_pass_complete=on_pass_complete,
-        executor_workers=executor_workers,
-        before_stop=before_stop,
-        observers=tuple(observers),
-        verify_store=verify_store,
-    )
-
-
 class RenewalTask:
-    """Runs maintenance passes; build it with :func:`create_renewal_task`."""
+    """Runs maintenance passes; build it with :func:`.task_factory.create_renewal_task`."""
 
     def __init__(
         self,
@@ -154,7 +78,9 @@ class RenewalTask:
         before_stop: Callable[[], None] | None = None,
         observers: tuple[PassObserver, ...] = (),
         verify_store: Callable[[], None] | None = None,
+        heartbeat: Callable[[], None] | None = None,
     ) -> None:
+        self._heartbeat = heartbeat
         self._target = target
         self._observers = observers
         self._verify_store = verify_store
@@ -185,6 +111,8 @@ class RenewalTask:
         # _drivers).
         self._lock = threading.Lock()
         self._idle = threading.Condition(self._lock)
+        # Notified by stop(): ends the pause between urgent reclaim rounds.
+        self._stopping = threading.Condition(self._lock)
         self._started = False
         self._generation = 0
         self._handle: object | None = None
@@ -194,6 +122,8 @@ class RenewalTask:
         self._shared_pass: Future[PassResult] | None = None
         self._busy = dict.fromkeys(self._slot_bodies, False)
         self._drivers: set[threading.Thread] = set()
+        # Reclaim rounds asked for while the reclaim slot was busy.
+        self._reclaim_requested = False
         # Marks threads running a pass of this task (drivers, pool workers, run_once callers).
         self._local = threading.local()
 
@@ -264,9 +194,7 @@ class RenewalTask:
         renewal = self._timed("renewal", lambda: self._renew_held(pool))
         reclaim = signal_poll = update_poll = None
         if (reclaim_target := self._reclaim_target) is not None:
-            reclaim = self._timed(
-                "reclaim", lambda: run_reclaim_pass(reclaim_target, executor=pool)
-            )
+            reclaim = self._timed("reclaim", lambda: self._reclaim(reclaim_target, pool))
         if (signal_target := self._signal_poll_target) is not None:
             signal_poll = self._timed(
                 "signal_poll", lambda: run_signal_poll_subpass(signal_target, self._clock)
@@ -339,6 +267,7 @@ class RenewalTask:
             if not self._started:
                 return
             self._started = False
+            self._stopping.notify_all()
             handle, self._handle = self._handle, None
             pool = self._take_idle_pool()
         if handle is not None:
@@ -356,16 +285,7 @@ class RenewalTask:
                 if self._busy[kind]:
                     skipped.append(kind)
                     continue
-                thread = threading.Thread(
-                    target=self._drive_slot,
-                    args=(kind,),
-                    name=f"weft-maintenance-{kind.value}",
-                    daemon=True,
-                )
-                self._busy[kind] = True
-                self._in_flight += 1
-                self._drivers.add(thread)
-                launched.append((kind, thread))
+                launched.append((kind, self._new_driver(kind)))
         for kind in skipped:
             notify_skipped(self._observers, kind.value)
             _log.warning(
@@ -374,6 +294,41 @@ class RenewalTask:
                 kind.value,
                 self._interval_ms,
             )
+        self._start_drivers(launched)
+
+    def request_reclaim(self) -> bool:
+        """Run a reclaim sub-pass now rather than at the next tick (interval mode only).
+
+        Called when another engine is seen dead. A reclaim already running is followed by
+        another one as soon as it ends, so the request is never lost.
+
+        :returns: whether a pass was started or queued (``False`` when stopped or without a
+            reclaim target).
+        """
+        with self._lock:
+            if not self._started or self._closed or PassKind.RECLAIM not in self._slot_bodies:
+                return False
+            if self._busy[PassKind.RECLAIM]:
+                self._reclaim_requested = True
+                return True
+            launched = [(PassKind.RECLAIM, self._new_driver(PassKind.RECLAIM))]
+        self._start_drivers(launched)
+        return True
+
+    def _new_driver(self, kind: PassKind) -> threading.Thread:
+        # Caller holds _lock.
+        thread = threading.Thread(
+            target=self._drive_slot,
+            args=(kind,),
+            name=f"weft-maintenance-{kind.value}",
+            daemon=True,
+        )
+        self._busy[kind] = True
+        self._in_flight += 1
+        self._drivers.add(thread)
+        return thread
+
+    def _start_drivers(self, launched: list[tuple[PassKind, threading.Thread]]) -> None:
         for kind, thread in launched:
             try:
                 thread.start()
@@ -413,7 +368,23 @@ class RenewalTask:
     def _renew_held(self, pool: ThreadPoolExecutor) -> RenewalSubpassResult:
         self._check_store()
         held = list(self._target.list_held_workflow_ids())
-        return run_renewal_subpass(self._target, held, executor=pool)
+        result = run_renewal_subpass(self._target, held, executor=pool)
+        self._beat()
+        return result
+
+    def _reclaim(self, target: ReclaimTarget, pool: ThreadPoolExecutor) -> ReclaimPassResult:
+        result = run_reclaim_pass(target, executor=pool)
+        if result.reclaimed_count:
+            self._beat()  # others' fair shares count what this engine holds now
+        return result
+
+    def _beat(self) -> None:
+        if self._heartbeat is None:
+            return
+        try:
+            self._heartbeat()
+        except Exception:
+            _log.exception("weft_sync: the heartbeat hook raised")
 
     def _renewal_slot(self) -> PassResult:
         started_at = self._clock()
@@ -432,9 +403,18 @@ class RenewalTask:
         if target is None:
             raise RuntimeError("the reclaim slot runs only with a reclaim target")
         started_at = self._clock()
-        reclaim = self._timed(
-            "reclaim", lambda: run_reclaim_pass(target, executor=self._executor())
-        )
+        for _ in range(URGENT_RECLAIM_ROUNDS):
+            reclaim = self._timed("reclaim", lambda: self._reclaim(target, self._executor()))
+            dead_left = getattr(target, "dead_work_left", None)
+            urgent = callable(dead_left) and dead_left()
+            with self._lock:
+                again, self._reclaim_requested = self._reclaim_requested, False
+                if urgent and not again:
+                    # The other survivors take their fair shares meanwhile; what is left after
+                    # the pause is taken whatever the share.
+                    self._stopping.wait_for(lambda: not self._started, URGENT_RECLAIM_GAP_MS / 1000)
+                if not self._started or not (again or urgent):
+                    break
         return PassResult(
             started_at, self._clock(), (), 0, 0, reclaim=reclaim, kind=PassKind.RECLAIM
         )
@@ -587,17 +567,3 @@ class RenewalTask:
                 f"on_pass_complete, a target or a reclaim drive); it would wait for the pass it "
                 f"is running in, so call it from another thread"
             )
-
-
-def _require_methods(name: str, obj: object, methods: tuple[str, ...]) -> None:
-    missing = [m for m in methods if not callable(getattr(obj, m, None))]
-    if missing:
-        raise TypeError(
-            f"{name} {type(obj).__name__} lacks the method(s) {', '.join(missing)}; it must "
-            f"provide {', '.join(methods)}"
-        )
-
-
-def _check_positive(name: str, value: object) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-        raise ValueError(f"{name} must be a positive integer, got {value!r}")

@@ -19,7 +19,9 @@ from .base import (
 )
 from .cas import CasRow, SupportsCompareAndSetMany, storage_compare_and_set_many
 from .reads import SupportsGetMany, storage_get_many
+from .session_locks import SessionLock, SupportsSessionLocks, storage_session_locks
 from .sqlite import SqliteStorage
+from .wait_bound import SupportsWaitBound
 
 if TYPE_CHECKING:
     from .postgres import PostgresStorage
@@ -32,15 +34,19 @@ __all__ = [
     "Operation",
     "PostgresStorage",
     "Put",
+    "SessionLock",
     "SqliteStorage",
     "Storage",
     "StorageCapabilities",
     "SupportsCompareAndSetMany",
     "SupportsGetMany",
+    "SupportsSessionLocks",
+    "SupportsWaitBound",
     "open_storage",
     "storage_compare_and_set_many",
     "storage_conditional_batch",
     "storage_get_many",
+    "storage_session_locks",
 ]
 
 SUPPORTED_SCHEMES = ("sqlite", "postgresql", "postgres")

@@ -66,11 +66,14 @@ class StorageCapabilities:
         exactly (a value-transforming wrapper must report ``False``).
     :param multi_process: several processes on one host may share the store safely.
     :param multi_host: processes on several hosts may share the store safely.
+    :param session_locks: the store offers named locks that die with their holder process (see
+        :mod:`weft_sync.storage.session_locks`).
     """
 
     conditional_batch: bool
     multi_process: bool
     multi_host: bool
+    session_locks: bool = False
 
 
 @runtime_checkable

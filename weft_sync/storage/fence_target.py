@@ -44,10 +44,17 @@ class FenceBinding:
         the transaction (see :data:`PG_READ_EPOCH`).
     :param write_lock: on SQLite, a statement that takes the database write lock inside an open
         transaction without changing anything (one parameter, the key); ``None`` elsewhere.
+    :param recheck: on SQLite, a statement (no parameters) run on every block before the epoch
+        read, whose rows :attr:`confirm` judges: whether the connection still has the store's
+        file open under the schema ``read_epoch`` names. ``None`` where the proof holds for the
+        connection's lifetime (PostgreSQL: a connection never changes its database).
+    :param confirm: see ``recheck``.
     """
 
     read_epoch: str
     write_lock: str | None = None
+    recheck: str | None = None
+    confirm: Callable[[Sequence[tuple[Any, ...]]], bool] | None = None
 
 
 @runtime_checkable
@@ -85,7 +92,16 @@ class SqliteFenceTarget:
 
     The proof compares the device and inode of every file in ``PRAGMA database_list`` with the
     store's file, so another path to the same file (a symlink, a relative path) is accepted and a
-    copy is not.
+    copy is not. The store's path is resolved when the target is made (when the store opens),
+    so a later ``chdir`` cannot point the proof at another file.
+
+    What a sqlite3 connection has open can change between two blocks (``ATTACH``/``DETACH``,
+    ``deserialize()``), and a new connection can reuse a closed one's ``id()``, so nothing is
+    cached per connection: every block re-reads ``PRAGMA database_list`` (no I/O) and compares
+    the file of the proven schema with the store's file — by name when SQLite reports the store's
+    own resolved path (the same string names the same file), else by device and inode — and
+    proves afresh when it differs. (Not the ``pragma_database_list`` table-valued function in
+    the epoch read: a connection that prepared one crashes SQLite 3.40 after ``deserialize()``.)
     """
 
     family: Family = "sqlite"
@@ -93,30 +109,49 @@ class SqliteFenceTarget:
     def __init__(self, path: str, table: str) -> None:
         self._path = path
         self._table = table
+        self._real = os.path.realpath(path)
 
     @property
     def location(self) -> str:
         return f"SQLite file {self._path!r} (table {self._table!r})"
 
     def bind(self, query: Query) -> FenceBinding | str:
-        store = os.stat(self._path)
+        store = os.stat(self._real)
         files: list[str] = []
         for _seq, schema, file in query("PRAGMA database_list", ()):
             if not file:
                 files.append(f"{schema}: (in memory or temporary)")
                 continue
             files.append(f"{schema}: {file!r}")
-            try:
-                info = os.stat(file)
-            except OSError:
-                continue
-            if (info.st_dev, info.st_ino) == (store.st_dev, store.st_ino):
-                table = f"{quote_identifier(str(schema))}.{quote_identifier(self._table)}"
-                return FenceBinding(
-                    read_epoch=f"SELECT value FROM {table} WHERE key = ?",
-                    write_lock=f"UPDATE {table} SET value = value WHERE key = ?",
-                )
+            if self._is_store(file, store):
+                return self._binding(str(schema))
         return "SQLite databases " + ", ".join(files)
+
+    def _is_store(self, file: object, store: os.stat_result | None = None) -> bool:
+        if not isinstance(file, str) or not file:
+            return False
+        if file == self._real:
+            return True
+        try:
+            info = os.stat(file)
+            if store is None:
+                store = os.stat(self._real)
+        except OSError:
+            return False
+        return (info.st_dev, info.st_ino) == (store.st_dev, store.st_ino)
+
+    def _binding(self, schema: str) -> FenceBinding:
+        table = f"{quote_identifier(schema)}.{quote_identifier(self._table)}"
+
+        def confirm(rows: Sequence[tuple[Any, ...]]) -> bool:
+            return any(name == schema and self._is_store(file) for _seq, name, file in rows)
+
+        return FenceBinding(
+            read_epoch=f"SELECT value FROM {table} WHERE key = ?",
+            write_lock=f"UPDATE {table} SET value = value WHERE key = ?",
+            recheck="PRAGMA database_list",
+            confirm=confirm,
+        )
 
 
 @dataclass(frozen=True, slots=True)

@@ -43,6 +43,7 @@ from .base import (
 from .cas import CasRow, cas_batches, validate_cas_rows
 from .fence_target import PostgresFenceTarget, PostgresIdentity, quote_identifier
 from .postgres_locked import IsolatedBatches, renewal_rows
+from .postgres_locks import PostgresSessionLockMethods
 from .postgres_settings import (
     DERIVED,
     Derived,
@@ -62,7 +63,7 @@ _log = logging.getLogger(__name__)
 _Conn = psycopg.Connection[TupleRow]
 
 _CAPABILITIES: Final = StorageCapabilities(
-    conditional_batch=True, multi_process=True, multi_host=True
+    conditional_batch=True, multi_process=True, multi_host=True, session_locks=True
 )
 # Written into a key that a batch requires absent but does not write; deleted before commit.
 _PLACEHOLDER: Final = b""
@@ -83,7 +84,7 @@ class _Refused(Exception):
 
 
 @process_bound_class
-class PostgresStorage(IsolatedBatches):
+class PostgresStorage(IsolatedBatches, PostgresSessionLockMethods):
     """Store keys in one PostgreSQL table, safely across threads, processes and hosts.
 
     The table is ``(key TEXT COLLATE "C" PRIMARY KEY, value BYTEA NOT NULL)``, created if

@@ -32,8 +32,10 @@ from .base import (
 from .cas import CasRow, validate_cas_rows
 from .fence_target import SqliteFenceTarget
 from .reads import validate_keys
-from .sqlite_identity import StoreIdentity, ensure_store_id
+from .sqlite_identity import StoreIdentity
+from .sqlite_locks import SqliteSessionLockMethods, SqliteSessionLocks
 from .sqlite_readers import ReaderConnections
+from .sqlite_schema import check_schema, create_schema, replaces_deleted_store
 from .sqlite_writer import (
     RenewalRow,
     RequestQueue,
@@ -44,6 +46,7 @@ from .sqlite_writer import (
     renewal_batch,
     renewal_row,
 )
+from .wait_bound import WaitDeadline
 
 if TYPE_CHECKING:
     from sqlitedict import SqliteDict
@@ -54,9 +57,11 @@ _log = logging.getLogger(__name__)
 
 SYNCHRONOUS_MODES: Final = ("FULL", "NORMAL")
 _CAPABILITIES: Final = StorageCapabilities(
-    conditional_batch=True, multi_process=True, multi_host=False
+    conditional_batch=True, multi_process=True, multi_host=False, session_locks=True
 )
 _JOIN_GRACE_S: Final = 5.0
+# How long close(timeout) waits past its bound: a lock wait it cut ends within one busy slice.
+_BOUND_GRACE_S: Final = 0.5
 # Keys per ``SELECT … WHERE key IN (…)`` of get_many (SQLite allows 32,766 parameters).
 _GET_MANY_CHUNK: Final = 500
 
@@ -66,7 +71,7 @@ def _identity(value: object) -> object:
 
 
 @process_bound_class
-class SqliteStorage:
+class SqliteStorage(SqliteSessionLockMethods):
     """Store keys in one SQLite file, safely across threads and processes on one host.
 
     The table has sqlitedict's schema, so :meth:`dict_view` can open it as a ``SqliteDict``.
@@ -85,7 +90,8 @@ class SqliteStorage:
 
     Processes: writers in different processes are serialised by ``flock`` on ``<path>.lock``,
     held only while a write transaction runs, and ``BEGIN IMMEDIATE`` takes SQLite's write lock
-    before any condition is read. Several hosts must not share the file.
+    before any condition is read. Several hosts must not share the file. Session locks are
+    ``flock``-ed files in ``<path>.weft-locks/`` (see :mod:`~weft_sync.storage.sqlite_locks`).
 
     Fork: a fork waits (up to the busy timeout and a few seconds more) until no read or write of
     this instance runs, so that the child can close the connections it inherited without touching
@@ -139,8 +145,10 @@ class SqliteStorage:
         self._busy_timeout_ms = busy_timeout_ms
         self._synchronous = str(mode)
         self._read_only = bool(read_only)
-        # Resolved once: a later chdir() must not move the store under a read-only instance.
+        # Resolved once: a later chdir() must not move the store under a read-only instance
+        # or under the fence's same-file proof.
         self._ro_uri = f"file:{quote(os.path.abspath(self._path))}?mode=ro"
+        self._fence_target = SqliteFenceTarget(self._path, self._table)
         quoted = f'"{self._table}"'
         self._sql_get = f"SELECT value FROM {quoted} WHERE key = ?"
         self._sql_get_many = f"SELECT key, value FROM {quoted} WHERE key IN "
@@ -155,30 +163,26 @@ class SqliteStorage:
         self._fork_stuck = False  # the last fork could not pause this storage
         self._queue = RequestQueue()
         self._writer: SqliteWriter | None = None
-        self._file_lock = WriterFileLock(self._path + ".lock", self._busy_timeout_ms)
+        self._bound = WaitDeadline()
+        self._file_lock = WriterFileLock(self._path + ".lock", self._busy_timeout_ms, self._bound)
         self._readers = ReaderConnections(self._connect, self._closed_error)
         self._identity = StoreIdentity(self._path, self._connect)
+        self._session_locks = SqliteSessionLocks(self._path, read_only=self._read_only)
         # A lock file without its database: a store was here and its file was deleted.
-        replaces_deleted = (
-            not self._read_only
-            and os.path.exists(self._path + ".lock")
-            and not os.path.exists(self._path)
-        )
+        replaces_deleted = not self._read_only and replaces_deleted_store(self._path)
         try:
             with sqlite_fork.opening():
                 if self._read_only:
                     self._check_schema()
                 else:
-                    if replaces_deleted:
-                        _log.warning(
-                            "creating a new, empty store at %r, where the lock file of a deleted "
-                            "one remains: its epochs start again, so every engine still running "
-                            "on the deleted file must be stopped (they stop writing at their "
-                            "next pass)",
-                            self._path,
-                        )
-                    self._create_schema()
                     with self._translate("open"):
+                        create_schema(
+                            self._path,
+                            self._table,
+                            self._connect,
+                            self._file_lock,
+                            replaces_deleted=replaces_deleted,
+                        )
                         self._identity.open()
         except BaseException:
             self._file_lock.close()
@@ -258,40 +262,10 @@ class SqliteStorage:
             raise
         return conn
 
-    def _create_schema(self) -> None:
-        with self._translate("open"):
-            conn = self._connect()
-            try:
-                mode = conn.execute("PRAGMA journal_mode = WAL").fetchone()[0]
-                if str(mode).lower() != "wal":
-                    raise StorageError(
-                        f"could not switch {self._path!r} to WAL journal mode (it is {mode!r})"
-                    )
-                with self._file_lock.hold():
-                    conn.execute(
-                        f'CREATE TABLE IF NOT EXISTS "{self._table}" '
-                        f"(key TEXT PRIMARY KEY, value BLOB)"
-                    )
-                    ensure_store_id(conn)
-            finally:
-                conn.close()
-
     def _check_schema(self) -> None:
-        if not os.path.isfile(self._path):
-            raise MissingStoreError(
-                f"no SQLite store at {self._path!r}: the file does not exist (opened read-only, "
-                f"so it is not created)"
-            )
         with self._translate("read-only open"):
-            conn = self._connect()
-            try:
-                found = conn.execute(
-                    "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?",
-                    (self._table,),
-                ).fetchone()
-            finally:
-                conn.close()
-        if found is None:
+            found = check_schema(self._path, self._table, self._connect)
+        if not found:
             raise MissingStoreError(
                 f"SQLite file {self._path!r} has no table {self._table!r} (opened read-only, so "
                 f"it is not created)"
@@ -345,12 +319,10 @@ class SqliteStorage:
         return self._table
 
     def fence_target(self) -> SqliteFenceTarget:
-        """Where this store's table is, for :mod:`weft_sync.fencing`.
-
-        See :class:`~weft_sync.storage.fence_target.SupportsHostFence`.
-        """
+        """Where this store's table is, for :mod:`weft_sync.fencing` (see
+        :class:`~weft_sync.storage.fence_target.SupportsHostFence`)."""
         self._check_open()
-        return SqliteFenceTarget(self._path, self._table)
+        return self._fence_target
 
     def get(self, key: str) -> bytes | None:
         validate_key(key)
@@ -489,6 +461,8 @@ class SqliteStorage:
                     connect=self._connect,
                     translate=self._translate,
                     file_lock=self._file_lock,
+                    busy_timeout_ms=self._busy_timeout_ms,
+                    bound=self._bound,
                     before_commit=self._identity.check_files,
                 )
                 self._writer.start()
@@ -541,8 +515,17 @@ class SqliteStorage:
             outer_stack=False,
         )
 
-    def close(self) -> None:
+    def bound_waits(self, deadline: float | None) -> None:
+        """See :class:`~weft_sync.storage.wait_bound.SupportsWaitBound`."""
+        self._bound.set(deadline)
+
+    def close(self, timeout: float | None = None) -> None:
         """Stop the writer thread and close every connection; idempotent.
+
+        :param timeout: seconds to wait for the write in flight and the writer thread; waits
+            for other connections' locks end then too (as with :meth:`bound_waits`). ``None``:
+            until the bound, if one is set, else twice the busy timeout and 5 s more. A writer
+            still running then is left behind (logged).
 
         In a child that inherited this instance across ``os.fork()`` it only lets go of the
         inherited copies (see the class docstring): the parent still uses the originals.
@@ -551,6 +534,14 @@ class SqliteStorage:
             if not self._closed:
                 self._abandon_in_child(paused=False)
             return
+        now = time.monotonic()
+        if timeout is not None:
+            self._bound.set(now + max(0.0, timeout))
+        # A bounded close waits past its bound only as long as a lock wait it cut takes to end.
+        stop_by = min(
+            now + 2 * self._busy_timeout_ms / 1000.0 + _JOIN_GRACE_S,
+            max(now, self._bound.deadline) + _BOUND_GRACE_S,
+        )
         with self._lock:
             if self._closed:
                 return
@@ -563,26 +554,32 @@ class SqliteStorage:
             if writer is not None:
                 self._queue.put_stop()
         for request in pending:
-            request.finish(None, ClosedError(f"SqliteStorage({self._path!r}) is closed"))
-        stopped = True
-        if writer is not None:
-            timeout = 2 * self._busy_timeout_ms / 1000.0 + _JOIN_GRACE_S
-            writer.join(timeout=timeout)
-            if writer.is_alive():
-                stopped = False
-                _log.warning("SQLite writer thread %s did not stop in time", writer.name)
-            # A caller may still be committing on the write connection: wait for it.
-            elif not writer.close_connection(timeout):
-                stopped = False
-                _log.warning("SQLite write on %r did not finish in time", self._path)
+            request.finish(None, self._closed_error())
+        stopped = writer is None or self._stop_writer(writer, stop_by)
         if stopped:
             self._file_lock.close()
         for request in self._queue.drain():
-            request.finish(None, ClosedError(f"SqliteStorage({self._path!r}) is closed"))
+            request.finish(None, self._closed_error())
         self._readers.close_all()
         if stopped:
             self._identity.close()
             sqlite_fork.untrack(self)
+
+    def _stop_writer(self, writer: SqliteWriter, deadline: float) -> bool:
+        """Join the writer thread and close its connection by ``deadline``; say whether done."""
+        writer.join(timeout=max(0.0, deadline - time.monotonic()))
+        if writer.is_alive():
+            _log.warning(
+                "SQLite writer thread %s did not stop in time; it is left running (a daemon) "
+                "and its connection open",
+                writer.name,
+            )
+            return False
+        # A caller may still be committing on the write connection: wait for it.
+        if not writer.close_connection(max(0.0, deadline - time.monotonic())):
+            _log.warning("SQLite write on %r did not finish in time", self._path)
+            return False
+        return True
 
     def __enter__(self) -> SqliteStorage:
         return self

@@ -24,6 +24,7 @@ from .._fork import pin
 from ..errors import StorageError
 from .base import Condition, Operation, Put, validate_key
 from .cas import CasRow
+from .wait_bound import WaitDeadline
 
 __all__ = [
     "RenewalRow",
@@ -42,6 +43,10 @@ _log = logging.getLogger(__name__)
 _MAX_GROUP: Final = 256
 _LOCK_POLL_MIN_S: Final = 0.0002
 _LOCK_POLL_MAX_S: Final = 0.005
+# SQLite's own busy wait cannot be interrupted (not even by Connection.interrupt()), so the write
+# connection waits in slices of at most this long and the deadline is checked between them.
+_BUSY_SLICE_MS: Final = 50
+_SQLITE_BUSY: Final = 5
 _STOP: Final = object()
 
 # A renewal-shaped batch, or a compare_and_set_many row: ``(key, expected value, new value)``.
@@ -93,6 +98,21 @@ def _duplicate(exc: BaseException) -> BaseException:
     dup.__cause__ = exc.__cause__
     dup.__suppress_context__ = exc.__suppress_context__
     return dup
+
+
+def _gave_up(bound: WaitDeadline, natural: float, timeout_ms: int) -> str:
+    """Say why a lock wait ended: the store began closing, or the busy timeout passed."""
+    if bound.cuts(natural):
+        return "gave up at the close deadline (the store is closing)"
+    return f"timed out after {timeout_ms} ms"
+
+
+def _is_busy(exc: sqlite3.OperationalError) -> bool:
+    """Whether SQLite gave up waiting for another connection's lock (``SQLITE_BUSY``)."""
+    code = getattr(exc, "sqlite_errorcode", None)  # Python 3.11+
+    if code is not None:
+        return (int(code) & 0xFF) == _SQLITE_BUSY
+    return str(exc).startswith("database is locked")
 
 
 def _finish(
@@ -208,11 +228,13 @@ class WriterFileLock:
 
     :param path: the lock file; created if missing.
     :param timeout_ms: how long :meth:`hold` waits for another process to let go.
+    :param bound: ends the wait earlier once set (the store is closing).
     """
 
-    def __init__(self, path: str, timeout_ms: int) -> None:
+    def __init__(self, path: str, timeout_ms: int, bound: WaitDeadline | None = None) -> None:
         self._path = path
         self._timeout_ms = timeout_ms
+        self._bound = WaitDeadline() if bound is None else bound
         self._fd: int | None = None
 
     @contextlib.contextmanager
@@ -224,7 +246,7 @@ class WriterFileLock:
         if self._fd is None:
             self._fd = os.open(self._path, os.O_RDWR | os.O_CREAT, 0o644)
         fd = self._fd
-        deadline = time.monotonic() + self._timeout_ms / 1000.0
+        natural = time.monotonic() + self._timeout_ms / 1000.0
         delay = _LOCK_POLL_MIN_S
         while True:
             try:
@@ -232,10 +254,10 @@ class WriterFileLock:
                 break
             except BlockingIOError:
                 # Polling (not a blocking flock) keeps the wait bounded by the busy timeout.
-                if time.monotonic() >= deadline:
+                if time.monotonic() >= self._bound.limit(natural):
                     raise StorageError(
-                        f"timed out after {self._timeout_ms} ms waiting for the writer lock "
-                        f"{self._path!r} held by another process"
+                        f"{_gave_up(self._bound, natural, self._timeout_ms)} waiting for the "
+                        f"writer lock {self._path!r} held by another process"
                     ) from None
                 time.sleep(delay)
                 delay = min(delay * 2, _LOCK_POLL_MAX_S)
@@ -274,6 +296,9 @@ class SqliteWriter:
         from any thread (``check_same_thread=False``).
     :param translate: wraps driver errors of the named action into ``StorageError``.
     :param file_lock: the cross-process writer mutex.
+    :param busy_timeout_ms: how long ``BEGIN IMMEDIATE`` waits for another connection's write
+        lock, in slices of at most ``_BUSY_SLICE_MS`` so that ``bound`` can end it earlier.
+    :param bound: once set, no transaction waits for a lock past it.
     :param before_commit: called inside every transaction just before ``COMMIT``; an exception
         it raises rolls the whole transaction back (the store-identity check).
     """
@@ -287,9 +312,13 @@ class SqliteWriter:
         connect: Callable[[], sqlite3.Connection],
         translate: Callable[[str], AbstractContextManager[None]],
         file_lock: WriterFileLock,
+        busy_timeout_ms: int,
+        bound: WaitDeadline,
         before_commit: Callable[[], None] | None = None,
     ) -> None:
         quoted = f'"{table}"'
+        self._busy_timeout_ms = busy_timeout_ms
+        self._bound = bound
         self._before_commit = before_commit
         self._sql_get = f"SELECT value FROM {quoted} WHERE key = ?"
         self._sql_put = f"REPLACE INTO {quoted} (key, value) VALUES (?, ?)"
@@ -419,10 +448,10 @@ class SqliteWriter:
         try:
             with self._translate("write transaction"):
                 if self._conn is None:
-                    self._conn = self._connect()
+                    self._conn = self._open_connection()
                 conn = self._conn
                 with self._file_lock.hold():
-                    conn.execute("BEGIN IMMEDIATE")
+                    self._begin_immediate(conn)
                     try:
                         outcomes = [self._apply_request(conn, req) for req in group]
                         if self._before_commit is not None:
@@ -441,6 +470,40 @@ class SqliteWriter:
             ]
             return failed, exc
         return outcomes, None
+
+    def _open_connection(self) -> sqlite3.Connection:
+        conn = self._connect()
+        try:
+            # Only BEGIN IMMEDIATE waits on this connection: in WAL mode, once it holds the
+            # write lock, no statement of the transaction (nor its COMMIT) needs another lock.
+            conn.execute(f"PRAGMA busy_timeout = {min(self._busy_timeout_ms, _BUSY_SLICE_MS):d}")
+        except BaseException:
+            conn.close()
+            raise
+        return conn
+
+    def _begin_immediate(self, conn: sqlite3.Connection) -> None:
+        """``BEGIN IMMEDIATE``, waiting up to the busy timeout or the bound, whichever is first.
+
+        Past the bound one attempt is still made, so a free lock is taken.
+        """
+        natural = time.monotonic() + self._busy_timeout_ms / 1000.0
+        while True:
+            try:
+                conn.execute("BEGIN IMMEDIATE")
+                return
+            except sqlite3.OperationalError as exc:
+                if not _is_busy(exc):
+                    raise
+                if time.monotonic() < self._bound.limit(natural):
+                    continue
+                if not self._bound.cuts(natural):
+                    raise
+                # Re-raised as a driver error so that the caller's translation names the store.
+                raise sqlite3.OperationalError(
+                    f"{_gave_up(self._bound, natural, self._busy_timeout_ms)}: another "
+                    f"connection holds the write lock ({exc})"
+                ) from exc
 
     def _apply_request(
         self, conn: sqlite3.Connection, request: WriteRequest

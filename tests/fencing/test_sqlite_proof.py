@@ -1,0 +1,192 @@
+"""The SQLite same-file proof when what a connection has open changes between two blocks.
+
+The proof of a sqlite3 connection is not cached per connection (it takes no weak reference and
+its ``id()`` can be reused); the binding last proven is only a first guess, re-checked on every
+block against ``PRAGMA database_list``. These tests change the connection's files behind that
+guess — ``DETACH`` and ``ATTACH`` of a copy under the same name, ``deserialize()``, a closed
+connection replaced by one on a copy — with a copy that holds the very epoch the fence expects,
+so only the proof can refuse it.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.fencing.hosts import HostEnv, make_env
+from weft_sync import Ownership, keys
+from weft_sync.errors import EngineDeposedError, StorageCapabilityError, WorkflowClaimLostWarning
+
+WID = "wf-1"
+
+
+@pytest.fixture
+def env(tmp_path: Path) -> Iterator[HostEnv]:
+    host = make_env("sqlite", "sqlite3", tmp_path, None)
+    try:
+        yield host
+    finally:
+        host.close()
+
+
+def _held(env: HostEnv) -> Ownership:
+    own = env.ownership()
+    own.registry.acquire(WID)
+    return own
+
+
+def _copy(env: HostEnv, tmp_path: Path, name: str = "copy.db") -> str:
+    """A byte copy of the store (same epochs, same host table) on another file."""
+    src = sqlite3.connect(env.db_url)
+    dst = sqlite3.connect(str(tmp_path / name))
+    try:
+        src.backup(dst)
+    finally:
+        src.close()
+        dst.close()
+    return str(tmp_path / name)
+
+
+def _store_table(env: HostEnv) -> str:
+    return env.storage_url.rsplit("table=", 1)[1]
+
+
+def _fenced_write(own: Ownership, conn: sqlite3.Connection, table: str, value: str) -> None:
+    with own.fenced(WID, conn):
+        conn.execute(f"INSERT OR REPLACE INTO {table} (id, v) VALUES ('row', ?)", (value,))
+
+
+def test_reattached_copy_under_the_proven_name_is_refused(env: HostEnv, tmp_path: Path) -> None:
+    own = _held(env)
+    copy = _copy(env, tmp_path)
+    conn = sqlite3.connect(str(tmp_path / "host-main.db"), isolation_level=None)
+    try:
+        conn.execute("ATTACH DATABASE ? AS weft", (env.db_url,))
+        _fenced_write(own, conn, f"weft.{env.table}", "1")
+        conn.execute("DETACH DATABASE weft")
+        conn.execute("ATTACH DATABASE ? AS weft", (copy,))
+        with pytest.raises(StorageCapabilityError) as err:
+            _fenced_write(own, conn, f"weft.{env.table}", "2")
+        assert "copy.db" in str(err.value) and "shared.db" in str(err.value)
+        assert not conn.in_transaction
+    finally:
+        conn.close()
+    assert env.rows() == {"row": "1"}
+    assert sqlite3.connect(copy).execute(f"SELECT v FROM {env.table}").fetchall() == []
+
+
+def test_detached_store_is_refused(env: HostEnv, tmp_path: Path) -> None:
+    own = _held(env)
+    conn = sqlite3.connect(str(tmp_path / "host-main.db"), isolation_level=None)
+    try:
+        conn.execute("ATTACH DATABASE ? AS weft", (env.db_url,))
+        _fenced_write(own, conn, f"weft.{env.table}", "1")
+        conn.execute("DETACH DATABASE weft")
+        with pytest.raises(StorageCapabilityError, match=r"host-main\.db"):
+            _fenced_write(own, conn, "nowhere", "2")
+    finally:
+        conn.close()
+
+
+def test_deserialized_connection_is_refused(env: HostEnv, tmp_path: Path) -> None:
+    own = _held(env)
+    image = sqlite3.connect(_copy(env, tmp_path))
+    image.execute("PRAGMA journal_mode = DELETE")  # an in-memory database cannot use WAL
+    data = image.serialize()
+    image.close()
+    conn = sqlite3.connect(env.db_url, isolation_level=None)
+    try:
+        _fenced_write(own, conn, env.table, "1")
+        # The same object now holds an in-memory image of the store, epochs included.
+        conn.deserialize(data)
+        with pytest.raises(StorageCapabilityError, match=r"in memory|shared\.db"):
+            _fenced_write(own, conn, env.table, "2")
+    finally:
+        conn.close()
+    assert env.rows() == {"row": "1"}
+
+
+def test_new_connection_on_a_copy_is_refused_after_a_proven_one(
+    env: HostEnv, tmp_path: Path
+) -> None:
+    own = _held(env)
+    copy = _copy(env, tmp_path)
+    for round_ in range(20):
+        # Closing and dropping the proven connection first lets the next one reuse its id().
+        proven = sqlite3.connect(env.db_url, isolation_level=None)
+        _fenced_write(own, proven, env.table, str(round_))
+        proven.close()
+        del proven
+        other = sqlite3.connect(copy, isolation_level=None)
+        try:
+            with pytest.raises(StorageCapabilityError, match=r"copy\.db"):
+                _fenced_write(own, other, env.table, "copy")
+        finally:
+            other.close()
+    assert env.rows() == {"row": "19"}
+
+
+def test_proven_schema_of_one_connection_does_not_mislead_another(
+    env: HostEnv, tmp_path: Path
+) -> None:
+    """A connection whose main file is a copy with a stale epoch and which has the store
+    attached reads the epoch from the store, not from the schema another connection used."""
+    own = _held(env)
+    copy = _copy(env, tmp_path)
+    stale = sqlite3.connect(copy, isolation_level=None)
+    stale.execute(f"UPDATE {_store_table(env)} SET value = x'00'")
+    stale.close()
+    first = sqlite3.connect(env.db_url, isolation_level=None)
+    second = sqlite3.connect(copy, isolation_level=None)
+    try:
+        _fenced_write(own, first, env.table, "main")  # proves the store as "main"
+        second.execute("ATTACH DATABASE ? AS weft", (env.db_url,))
+        _fenced_write(own, second, f"weft.{env.table}", "attached")
+        _fenced_write(own, first, env.table, "main again")
+    finally:
+        first.close()
+        second.close()
+    assert env.rows() == {"row": "main again"}
+
+
+def test_copy_is_refused_even_when_its_epoch_matches(env: HostEnv, tmp_path: Path) -> None:
+    own = _held(env)
+    copy = _copy(env, tmp_path)
+    conn = sqlite3.connect(copy, isolation_level=None)
+    try:
+        with pytest.raises(StorageCapabilityError):
+            _fenced_write(own, conn, env.table, "x")
+    finally:
+        conn.close()
+
+
+def test_store_reached_through_a_symlink_is_accepted(env: HostEnv, tmp_path: Path) -> None:
+    own = _held(env)
+    link = tmp_path / "link.db"
+    link.symlink_to(env.db_url)
+    conn = sqlite3.connect(str(link), isolation_level=None)
+    try:
+        _fenced_write(own, conn, env.table, "via link")
+    finally:
+        conn.close()
+    assert env.rows() == {"row": "via link"}
+
+
+def test_changed_epoch_is_seen_through_the_guessed_binding(env: HostEnv) -> None:
+    own = _held(env)
+    conn = sqlite3.connect(env.db_url, isolation_level=None)
+    try:
+        _fenced_write(own, conn, env.table, "1")
+        # Another engine's takeover, as the store sees it: the epoch row holds other bytes.
+        conn.execute(
+            f"UPDATE {_store_table(env)} SET value = x'00' WHERE key = ?",
+            (keys.workflow_owner_epoch(WID),),
+        )
+        with pytest.warns(WorkflowClaimLostWarning), pytest.raises(EngineDeposedError):
+            _fenced_write(own, conn, env.table, "2")
+    finally:
+        conn.close()
+    assert env.rows() == {"row": "1"}

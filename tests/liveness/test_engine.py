@@ -1,0 +1,299 @@
+"""EngineLiveness: what start, beat and close leave in the store, and how it handles failures."""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+
+import pytest
+
+from tests.liveness.wrappers import ProbeCounting, WithoutSessionLocks
+from weft_sync import keys
+from weft_sync.clock import ManualClock
+from weft_sync.errors import ClosedError, StorageError
+from weft_sync.liveness import (
+    EngineLiveness,
+    EngineRecord,
+    EngineVerdict,
+    decode_engine_record,
+    survey_engines,
+)
+from weft_sync.storage import Storage
+from weft_sync.storage.session_locks import storage_session_locks
+
+
+def _liveness(storage: object, clock: ManualClock, engine_id: str = "engine-a") -> EngineLiveness:
+    return EngineLiveness(
+        storage,  # type: ignore[arg-type]
+        engine_id=engine_id,
+        clock=clock,
+        claim_ttl_ms=3_000,
+        renew_interval_ms=1_000,
+    )
+
+
+def _stored(storage: Storage, engine_id: str = "engine-a") -> EngineRecord:
+    record = decode_engine_record(storage.get(keys.engine_liveness(engine_id)))
+    assert record is not None
+    return record
+
+
+def _held(storage: Storage, name: str) -> bool:
+    locks = storage_session_locks(storage)
+    assert locks is not None
+    return name in locks.held_session_locks([name])
+
+
+def test_start_takes_the_lock_and_writes_a_live_record(storage: Storage) -> None:
+    clock = ManualClock(5_000)
+    liveness = _liveness(storage, clock)
+    record = liveness.start()
+    try:
+        assert _stored(storage) == record == liveness.record()
+        assert (record.state, record.heartbeat_at, record.started_at) == ("live", 5_000, 5_000)
+        assert (record.claim_ttl_ms, record.renew_interval_ms, record.held) == (3_000, 1_000, 0)
+        assert record.lock == "engine-a" and record.pid == os.getpid()
+        assert _held(storage, "engine-a")
+        with pytest.raises(RuntimeError, match="already started"):
+            liveness.start()
+    finally:
+        liveness.close()
+
+
+def test_beat_rewrites_heartbeat_and_held_only(storage: Storage) -> None:
+    clock = ManualClock(5_000)
+    liveness = _liveness(storage, clock)
+    first = liveness.start()
+    clock.advance(1_000)
+    assert liveness.beat(7) is True
+    beaten = _stored(storage)
+    liveness.close(0)
+    assert beaten == liveness.record()
+    assert beaten.heartbeat_at == 6_000 and beaten.held == 7
+    assert beaten.started_at == first.started_at and beaten.lock == first.lock
+
+
+def test_close_without_claims_deletes_the_record_and_releases_the_lock(storage: Storage) -> None:
+    liveness = _liveness(storage, ManualClock(1))
+    liveness.start()
+    liveness.close(0)
+    assert storage.get(keys.engine_liveness("engine-a")) is None
+    assert not _held(storage, "engine-a")
+    liveness.close(0)  # idempotent
+    assert liveness.beat(1) is False
+
+
+def test_close_with_claims_left_marks_the_record_closed(storage: Storage) -> None:
+    clock = ManualClock(1_000)
+    liveness = _liveness(storage, clock)
+    liveness.start()
+    clock.advance(10)
+    liveness.close(remaining_claims=4)
+    stored = _stored(storage)
+    assert (stored.state, stored.held, stored.heartbeat_at) == ("closed", 4, 1_010)
+    assert not _held(storage, "engine-a")
+    [status] = survey_engines(storage, now=clock())
+    assert status.verdict is EngineVerdict.CLOSED
+
+
+def test_a_store_without_session_locks_runs_ttl_only(storage: Storage) -> None:
+    liveness = _liveness(WithoutSessionLocks(storage), ManualClock(1))
+    record = liveness.start()
+    assert record.lock is None and liveness.session_lock is None
+    assert not _held(storage, "engine-a")
+    liveness.close()
+
+
+def test_a_lock_held_elsewhere_is_a_warning_and_ttl_only(
+    storage: Storage, caplog: pytest.LogCaptureFixture
+) -> None:
+    locks = storage_session_locks(storage)
+    assert locks is not None
+    taken = locks.acquire_session_lock("engine-a")
+    try:
+        liveness = _liveness(storage, ManualClock(1))
+        with caplog.at_level(logging.WARNING, logger="weft_sync.liveness.engine"):
+            record = liveness.start()
+        assert record.lock is None
+        assert "runs without a session lock" in caplog.text
+        liveness.close()
+        assert _held(storage, "engine-a")  # the other holder's lock is untouched
+    finally:
+        taken.release()
+
+
+def test_a_failed_beat_is_logged_and_the_next_one_retries(
+    storage: Storage, caplog: pytest.LogCaptureFixture
+) -> None:
+    wrapper = ProbeCounting(storage)
+    clock = ManualClock(1_000)
+    liveness = _liveness(wrapper, clock)
+    liveness.start()
+    try:
+        wrapper.fail_puts = True
+        clock.advance(500)
+        with caplog.at_level(logging.WARNING, logger="weft_sync.liveness.engine"):
+            assert liveness.beat(3) is False
+        assert "heartbeat failed" in caplog.text
+        assert _stored(storage).heartbeat_at == 1_000
+        wrapper.fail_puts = False
+        assert liveness.beat(3) is True
+        assert _stored(storage).heartbeat_at == 1_500
+    finally:
+        liveness.close()
+
+
+def test_a_failed_start_releases_the_lock_and_raises(storage: Storage) -> None:
+    wrapper = ProbeCounting(storage)
+    wrapper.fail_puts = True
+    liveness = _liveness(wrapper, ManualClock(1))
+    with pytest.raises(StorageError, match="injected"):
+        liveness.start()
+    assert not _held(storage, "engine-a")
+    liveness.close()
+
+
+def test_a_close_that_cannot_write_still_releases_the_lock(
+    storage: Storage, caplog: pytest.LogCaptureFixture
+) -> None:
+    wrapper = ProbeCounting(storage)
+    liveness = _liveness(wrapper, ManualClock(1))
+    liveness.start()
+    wrapper.fail_puts = True
+    with caplog.at_level(logging.WARNING, logger="weft_sync.liveness.engine"):
+        liveness.close(remaining_claims=2)
+    assert "could not update its liveness record" in caplog.text
+    assert not _held(storage, "engine-a")
+    # The record still says live, and its lock is gone: others read it as a crash.
+    [status] = survey_engines(storage, now=1)
+    assert status.verdict is EngineVerdict.CRASHED
+
+
+def test_close_waits_for_a_heartbeat_in_flight(storage: Storage) -> None:
+    wrapper = ProbeCounting(storage)
+    liveness = _liveness(wrapper, ManualClock(1))
+    liveness.start()
+    wrapper.hold_puts = True
+    beat_result: list[bool] = []
+    beat = threading.Thread(target=lambda: beat_result.append(liveness.beat(5)))
+    beat.start()
+    assert wrapper.put_waiting.wait(30)
+    closer = threading.Thread(target=liveness.close, args=(0,))
+    closer.start()
+    closer.join(0.2)
+    assert closer.is_alive()  # close() waits for the heartbeat being written
+    wrapper.hold_puts = False
+    wrapper.release_puts.set()
+    beat.join(30)
+    closer.join(30)
+    assert beat_result == [True]
+    # The heartbeat landed first and close() deleted the record after it: nothing resurrected.
+    assert storage.get(keys.engine_liveness("engine-a")) is None
+    assert not _held(storage, "engine-a")
+
+
+def test_beat_after_a_lost_lock_retakes_it(storage: Storage) -> None:
+    liveness = _liveness(storage, ManualClock(1))
+    liveness.start()
+    lock = liveness.session_lock
+    assert lock is not None
+    try:
+        if storage_session_locks(storage) is not None and lock.token.startswith("flock:"):
+            path = lock.token.removeprefix("flock:")
+            os.unlink(path)
+        else:
+            backend_pid = lock._conn.info.backend_pid  # type: ignore[attr-defined]
+            with storage._connection("test") as conn:  # type: ignore[attr-defined]
+                conn.execute("SELECT pg_terminate_backend(%s)", [backend_pid])
+        assert liveness.beat(0) is True
+        assert _stored(storage).lock == "engine-a"
+        assert _held(storage, "engine-a")
+    finally:
+        liveness.close()
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        ({"engine_id": ""}, "engine_id"),
+        ({"engine_id": "e" * 1025}, "1 to 1024 characters"),
+        ({"claim_ttl_ms": 0}, "claim_ttl_ms"),
+        ({"renew_interval_ms": True}, "renew_interval_ms"),
+    ],
+)
+def test_bad_arguments_are_refused_naming_them(
+    storage: Storage, kwargs: dict[str, object], match: str
+) -> None:
+    args: dict[str, object] = {
+        "engine_id": "e",
+        "clock": ManualClock(1),
+        "claim_ttl_ms": 3_000,
+        "renew_interval_ms": 1_000,
+    }
+    args.update(kwargs)
+    with pytest.raises(ValueError, match=match):
+        EngineLiveness(storage, **args)  # type: ignore[arg-type]
+
+
+def test_the_longest_engine_id_gets_its_lock(storage: Storage) -> None:
+    engine_id = "é" * 1024
+    liveness = _liveness(storage, ManualClock(1), engine_id=engine_id)
+    try:
+        assert liveness.start().lock == engine_id
+        assert _held(storage, engine_id)
+        assert _stored(storage, engine_id).engine_id == engine_id
+    finally:
+        liveness.close()
+
+
+def test_an_id_no_lock_can_be_named_by_runs_without_one(
+    storage: Storage, caplog: pytest.LogCaptureFixture
+) -> None:
+    liveness = _liveness(storage, ManualClock(1), engine_id="a\x00b")
+    with caplog.at_level(logging.WARNING, logger="weft_sync.liveness.engine"):
+        assert liveness.start().lock is None
+    assert "NUL" in caplog.text
+    liveness.close()
+
+
+def test_beat_and_close_refuse_bad_counts(storage: Storage) -> None:
+    liveness = _liveness(storage, ManualClock(1))
+    with pytest.raises(RuntimeError, match="not started"):
+        liveness.beat(0)
+    liveness.start()
+    try:
+        with pytest.raises(ValueError, match="held"):
+            liveness.beat(-1)
+        with pytest.raises(ValueError, match="remaining_claims"):
+            liveness.close(-1)
+    finally:
+        liveness.close()
+
+
+def test_a_forked_child_cannot_use_it_and_leaves_the_parents_lock(storage: Storage) -> None:
+    liveness = _liveness(storage, ManualClock(1))
+    liveness.start()
+    try:
+        read, write = os.pipe()
+        pid = os.fork()
+        if pid == 0:  # pragma: no cover - the child
+            code = 0
+            try:
+                liveness.beat(1)
+                code = 1
+            except ClosedError:
+                pass
+            liveness.close(0)
+            os.write(write, b"ok" if code == 0 else b"no")
+            os._exit(code)
+        os.close(write)
+        _, status = os.waitpid(pid, 0)
+        assert os.read(read, 2) == b"ok"
+        os.close(read)
+        assert os.waitstatus_to_exitcode(status) == 0
+        assert _stored(storage) == liveness.record()
+        assert _held(storage, "engine-a")
+        assert liveness.beat(1) is True
+    finally:
+        liveness.close()

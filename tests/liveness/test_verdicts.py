@@ -1,0 +1,115 @@
+"""Verdicts: the pure table, and surveys of real records with real session locks."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+from tests.liveness.wrappers import WithoutSessionLocks
+from weft_sync import keys
+from weft_sync.liveness import (
+    EngineRecord,
+    EngineVerdict,
+    encode_engine_record,
+    judge_engine,
+    stale_after_ms,
+    survey_engines,
+    take_survey,
+)
+from weft_sync.storage import Storage
+from weft_sync.storage.session_locks import storage_session_locks
+
+LIVE = EngineRecord("e", "live", 10_000, 3_000, 1_000, 2, "e", 1, "h", 0)
+STALE_AT = 10_000 + stale_after_ms(LIVE) + 1
+
+
+@pytest.mark.parametrize(
+    ("record", "lock_held", "now", "verdict"),
+    [
+        (LIVE, True, 10_000, EngineVerdict.LIVE),
+        (LIVE, None, 10_000, EngineVerdict.LIVE),
+        (LIVE, False, 10_000, EngineVerdict.CRASHED),
+        (LIVE, False, STALE_AT, EngineVerdict.CRASHED),
+        (LIVE, True, STALE_AT, EngineVerdict.STALE),  # frozen: holds its lock, beats no more
+        (LIVE, True, STALE_AT - 1, EngineVerdict.LIVE),
+        (LIVE, None, STALE_AT, EngineVerdict.STALE),
+        (replace(LIVE, lock=None), False, 10_000, EngineVerdict.LIVE),
+        (replace(LIVE, lock=None), None, STALE_AT, EngineVerdict.STALE),
+        (replace(LIVE, state="closed"), False, 10_000, EngineVerdict.CLOSED),
+        (replace(LIVE, state="closed"), True, STALE_AT, EngineVerdict.CLOSED),
+        (None, None, 10_000, EngineVerdict.STALE),
+        (None, False, 10_000, EngineVerdict.STALE),
+        (LIVE, True, 0, EngineVerdict.LIVE),  # a heartbeat ahead of the judge's clock
+    ],
+)
+def test_verdict_table(
+    record: EngineRecord | None, lock_held: bool | None, now: int, verdict: EngineVerdict
+) -> None:
+    assert judge_engine(record, lock_held, now) is verdict
+
+
+def test_stale_after_is_ttl_plus_two_renew_intervals() -> None:
+    assert stale_after_ms(LIVE) == 3_000 + 2 * 1_000
+    assert EngineVerdict.CRASHED == "crashed"
+
+
+def _put(storage: Storage, record: EngineRecord) -> bytes:
+    raw = encode_engine_record(record)
+    storage.put(keys.engine_liveness(record.engine_id), raw)
+    return raw
+
+
+def test_survey_judges_every_engine_with_one_probe(storage: Storage) -> None:
+    locks = storage_session_locks(storage)
+    assert locks is not None
+    held = locks.acquire_session_lock("alive")
+    try:
+        _put(storage, replace(LIVE, engine_id="alive", lock="alive"))
+        crashed_raw = _put(storage, replace(LIVE, engine_id="crashed", lock="crashed"))
+        _put(storage, replace(LIVE, engine_id="closed", state="closed", lock="closed"))
+        _put(storage, replace(LIVE, engine_id="nolock", lock=None))
+        _put(storage, replace(LIVE, engine_id="me", lock=None))
+        storage.put(keys.engine_liveness("broken"), b"junk")
+        statuses = {s.engine_id: s for s in survey_engines(storage, now=10_500, exclude=["me"])}
+    finally:
+        held.release()
+    assert {e: s.verdict for e, s in statuses.items()} == {
+        "alive": EngineVerdict.LIVE,
+        "crashed": EngineVerdict.CRASHED,
+        "closed": EngineVerdict.CLOSED,
+        "nolock": EngineVerdict.LIVE,
+        "broken": EngineVerdict.STALE,
+    }
+    assert statuses["crashed"].raw == crashed_raw
+    assert statuses["alive"].lock_held is True
+    assert statuses["crashed"].lock_held is False
+    assert statuses["closed"].lock_held is None  # a closed record's lock is not probed
+    assert statuses["broken"].record is None
+
+
+def test_survey_on_a_store_without_locks_judges_by_heartbeat(storage: Storage) -> None:
+    _put(storage, replace(LIVE, engine_id="fresh", lock="fresh"))
+    _put(storage, replace(LIVE, engine_id="old", lock="old", heartbeat_at=0))
+    statuses = survey_engines(WithoutSessionLocks(storage), now=10_000)  # type: ignore[arg-type]
+    assert {s.engine_id: (s.verdict, s.lock_held) for s in statuses} == {
+        "fresh": (EngineVerdict.LIVE, None),
+        "old": (EngineVerdict.STALE, None),
+    }
+
+
+def test_a_judge_without_its_own_lock_believes_no_lock(storage: Storage) -> None:
+    locks = storage_session_locks(storage)
+    assert locks is not None
+    _put(storage, replace(LIVE, engine_id="crashed", lock="crashed"))
+    mine = locks.acquire_session_lock("judge")
+    try:
+        held = take_survey(storage, now=10_000, own_lock="judge")
+    finally:
+        mine.release()
+    assert held.own_lock_held is True
+    assert [s.verdict for s in held.statuses] == [EngineVerdict.CRASHED]
+    lost = take_survey(storage, now=10_000, own_lock="judge")
+    assert lost.own_lock_held is False
+    assert [(s.verdict, s.lock_held) for s in lost.statuses] == [(EngineVerdict.LIVE, None)]
+    assert take_survey(storage, now=10_000).own_lock_held is None

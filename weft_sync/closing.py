@@ -1,0 +1,74 @@
+"""How :meth:`Ownership.close <weft_sync.ownership.Ownership.close>` ends an engine by one deadline.
+
+In order: the maintenance task stops and its passes in flight are waited for, the ledger
+refuses new work, claim operations in flight are waited for, every claim is released, and the
+store is closed if the engine opened it. With a timeout, a store that can bound its lock waits
+(:class:`~weft_sync.storage.wait_bound.SupportsWaitBound`, SQLite) is told the deadline first,
+so a foreign writer holding the database's write lock makes the pass in flight, the releases
+and the store's shutdown give up by then instead of each waiting out the busy timeout. A claim
+that could not be released is forgotten locally and left to expire in the store (one warning
+says how many and why); another engine takes it over once its holder expires. Past the
+deadline a write still takes a lock that is free, so a close whose passes overran its timeout
+still releases what it can.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING, Final
+
+from .storage.wait_bound import SupportsWaitBound
+
+if TYPE_CHECKING:
+    from .claims.registry import ClaimRegistry
+    from .crash_detection import CrashDetection
+    from .maintenance.task import RenewalTask
+    from .storage import Storage
+    from .workflows import Workflows
+
+__all__ = ["close_engine"]
+
+# The bound ends a pass's lock wait within one busy slice of the deadline: the passes are waited
+# for that much longer rather than left running past close().
+_PASS_GRACE_S: Final = 0.25
+
+
+def close_engine(
+    *,
+    task: RenewalTask,
+    workflows: Workflows,
+    registry: ClaimRegistry,
+    storage: Storage,
+    owns_storage: bool,
+    timeout: float | None,
+    crash: CrashDetection | None = None,
+) -> None:
+    """Close the engine's parts in order, all by ``timeout`` seconds from now (``None``: no bound).
+
+    A store the engine did not open is not closed; the bound set on it is lifted again. The
+    crash probe (``crash``) stops first; the engine's liveness record is removed (or marked
+    closed when claims are left) and its session lock released after the claims.
+    """
+    deadline = None if timeout is None else time.monotonic() + timeout
+    bounded = storage if isinstance(storage, SupportsWaitBound) and deadline is not None else None
+    if bounded is not None:
+        bounded.bound_waits(deadline)
+    try:
+        try:
+            if crash is not None:
+                crash.stop_watching(timeout)
+            task.close(timeout if bounded is None or timeout is None else timeout + _PASS_GRACE_S)
+        finally:
+            workflows.close()
+            # Waits for claim operations racing close() (start, claim, resume) so that the
+            # final release sees what they claimed; later ones raise ClosedError.
+            registry.close(None if deadline is None else deadline - time.monotonic())
+            try:
+                if crash is not None:
+                    crash.close(len(registry.list_held_workflow_ids()))
+            finally:
+                if owns_storage:
+                    storage.close()
+    finally:
+        if bounded is not None and not owns_storage:
+            bounded.bound_waits(None)

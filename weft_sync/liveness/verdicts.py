@@ -1,0 +1,160 @@
+"""Judging engines from their liveness records and session locks.
+
+The verdicts, in the order :func:`judge_engine` decides them:
+
+1. ``STALE`` when the record does not decode: nothing in it can be trusted, not even a lock name,
+   so the engine's claims are left to the normal expiry rule on a fresh read.
+2. ``CLOSED``: the engine closed and left claims behind (its record says ``"closed"``).
+3. ``CRASHED``: the record says ``"live"`` and names a lock, and the lock is not held: the
+   process died (or, on PostgreSQL, its lock session ended; it re-takes the lock when it can).
+4. ``STALE`` when the heartbeat is older than ``claim_ttl + 2 * renew interval`` on the judge's
+   clock: a frozen (``SIGSTOP``) or partitioned engine, or one without a lock that stopped. A
+   frozen engine keeps its session lock, so a stale heartbeat wins over a held lock.
+5. ``LIVE`` otherwise: a fresh heartbeat, and the lock held or nothing to ask (the engine runs
+   without a lock, or the judge could not probe).
+
+A verdict is evidence for discovery, never a licence to write: every takeover stays a compare
+and swap on the exact holder and epoch observed, so a wrong ``CRASHED`` moves work needlessly but
+never lets two owners write.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Collection
+from dataclasses import dataclass
+
+from ..storage import Storage
+from ..storage.session_locks import storage_session_locks
+from .records import EngineRecord, read_engine_records
+
+__all__ = [
+    "EngineStatus",
+    "EngineVerdict",
+    "Survey",
+    "judge_engine",
+    "stale_after_ms",
+    "survey_engines",
+    "take_survey",
+]
+
+
+class EngineVerdict(str, enum.Enum):
+    """What another engine concludes about an engine (see the module docstring)."""
+
+    LIVE = "live"
+    CRASHED = "crashed"
+    CLOSED = "closed"
+    STALE = "stale"
+
+    def __str__(self) -> str:
+        return self.value
+
+
+@dataclass(frozen=True, slots=True)
+class EngineStatus:
+    """One engine as a survey saw it.
+
+    :param engine_id: the id from the record's key.
+    :param verdict: the judgement.
+    :param record: the decoded record, ``None`` when it does not decode.
+    :param raw: the record's exact bytes (for a conditional delete).
+    :param lock_held: whether its lock was held at the probe; ``None`` when not probed (no lock
+        named, the record not live, or the store has no session locks).
+    """
+
+    engine_id: str
+    verdict: EngineVerdict
+    record: EngineRecord | None
+    raw: bytes
+    lock_held: bool | None = None
+
+
+def stale_after_ms(record: EngineRecord) -> int:
+    """How old a heartbeat may be before the engine counts as stopped: TTL + 2 renew intervals."""
+    return record.claim_ttl_ms + 2 * record.renew_interval_ms
+
+
+def judge_engine(record: EngineRecord | None, lock_held: bool | None, now: int) -> EngineVerdict:
+    """Judge one engine (pure).
+
+    :param record: its decoded record, or ``None`` when it does not decode.
+    :param lock_held: whether its lock is held now, or ``None`` when unknown (not probed).
+    :param now: the judge's clock, in ms.
+    """
+    if record is None:
+        return EngineVerdict.STALE
+    if record.state == "closed":
+        return EngineVerdict.CLOSED
+    if record.lock is not None and lock_held is False:
+        return EngineVerdict.CRASHED
+    if now - record.heartbeat_at > stale_after_ms(record):
+        return EngineVerdict.STALE
+    return EngineVerdict.LIVE
+
+
+@dataclass(frozen=True, slots=True)
+class Survey:
+    """What :func:`take_survey` saw.
+
+    :param statuses: every engine, judged.
+    :param own_lock_held: whether the judge's own lock was held at the probe; ``None`` when it
+        was not probed (no ``own_lock`` given, or no lock to probe at all).
+    """
+
+    statuses: list[EngineStatus]
+    own_lock_held: bool | None
+
+
+def take_survey(
+    storage: Storage,
+    *,
+    now: int,
+    exclude: Collection[str] = (),
+    own_lock: str | None = None,
+) -> Survey:
+    """Read every engine record (one prefix scan) and probe their locks (one probe), then judge.
+
+    Only the locks of records in state ``"live"`` are probed; on a store without session locks
+    nothing is probed and the heartbeat alone decides.
+
+    :param now: the judge's clock, in ms.
+    :param exclude: engine ids to leave out (the judge itself).
+    :param own_lock: the name of the judge's own session lock, probed along. When it is not held,
+        the store lost sessions rather than engines (a PostgreSQL restart, or this host cut off),
+        so no lock is believed: every verdict falls back to the heartbeat (no ``CRASHED``).
+    :raises StorageError: the scan or the probe failed.
+    """
+    skip = set(exclude)
+    entries = [entry for entry in read_engine_records(storage) if entry[0] not in skip]
+    locks = storage_session_locks(storage)
+    names = {
+        record.lock
+        for _, _, record in entries
+        if record is not None and record.state == "live" and record.lock is not None
+    }
+    held: set[str] = set()
+    own_held: bool | None = None
+    if locks is not None and names:
+        held = locks.held_session_locks(names | {own_lock} if own_lock is not None else names)
+        own_held = None if own_lock is None else own_lock in held
+    trusted = locks is not None and own_held is not False
+    statuses: list[EngineStatus] = []
+    for engine_id, raw, record in entries:
+        lock_held: bool | None = None
+        if trusted and record is not None and record.lock in names:
+            lock_held = record.lock in held
+        verdict = judge_engine(record, lock_held, now)
+        statuses.append(EngineStatus(engine_id, verdict, record, raw, lock_held))
+    return Survey(statuses, own_held)
+
+
+def survey_engines(
+    storage: Storage,
+    *,
+    now: int,
+    exclude: Collection[str] = (),
+    own_lock: str | None = None,
+) -> list[EngineStatus]:
+    """The statuses of :func:`take_survey` (same arguments)."""
+    return take_survey(storage, now=now, exclude=exclude, own_lock=own_lock).statuses

@@ -1,0 +1,145 @@
+"""What a reclaim discovery returns, and the full-scan discovery every store supports."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Collection
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from ..claims.engine_index import read_engine_entries
+from ..claims.transitions import is_claim_expired
+from ..codec import decode_holder
+from ..liveness.verdicts import EngineStatus, EngineVerdict, survey_engines
+from ..storage.base import Storage
+from .reclaim_scan import HolderJudge, ReclaimDiscovery, discover_reclaim_candidates
+
+__all__ = ["Discovery", "EngineDiscovery", "ScanDiscovery", "crash_participants", "expiry_judge"]
+
+
+@dataclass(slots=True)
+class EngineDiscovery(ReclaimDiscovery):
+    """A :class:`~.reclaim_scan.ReclaimDiscovery` plus what the engine records told.
+
+    :param dead_engines: engines seen crashed or closed: their holders may be taken over before
+        they expire.
+    :param urgent: candidates of dead engines listed for a while already: taken now, whatever
+        the fair share (the others had their turn).
+    :param dead_left: some dead engine still has claims this pass did not list.
+    :param dead_claims: the candidates of dead engines, in scan order (also in ``stranded``).
+    :param participants: the live engines that see crashes too (they hold a session lock):
+        a dead engine's claims are split among them and this engine by rendezvous hashing.
+    """
+
+    dead_engines: frozenset[str] = frozenset()
+    urgent: set[str] = field(default_factory=set)
+    dead_left: bool = False
+    dead_claims: list[str] = field(default_factory=list)
+    participants: frozenset[str] = frozenset()
+
+
+class Discovery(Protocol):
+    """How a reclaim target finds its candidates."""
+
+    def discover(self, exclude: Collection[str]) -> EngineDiscovery:
+        """Find the candidates, leaving out ``exclude`` (this engine's own claims)."""
+        ...
+
+
+class ScanDiscovery:
+    """The full scans of :mod:`.reclaim_scan`: cost proportional to the whole store.
+
+    Kept as the fallback discovery (``OwnershipOptions(reclaim_discovery="scan")``). Given
+    ``engine_id`` and ``clock`` it also surveys the engine records, so that a crashed or closed
+    engine's holders count as stranded (and may be taken over before they expire).
+    """
+
+    def __init__(
+        self,
+        storage: Storage,
+        judge: HolderJudge,
+        *,
+        skip_live: bool,
+        engine_id: str | None = None,
+        clock: Callable[[], int] | None = None,
+    ) -> None:
+        self._storage = storage
+        self._judge = judge
+        self._skip_live = skip_live
+        self._engine_id = engine_id
+        self._clock = clock
+
+    def discover(self, exclude: Collection[str]) -> EngineDiscovery:
+        statuses = self._survey()
+        dead = frozenset(
+            s.engine_id
+            for s in statuses
+            if s.verdict in (EngineVerdict.CRASHED, EngineVerdict.CLOSED)
+        )
+        judge = self._judge
+        if dead:
+            base = judge
+
+            def judge(holder_bytes: bytes) -> str | None:
+                holder = decode_holder(holder_bytes)
+                if holder is not None and holder.engine_id in dead:
+                    return None
+                return base(holder_bytes)
+
+        found = discover_reclaim_candidates(
+            self._storage, exclude, judge=judge, skip_live=self._skip_live
+        )
+        result = EngineDiscovery(found.candidates, found.stranded, found.live_claims)
+        if not statuses:
+            return result
+        stranded = set(found.stranded)
+        for engine in sorted(dead):
+            rows = read_engine_entries(self._storage, engine, limit=len(stranded) + 1)
+            result.dead_claims.extend(wid for wid, _ in rows if wid in stranded)
+        result.dead_engines = dead
+        result.dead_left = bool(result.dead_claims)
+        result.participants = crash_participants(statuses)
+        for status in statuses:
+            # Idle engines count in the fair share too: the holder scan cannot see them.
+            if status.verdict is EngineVerdict.LIVE and status.record is not None:
+                result.live_claims.setdefault(status.engine_id, status.record.held)
+        return result
+
+    def _survey(self) -> list[EngineStatus]:
+        if self._engine_id is None or self._clock is None:
+            return []
+        return survey_engines(
+            self._storage,
+            now=self._clock(),
+            exclude=(self._engine_id,),
+            own_lock=self._engine_id,
+        )
+
+
+def crash_participants(statuses: list[EngineStatus]) -> frozenset[str]:
+    """The live engines that see crashes too: they hold a session lock and probe the others'."""
+    return frozenset(
+        status.engine_id
+        for status in statuses
+        if status.verdict is EngineVerdict.LIVE
+        and status.record is not None
+        and status.record.lock is not None
+        and status.record.watching
+    )
+
+
+def expiry_judge(clock: Callable[[], int], renew_interval_ms: int) -> HolderJudge:
+    """A judge naming a holder's engine while it is unexpired on ``clock``, else ``None``.
+
+    An undecodable holder is never live: a takeover may replace it at once.
+    """
+
+    def judge(holder_bytes: bytes) -> str | None:
+        holder = decode_holder(holder_bytes)
+        if holder is None:
+            return None
+        expired = is_claim_expired(
+            expires_at=holder.expires_at, now=clock(), renew_interval_ms=renew_interval_ms
+        )
+        return None if expired else holder.engine_id
+
+    return judge
