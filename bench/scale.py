@@ -8,7 +8,7 @@ right amount of work is about zero. Measured for each N (10k / 100k / 1M; ``--qu
 - ``old``: an engine with ``OwnershipOptions(reclaim_discovery="scan")``, the full scan of every
   holder, running-index entry and a window of workflow records;
 - ``new``: an engine with the default discovery (``"auto"``: engine records, session locks and
-  the by-engine index). Shown as ``n/a`` when the library has no ``reclaim_discovery`` option.
+  the by-engine index).
 
 Each figure is the median and the max of the passes (``--repeats`` rounds, 5; each round runs
 one pass of the old engine, none after the third round at 1M and above, and three of the new
@@ -72,11 +72,9 @@ from bench.common import (
     selected_backends,
 )
 from bench.scale_dead import bench_dead, worker_main
-from bench.scale_fleet import HAS_DISCOVERY_OPTION, OTHERS, Fleet, claim_id, modes, other_ids
+from bench.scale_fleet import OTHERS, Fleet, claim_id, other_ids
 from bench.scale_seed import (
-    HAS_OWNER_INDEX,
     Seeder,
-    by_engine_key,
     check_seed_format,
     drop_kept,
     kept_store,
@@ -183,8 +181,8 @@ def grow(seeder: Seeder, have: int, size: int) -> float:
 
 def seeded_count(seeder: Seeder) -> int:
     holders = seeder.count_prefix(keys.workflow_owner_holder("wf-"))
-    indexed = sum(seeder.count_prefix(by_engine_key(e, "wf-")) for e in other_ids())
-    if HAS_OWNER_INDEX and indexed != holders:
+    indexed = sum(seeder.count_prefix(keys.workflow_owner_by_engine(e, "wf-")) for e in other_ids())
+    if indexed != holders:
         raise SystemExit(f"the kept store has {holders} holders but {indexed} by-engine entries")
     return holders
 
@@ -231,12 +229,7 @@ def report_size(backend: str, row: SizeRow) -> None:
         f"{backend}, {row.size:,} live claims of {OTHERS} other engines, nothing stranded "
         f"(median and max of {', '.join(f'{len(s.wall)}' for s in row.samples.values())} passes)",
         ["discovery", "run_maintenance", "reclaim sub-pass"],
-        [[name, s.cell(), s.reclaim_cell()] for name, s in row.samples.items()]
-        + (
-            [["new", "n/a (no reclaim_discovery option)", "n/a"]]
-            if not HAS_DISCOVERY_OPTION
-            else []
-        ),
+        [[name, s.cell(), s.reclaim_cell()] for name, s in row.samples.items()],
     )
     for name, samples in row.samples.items():
         if not samples.wall:
@@ -273,8 +266,6 @@ def summarize(backend: str, rows: list[SizeRow]) -> list[str]:
             f"{backend} old / new at {large.size:,}: "
             f"{statistics.median(old.wall) / statistics.median(new.wall):,.0f}x"
         )
-    if not HAS_DISCOVERY_OPTION:
-        lines.append(f"{backend} new: n/a (this library has no reclaim_discovery option)")
     return lines
 
 
@@ -296,7 +287,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--worker", choices=("survivor", "dead"), help=argparse.SUPPRESS)
     parser.add_argument("--name", help=argparse.SUPPRESS)
     parser.add_argument("--workdir", help=argparse.SUPPRESS)
-    parser.add_argument("--discovery", default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--discovery", choices=("auto", "scan"), help=argparse.SUPPRESS)
 
 
 def run_backend(
@@ -332,9 +323,7 @@ def main() -> None:
             raise SystemExit("--drop removes the stores of --keep DIR: give --keep")
         drop_kept(args.keep, os.environ.get("WEFT_SYNC_TEST_POSTGRES_DSN"))
         return
-    print(f"scale benchmark; {machine_note()}; discoveries: {', '.join(modes())}", flush=True)
-    if not HAS_DISCOVERY_OPTION:
-        print("the library has no reclaim_discovery option: the new discovery is n/a", flush=True)
+    print(f"scale benchmark; {machine_note()}", flush=True)
     backends = selected_backends(args)
     lines: list[str] = []
     with bench_site(backends) as site:

@@ -20,10 +20,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from bench.common import StoreSpec, print_table
-from bench.scale_fleet import Fleet, heartbeating, modes, options_for
-from bench.scale_seed import SEED_TYPE, Seeder, by_engine_key
+from bench.scale_fleet import Discovery, Fleet, heartbeating, modes, options_for
+from bench.scale_seed import SEED_TYPE, Seeder
 from weft_sync import Ownership, OwnershipOptions, ReclaimedWorkflow, keys
 from weft_sync.codec import decode_holder
+from weft_sync.liveness import EngineRecord, encode_engine_record
 
 __all__ = ["bench_dead", "worker_main"]
 
@@ -48,12 +49,12 @@ class DeadRun:
 
 
 def spawn_worker(
-    role: str, name: str, workdir: Path, spec: StoreSpec, mode: str | None
+    role: str, name: str, workdir: Path, spec: StoreSpec, mode: Discovery
 ) -> subprocess.Popen[bytes]:
     """Run this script as a ``role`` worker; the store URL goes by environment, never argv."""
     env = {**os.environ, URL_ENV: spec.url, "PYTHONPATH": str(SCRIPT.parent.parent)}
     command = [sys.executable, str(SCRIPT), "--worker", role, "--name", name]
-    command += ["--workdir", str(workdir), *(["--discovery", mode] if mode else [])]
+    command += ["--workdir", str(workdir), "--discovery", mode]
     with (workdir / f"{name}.err").open("wb") as err:
         return subprocess.Popen(command, env=env, stderr=err)
 
@@ -73,7 +74,7 @@ def worker_errors(workdir: Path) -> tuple[int, list[str]]:
 class Survivors:
     """Three survivor processes, each recording its drives to its own file."""
 
-    def __init__(self, spec: StoreSpec, workdir: Path, mode: str | None) -> None:
+    def __init__(self, spec: StoreSpec, workdir: Path, mode: Discovery) -> None:
         self.workdir = workdir
         self.stop_file = workdir / "stop"
         self.procs = [spawn_worker("survivor", name, workdir, spec, mode) for name in SURVIVORS]
@@ -113,7 +114,7 @@ def _wait_for_files(paths: Sequence[Path], procs: Sequence[subprocess.Popen[byte
 
 
 def dead_run(
-    spec: StoreSpec, fleet: Fleet, scenario: str, column: str, mode: str | None, tag: str
+    spec: StoreSpec, fleet: Fleet, scenario: str, column: str, mode: Discovery, tag: str
 ) -> DeadRun:
     seeder = Seeder(spec)
     ids = [f"dead-{tag}-{n:05d}" for n in range(DEAD_CLAIMS)]
@@ -166,7 +167,7 @@ def _crash(
     workdir: Path,
     dead_engine: str,
     ids: list[str],
-    mode: str | None,
+    mode: Discovery,
     survivors: Survivors,
 ) -> float:
     options = options_for(mode)
@@ -193,8 +194,6 @@ def _crash(
 
 def _stale(seeder: Seeder, dead_engine: str, ids: list[str], options: OwnershipOptions) -> float:
     record = stale_engine_record(dead_engine, options)
-    if record is None:
-        raise SystemExit("no engine liveness records in this library: the stale case is n/a")
     long_ago = int(time.time() * 1000) - 10 * options.claim_ttl_ms
     seeder.seed_claims(
         ids, [dead_engine], expires_at=long_ago + options.claim_ttl_ms, claimed_at=long_ago
@@ -203,15 +202,8 @@ def _stale(seeder: Seeder, dead_engine: str, ids: list[str], options: OwnershipO
     return time.monotonic()
 
 
-def stale_engine_record(engine_id: str, options: OwnershipOptions) -> tuple[str, bytes] | None:
-    """The liveness record of an engine without a lock whose heartbeat expired long ago.
-
-    ``None`` when the library keeps no engine records (nothing could call such an engine dead).
-    """
-    try:
-        from weft_sync.liveness import EngineRecord, encode_engine_record
-    except ImportError:
-        return None
+def stale_engine_record(engine_id: str, options: OwnershipOptions) -> tuple[str, bytes]:
+    """The liveness record of an engine without a lock whose heartbeat expired long ago."""
     long_ago = int(time.time() * 1000) - 10 * options.claim_ttl_ms
     record = EngineRecord(
         engine_id=engine_id,
@@ -225,8 +217,7 @@ def stale_engine_record(engine_id: str, options: OwnershipOptions) -> tuple[str,
         host="",
         started_at=long_ago,
     )
-    key: str = keys.engine_liveness(engine_id)  # type: ignore[attr-defined]
-    return key, encode_engine_record(record)
+    return keys.engine_liveness(engine_id), encode_engine_record(record)
 
 
 def _wait_driven(
@@ -252,11 +243,10 @@ def _clean_dead(seeder: Seeder, tag: str, dead_engine: str) -> None:
         keys.workflow_owner_holder(ids),
         keys.workflow(ids),
         *(keys.workflow_status_index(s, ids) for s in ("running", "completed", "failed")),
-        *(by_engine_key(engine, ids) for engine in (dead_engine, *SURVIVORS)),
+        *(keys.workflow_owner_by_engine(engine, ids) for engine in (dead_engine, *SURVIVORS)),
     ]
     seeder.delete_prefixes(prefixes)
-    if hasattr(keys, "engine_liveness"):
-        seeder.delete_keys([keys.engine_liveness(dead_engine)])
+    seeder.delete_keys([keys.engine_liveness(dead_engine)])
 
 
 def report_dead(backend: str, size: int, runs: list[DeadRun]) -> None:
@@ -296,12 +286,10 @@ def report_dead(backend: str, size: int, runs: list[DeadRun]) -> None:
     )
 
 
-def dead_modes(include_old: bool) -> dict[str, str | None]:
-    """The discoveries the dead-engine case runs: the new one, the old one when asked or alone."""
+def dead_modes(include_old: bool) -> dict[str, Discovery]:
+    """The discoveries the dead-engine case runs: the new one, and the old one when asked."""
     found = modes()
-    if include_old or "new" not in found:
-        return found
-    return {"new": found["new"]}
+    return found if include_old else {"new": found["new"]}
 
 
 def bench_dead(fleet: Fleet, size: int, scenarios: Sequence[str], include_old: bool) -> None:

@@ -10,14 +10,14 @@ from __future__ import annotations
 import contextlib
 import threading
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, Literal
 
 from bench.common import StoreSpec
-from bench.scale_seed import SEED_TYPE, Seeder, owner_index_marker
-from weft_sync import Ownership, OwnershipOptions, ReclaimedWorkflow
+from bench.scale_seed import SEED_TYPE, Seeder
+from weft_sync import Ownership, OwnershipOptions, ReclaimedWorkflow, keys
 
 __all__ = [
-    "HAS_DISCOVERY_OPTION",
+    "Discovery",
     "OTHERS",
     "Fleet",
     "claim_id",
@@ -28,24 +28,18 @@ __all__ = [
 ]
 
 OTHERS = 8
-HAS_DISCOVERY_OPTION = "reclaim_discovery" in getattr(OwnershipOptions, "__dataclass_fields__", {})
-"""Whether the library can choose between the old full scan and the new discovery."""
+
+Discovery = Literal["auto", "scan"]
 
 
-def options_for(mode: str | None) -> OwnershipOptions:
-    """Default claim timing; ``mode`` picks the discovery (``None``: the library's only one)."""
-    if mode is None:
-        return OwnershipOptions()
-    # Through a mapping, so this file also runs on a library without the option (then unused).
-    chosen: dict[str, Any] = {"reclaim_discovery": mode}
-    return OwnershipOptions(**chosen)
+def options_for(mode: Discovery | None) -> OwnershipOptions:
+    """Default claim timing; ``mode`` picks the discovery (``None``: the default one)."""
+    return OwnershipOptions() if mode is None else OwnershipOptions(reclaim_discovery=mode)
 
 
-def modes() -> dict[str, str | None]:
-    """Column name -> discovery option of every discovery this library has."""
-    if HAS_DISCOVERY_OPTION:
-        return {"old": "scan", "new": "auto"}
-    return {"old": None}
+def modes() -> dict[str, Discovery]:
+    """Column name -> discovery option: the old full scan, and the default."""
+    return {"old": "scan", "new": "auto"}
 
 
 def claim_id(n: int) -> str:
@@ -88,18 +82,14 @@ class Fleet:
         return ownership
 
     def heartbeat(self) -> None:
-        """One maintenance pass of every other engine (its heartbeat, with the new discovery)."""
-        if HAS_DISCOVERY_OPTION:
-            for ownership in self.others:
-                ownership.run_maintenance()
+        """One maintenance pass of every other engine: its heartbeat."""
+        for ownership in self.others:
+            ownership.run_maintenance()
 
     def wait_for_index_marker(self, seeder: Seeder) -> None:
         """Let the new engine's backfill mark the (still empty) store as fully indexed."""
-        if not HAS_DISCOVERY_OPTION:
-            return
-        marker = [owner_index_marker()]
         for _ in range(20):
-            if seeder.read_prefix(marker[0]):
+            if seeder.read_prefix(keys.OWNER_INDEX_MARKER):
                 return
             self.measured["new"].run_maintenance()
         raise SystemExit("the owner index backfill never set its marker on an empty store")

@@ -38,38 +38,18 @@ from weft_sync.codec import (
 from weft_sync.storage.base import prefix_upper_bound
 
 __all__ = [
-    "HAS_OWNER_INDEX",
     "SEED_TYPE",
     "Seeder",
-    "by_engine_key",
     "check_seed_format",
     "claim_rows",
     "drop_kept",
     "kept_store",
-    "owner_index_marker",
     "save_manifest",
 ]
 
 SEED_TYPE = "scale-job"
 SEED_CHUNK = 20_000
 FAR_FUTURE_MS = 4_000_000_000_000  # year 2096: never expires during a run
-
-HAS_OWNER_INDEX = hasattr(keys, "workflow_owner_by_engine")
-"""Whether the library writes by-engine index entries (and so can discover by engine)."""
-
-
-def by_engine_key(engine_id: str, workflow_id: str) -> str:
-    """The by-engine index key of (engine, workflow), by the library's builder when it has one."""
-    if HAS_OWNER_INDEX:
-        key: str = keys.workflow_owner_by_engine(engine_id, workflow_id)  # type: ignore[attr-defined]
-        return key
-    enc = keys.encode_key_component
-    return f"wf-owner-by-engine:{enc(engine_id)}:{enc(workflow_id)}"
-
-
-def owner_index_marker() -> str:
-    marker: str = getattr(keys, "OWNER_INDEX_MARKER", "wf-owner-index-marker")
-    return marker
 
 
 def claim_rows(
@@ -93,7 +73,7 @@ def claim_rows(
         (keys.workflow_owner_holder(workflow_id), holder),
         (keys.workflow(workflow_id), encode_workflow_record(record)),
         (keys.workflow_status_index("running", workflow_id), b""),
-        (by_engine_key(engine_id, workflow_id), epoch),
+        (keys.workflow_owner_by_engine(engine_id, workflow_id), epoch),
     ]
 
 
@@ -232,7 +212,7 @@ def check_seed_format(seeder: Seeder, ownership: Ownership) -> None:
         keys.workflow_owner_holder(wid),
         keys.workflow(wid),
         keys.workflow_status_index("running", wid),
-        by_engine_key(ownership.engine_id, ""),
+        keys.workflow_owner_by_engine_prefix(ownership.engine_id),
     ]
     ownership.workflows.start(wid, SEED_TYPE)
     try:
@@ -250,8 +230,6 @@ def check_seed_format(seeder: Seeder, ownership: Ownership) -> None:
                 created_at=record.created_at,
             )
         )
-        if not HAS_OWNER_INDEX:
-            expected.pop(by_engine_key(ownership.engine_id, wid))
         if written != expected:
             raise SystemExit(
                 f"seeded rows differ from what the library writes:\n library {written}\n"
