@@ -41,7 +41,8 @@ takeover bound TTL + 2 x renew + one interval (+3 s allowed).
 
 ``--keep DIR`` keeps the seeded SQLite file and PostgreSQL table (with a manifest of the table
 name and claim count) in DIR, so a later run reuses them and seeds only what is missing (a size
-below what the kept store holds is skipped); ``--keep DIR --drop`` removes them.
+below what the kept store holds is skipped); ``--keep DIR --drop`` removes them. Without
+``--keep`` the PostgreSQL table is dropped at the end of the run.
 
     python bench/scale.py [--quick] [--sizes 10k,100k,1M] [--repeats N] [--old-up-to N]
         [--backend sqlite|postgres|both] [--keep DIR [--drop]] [--dead | --dead-only]
@@ -332,7 +333,11 @@ def main() -> None:
                 spec, manifest = kept_store(args.keep, backend, site.pg_url)
                 lines += run_backend(backend, spec, args, manifest)
             else:
-                lines += run_backend(backend, site.new_store(backend, "scale"), args, None)
+                spec = site.new_store(backend, "scale")
+                try:
+                    lines += run_backend(backend, spec, args, None)
+                finally:
+                    Seeder(spec).drop()
     print()
     for line in lines:
         print(line)

@@ -185,6 +185,15 @@ class Seeder:
         with self.spec.raw_postgres() as conn, conn.transaction(), conn.cursor() as cur:
             cur.executemany(f"DELETE FROM {table} WHERE key >= %s AND key < %s", bounds)
 
+    def drop(self) -> None:
+        """Drop a PostgreSQL store's table (a million claims are a gigabyte on a shared server).
+
+        SQLite files go with their temporary directory.
+        """
+        if self.spec.backend == "postgres":
+            with self.spec.raw_postgres() as conn:
+                conn.execute(f'DROP TABLE IF EXISTS "{self.spec.table}"')
+
     def vacuum_analyze(self) -> None:
         """Refresh the planner's statistics after a bulk load (PostgreSQL; SQLite: ANALYZE)."""
         table = f'"{self.spec.table}"'
