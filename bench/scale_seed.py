@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import shutil
 import sqlite3
 import time
 import uuid
@@ -289,8 +290,11 @@ def drop_kept(keep: Path, pg_url: str | None) -> None:
         with spec.raw_postgres() as conn:
             conn.execute(f'DROP TABLE IF EXISTS "{table}"')
         pg_manifest.unlink()
-    for path in keep.glob("scale.db*"):
-        path.unlink()
+    for path in keep.glob("scale.db*"):  # the database, its WAL files, its session-lock directory
+        if path.is_dir():
+            shutil.rmtree(path)
+        else:
+            path.unlink()
     (keep / "sqlite.json").unlink(missing_ok=True)
 
 
