@@ -9,8 +9,8 @@ time from the kill to the last takeover, and whether every workflow was driven e
 Target: each survivor between 20 % and 50 %.
 
 A second scenario repeats it with survivors that hold nothing of their own (``--idle`` rows):
-the holder scan cannot see an engine that holds no claims, so the first survivor to run a pass
-believes it is alone and takes everything. Short settings: TTL 1,500 ms, renew interval 500 ms.
+they count in the split through their engine records (a holder scan alone could not see them).
+Short settings: TTL 1,500 ms, renew interval 500 ms.
 
     python bench/fair_takeover.py [--quick] [--repeats N] [--backend sqlite|postgres|both]
         [--workflows N] [--log-dir DIR]

@@ -19,7 +19,9 @@ from tests.claims.gated import new_registry
 from weft_sync import keys
 from weft_sync.clock import ManualClock
 from weft_sync.codec import WorkflowRecord, encode_workflow_record
-from weft_sync.maintenance.reclaim_scan import list_reclaim_candidates
+from weft_sync.maintenance.discoveries import expiry_judge
+from weft_sync.maintenance.engine_discovery import EngineIndexDiscovery
+from weft_sync.maintenance.scan_windows import RotatingWindow
 from weft_sync.storage import Put, Storage
 from weft_sync.storage.cas import CasRow
 
@@ -65,23 +67,32 @@ def test_renewal_writes_as_many_claims_per_transaction_as_the_readme_says(
     assert counter.calls == [per_transaction, 1]
 
 
-def test_the_authoritative_window_reads_as_many_records_per_pass_as_the_readme_says(
+def test_the_backstop_windows_read_as_many_rows_per_pass_as_the_readme_says(
     storage: Storage,
 ) -> None:
-    window = _documented(r"\(([\d,]+) records per pass, rotating\)")
-    # Running records that no index names and no holder covers: only the window finds them.
+    window = _documented(r"three rotating windows of ([\d,]+) rows each")
+    assert _documented(r"`ceil\(N / ([\d,]+)\) \+ 1` passes") == window
+    # Running records that no index names and no holder covers: only the record window finds
+    # them (the store carries the index marker, so nothing is scanned in full).
     ids = [f"legacy-{n:05d}" for n in range(2 * window + 7)]
     storage.batch(
-        [
+        [Put(keys.OWNER_INDEX_MARKER, b"indexed")]
+        + [
             Put(keys.workflow(wid), encode_workflow_record(WorkflowRecord(wid, "job", "running")))
             for wid in ids
         ]
     )
+    clock = ManualClock(1_000_000)
+    discovery = EngineIndexDiscovery(
+        storage, engine_id="reader", clock=clock, judge=expiry_judge(clock, 1_000)
+    )
 
-    passes = [list_reclaim_candidates(storage, set()) for _ in range(3)]
+    passes = [discovery.discover(set()).candidates for _ in range(3)]
 
     assert [len(found) for found in passes] == [window, window, 7]
     assert sorted(passes[0] + passes[1] + passes[2]) == ids
+    # The documented bound: every one of N keys is read within ceil(N / window) + 1 passes.
+    assert RotatingWindow(keys.workflow(""), window).passes_to_cover(len(ids)) == 4
 
 
 QUIET_SCRIPT = textwrap.dedent(

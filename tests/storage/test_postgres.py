@@ -796,5 +796,37 @@ def test_forked_child_refuses_the_inherited_pool_and_leaves_the_parents_sessions
         assert _keys(store.scan()) == ["child", "parent"]
 
 
+def test_forked_child_refuses_every_conditional_write_before_checking_its_arguments(
+    postgres_base_url: str, table: str
+) -> None:
+    # The arguments are invalid on purpose: the inherited-store error must come first.
+    calls: dict[str, Callable[[PostgresStorage], object]] = {
+        "conditional_batch": lambda store: store.conditional_batch("bad", []),  # type: ignore[arg-type]
+        "conditional_batches": lambda store: store.conditional_batches("bad"),  # type: ignore[arg-type]
+        "compare_and_set_many": lambda store: store.compare_and_set_many("bad"),  # type: ignore[arg-type]
+    }
+    with PostgresStorage(postgres_base_url, table=table) as store:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", DeprecationWarning)
+            pid = os.fork()
+        if pid == 0:  # pragma: no cover - runs in the child
+            code = 0
+            try:
+                for index, (name, call) in enumerate(calls.items()):
+                    try:
+                        call(store)
+                        code = code or 10 + index
+                    except ClosedError as exc:
+                        if f"PostgresStorage.{name}() was called" not in str(exc):
+                            code = code or 20 + index
+                    except Exception:
+                        code = code or 30 + index
+            finally:
+                os._exit(code)
+        _, status = os.waitpid(pid, 0)
+        assert os.waitstatus_to_exitcode(status) == 0
+        assert store.conditional_batches([]) == []  # the parent's store is untouched
+
+
 def _keys(rows: list[tuple[str, bytes]]) -> list[str]:
     return [key for key, _ in rows]

@@ -2,9 +2,11 @@
 
 The registry is the only code that commits claim transitions. It remembers, per held workflow, the
 exact epoch and holder bytes it last wrote, so every later compare-and-swap names those bytes and
-fails if anyone else has written since. Acquire, takeover and the tracking views live here; the
-renewal machinery is in :mod:`~weft_sync.claims.renewals`, release in
-:mod:`~weft_sync.claims.releases`, and the tracked state in :mod:`~weft_sync.claims.tracking`.
+fails if anyone else has written since. The public operations (checking their arguments) and the
+tracking views live here; acquire and the tracking of a committed claim are in
+:mod:`~weft_sync.claims.acquires`, takeover in :mod:`~weft_sync.claims.takeovers`, the renewal
+machinery in :mod:`~weft_sync.claims.renewals`, release in :mod:`~weft_sync.claims.releases`,
+and the tracked state in :mod:`~weft_sync.claims.tracking`.
 
 Threading: one lock, the :class:`~weft_sync.claims.tracking.ClaimTable`'s, guards the claims map,
 the per-workflow in-flight renewal groups, the releasing counts, the closed flag and the mutable
@@ -26,37 +28,29 @@ from collections.abc import Collection, Iterable, Iterator
 from contextlib import contextmanager
 from typing import cast
 
-from .. import keys
 from .._fork import process_bound_class
 from ..clock import Clock
-from ..codec import decode_epoch, decode_holder
-from ..errors import ClosedError, CorruptEpochError, StoreIdentityError
+from ..codec import decode_holder
+from ..errors import StoreIdentityError
 from ..keys import validate_workflow_id
 from ..metrics import ClaimLossCause, ClaimMetrics
 from ..options import MAX_CLAIM_TTL_MS
-from ..storage.base import Storage, storage_conditional_batch
-from ..storage.reads import storage_get_many
+from ..storage.base import Storage
+from .acquires import Acquires
 from .arguments import engine_ids_arg, optional_epoch, positive_int, workflow_ids_arg
-from .engine_index import with_claim_entry
 from .gate import OperationGate
 from .losses import LocalLosses
 from .releases import RELEASE_ALL_CONCURRENCY, ReleasePreparation, Releases
-from .renewals import DEFAULT_RENEW_CHUNK_SIZE, Renewals, WarnSink, default_warn, renewal_split
+from .renewals import DEFAULT_RENEW_CHUNK_SIZE, Renewals, WarnSink, default_warn
 from .results import (
     AcquirePreparation,
     AcquireResult,
-    AcquireStatus,
     ReleaseResult,
     RenewResult,
     TakeoverResult,
 )
 from .takeovers import DEFAULT_TAKEOVER_CHUNK_SIZE, Takeovers
-from .tracking import ClaimTable, TrackedClaim
-from .transitions import (
-    Fragment,
-    build_acquire_transition,
-    extract_put_value,
-)
+from .tracking import ClaimTable
 
 __all__ = [
     "DEFAULT_RENEW_CHUNK_SIZE",
@@ -150,11 +144,20 @@ class ClaimRegistry:
             self.lose_store,
         )
         self._releases = Releases(self._table, storage)
+        self._acquires = Acquires(
+            self._table,
+            storage,
+            clock,
+            self._losses,
+            self._releases,
+            engine_id=engine_id,
+            claim_ttl_ms=self._claim_ttl_ms,
+        )
         self._takeovers = Takeovers(
             self._table,
             storage,
             clock,
-            self._install,
+            self._acquires.install,
             engine_id=engine_id,
             claim_ttl_ms=self._claim_ttl_ms,
             renew_interval_ms=self._renew_interval_ms,
@@ -248,23 +251,7 @@ class ClaimRegistry:
         """
         wid = validate_workflow_id(workflow_id)
         with self.operation("acquire()"):
-            return self._acquire(wid)
-
-    def _acquire(self, wid: str) -> AcquireResult:
-        self._losses.refuse_lost_store()
-        holder_key = keys.workflow_owner_holder(wid)
-        observed_holder, observed_epoch = storage_get_many(
-            self._storage, [holder_key, keys.workflow_owner_epoch(wid)]
-        )
-        now = self._clock()
-        fragment = self._acquire_fragment(wid, now, observed_epoch)
-        if not self._commit(fragment):
-            held_by = self._held_by(holder_key, observed_holder)
-            _log.debug("acquire of workflow %r lost the race (held by %r)", wid, held_by)
-            return AcquireResult(AcquireStatus.LOST_RACE, wid, held_by=held_by)
-        epoch = self._install(wid, fragment, now)
-        _log.info("engine %s acquired workflow %r at epoch %d", self._engine_id, wid, epoch)
-        return AcquireResult(AcquireStatus.ACQUIRED, wid, epoch=epoch)
+            return self._acquires.acquire(wid)
 
     def prepare_acquire_fragment(self, workflow_id: str) -> AcquirePreparation:
         """Build an acquire fragment for the caller to fold into its own atomic write.
@@ -273,15 +260,7 @@ class ClaimRegistry:
         nothing and tracks nothing: call :meth:`record_folded_acquire` after the caller's write
         (which must include every condition and operation of the fragment) committed.
         """
-        wid = validate_workflow_id(workflow_id)
-        self._losses.refuse_lost_store()
-        observed_epoch = self._storage.get(keys.workflow_owner_epoch(wid))
-        now = self._clock()
-        fragment = self._acquire_fragment(wid, now, observed_epoch)
-        epoch = decode_epoch(extract_put_value(fragment.operations, keys.workflow_owner_epoch(wid)))
-        assert epoch is not None  # the fragment was just encoded from a valid epoch
-        _log.debug("prepared an acquire fragment for workflow %r at epoch %d", wid, epoch)
-        return AcquirePreparation(fragment=fragment, epoch=epoch, claimed_at=now)
+        return self._acquires.prepare(validate_workflow_id(workflow_id))
 
     def record_folded_acquire(self, workflow_id: str, preparation: AcquirePreparation) -> None:
         """Track a claim whose acquire fragment the caller committed in its own write.
@@ -295,13 +274,7 @@ class ClaimRegistry:
             raise TypeError(
                 f"preparation must come from prepare_acquire_fragment(), got {preparation!r:.80}"
             )
-        self._install(wid, preparation.fragment, preparation.claimed_at)
-        _log.info(
-            "engine %s acquired workflow %r at epoch %d (folded into the caller's write)",
-            self._engine_id,
-            wid,
-            preparation.epoch,
-        )
+        self._acquires.record_folded(wid, preparation)
 
     # -- renewal ---------------------------------------------------------------------------
 
@@ -557,50 +530,7 @@ class ClaimRegistry:
             self._losses.refuse_lost_store()
             return self._takeovers.takeover_many(ids, chunk_size, dead)
 
-    # -- helpers ---------------------------------------------------------------------------
-
-    def _commit(self, fragment: Fragment) -> bool:
-        return storage_conditional_batch(self._storage, fragment.conditions, fragment.operations)
-
-    def _acquire_fragment(self, wid: str, now: int, observed_epoch: bytes | None) -> Fragment:
-        try:
-            fragment = build_acquire_transition(
-                workflow_id=wid,
-                engine_id=self._engine_id,
-                now=now,
-                claim_ttl_ms=self._claim_ttl_ms,
-                observed_epoch_bytes=observed_epoch,
-            )
-            return with_claim_entry(fragment, wid, self._engine_id, None)
-        except CorruptEpochError as exc:
-            _log.warning("%s", exc)
-            raise
-
-    def _held_by(self, holder_key: str, observed: bytes | None) -> str | None:
-        """The engine id in ``observed`` holder bytes, or in a fresh read when none were seen."""
-        raw = observed if observed is not None else self._storage.get(holder_key)
-        holder = decode_holder(raw)
-        return None if holder is None else holder.engine_id
-
-    def _install(self, wid: str, fragment: Fragment, claimed_at: int) -> int:
-        """Track the claim ``fragment`` wrote, from its exact put values; return its epoch."""
-        epoch_bytes = extract_put_value(fragment.operations, keys.workflow_owner_epoch(wid))
-        holder_key = keys.workflow_owner_holder(wid)
-        holder_bytes = extract_put_value(fragment.operations, holder_key)
-        epoch = decode_epoch(epoch_bytes)
-        if epoch is None:
-            raise ValueError(f"the fragment for workflow {wid!r} puts an invalid epoch")
-        head_len, tail_len = renewal_split(holder_bytes)
-        entry = TrackedClaim(
-            epoch, claimed_at, epoch_bytes, holder_bytes, holder_key, head_len, tail_len
-        )
-        if not self._table.install(wid, entry):
-            self._releases.give_back(wid, epoch_bytes, holder_bytes)
-            raise ClosedError(
-                f"the claim registry of engine {self._engine_id} closed while workflow {wid!r} "
-                f"was being claimed; the claim was released again"
-            )
-        return epoch
+    # -- fork ------------------------------------------------------------------------------
 
     def _after_fork_in_child(self) -> None:
         """Forget everything inherited through ``fork()``, with no storage I/O.

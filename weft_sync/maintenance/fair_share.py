@@ -5,9 +5,10 @@ is fast enough that the first survivor to run a pass would take them all, so eac
 most a *fair share*, and each engine takes its candidates in its own order so that survivors
 running passes at the same moment mostly attempt different workflows.
 
-The share is computed from what the holder scan read: with ``n`` distinct engines holding live
-claims (this one included) and ``total`` claims among them plus the stranded ones, an engine
-aims to hold ``ceil(total / n)``; it takes what it lacks of that target, and at least
+The share is computed from what discovery read: with ``n`` engines (this one included) that
+hold live claims or publish a fresh engine record (idle ones count through their records) and
+``total`` claims among them plus the stranded ones, an engine aims to hold ``ceil(total / n)``;
+it takes what it lacks of that target, and at least
 ``ceil(stranded / n)`` so that the stranded count shrinks every pass whoever is counted. A
 survivor alone (``n == 1``) takes everything at once.
 
@@ -18,8 +19,12 @@ takeover for longer than that window. Candidates the reclaim target already foun
 (no handler here) are left out of the share, so a heap of workflows nobody here can drive never
 uses it up. ``max_claims`` caps everything.
 
-The limits: the holder scan sees only engines that hold claims, so a survivor holding nothing is
-invisible to the others until its first takeover.
+The claims of a *crashed or closed* engine are split differently (:func:`assigned_to`): every
+survivor that watches for crashes sees the same crash and the same watching engines, so
+rendezvous hashing gives each a disjoint share at once, and the shares cover every claim.
+
+The limits: an engine without an engine record (an older version) is seen only through the
+claims it holds.
 """
 
 from __future__ import annotations

@@ -53,7 +53,8 @@ _log = logging.getLogger(__name__)
 PassCallback = Callable[[PassResult], None]
 
 URGENT_RECLAIM_ROUNDS = 5
-"""Reclaim sub-passes one slot runs while crashed or closed engines still hold claims."""
+"""Reclaim sub-passes one slot runs while crashed or closed engines still hold claims (and at
+most for half an interval, so that the slot does not overrun into the next tick)."""
 
 URGENT_RECLAIM_GAP_MS = 100
 """The pause between those sub-passes, in which the other survivors take their shares."""
@@ -403,6 +404,7 @@ class RenewalTask:
         if target is None:
             raise RuntimeError("the reclaim slot runs only with a reclaim target")
         started_at = self._clock()
+        slot_started = time.monotonic()
         for _ in range(URGENT_RECLAIM_ROUNDS):
             reclaim = self._timed("reclaim", lambda: self._reclaim(target, self._executor()))
             dead_left = getattr(target, "dead_work_left", None)
@@ -415,6 +417,8 @@ class RenewalTask:
                     self._stopping.wait_for(lambda: not self._started, URGENT_RECLAIM_GAP_MS / 1000)
                 if not self._started or not (again or urgent):
                     break
+            if urgent and not again and time.monotonic() - slot_started > self._interval_ms / 2000:
+                break  # the next tick goes on; a slot never overruns its interval for this
         return PassResult(
             started_at, self._clock(), (), 0, 0, reclaim=reclaim, kind=PassKind.RECLAIM
         )
