@@ -46,7 +46,7 @@ below what the kept store holds is skipped); ``--keep DIR --drop`` removes them.
 
     python bench/scale.py [--quick] [--sizes 10k,100k,1M] [--repeats N] [--old-up-to N]
         [--backend sqlite|postgres|both] [--keep DIR [--drop]] [--dead | --dead-only]
-        [--dead-old]
+        [--scenarios crash,stale] [--dead-old]
 """
 
 from __future__ import annotations
@@ -273,6 +273,14 @@ def summarize(backend: str, rows: list[SizeRow]) -> list[str]:
 # -- main -----------------------------------------------------------------------------------
 
 
+def scenarios_arg(text: str) -> tuple[str, ...]:
+    found = tuple(part.strip() for part in text.split(",") if part.strip())
+    bad = [part for part in found if part not in ("crash", "stale")]
+    if bad or not found:
+        raise argparse.ArgumentTypeError(f"invalid scenarios {text!r}: use crash, stale or both")
+    return found
+
+
 def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--sizes", type=sizes_arg, default=None, help="e.g. 10k,100k,1M")
     parser.add_argument(
@@ -282,6 +290,12 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--drop", action="store_true", help="remove the stores kept in --keep")
     parser.add_argument("--dead", action="store_true", help="add the dead-engine case")
     parser.add_argument("--dead-only", action="store_true", help="only the dead-engine case")
+    parser.add_argument(
+        "--scenarios",
+        type=scenarios_arg,
+        default=("crash", "stale"),
+        help="dead-engine scenarios, of crash,stale",
+    )
     parser.add_argument(
         "--dead-old", action="store_true", help="the dead-engine case with the old discovery too"
     )
@@ -308,7 +322,7 @@ def run_backend(
             manifest["claims"] = seeded_count(Seeder(spec))
             save_manifest(args.keep, backend, manifest)
         if args.dead or args.dead_only:
-            bench_dead(fleet, max(sizes), ("crash", "stale"), args.dead_old)
+            bench_dead(fleet, max(sizes), args.scenarios, args.dead_old)
     finally:
         fleet.close()
     return lines
