@@ -122,9 +122,9 @@ def dead_run(
     options = options_for(mode)
     with tempfile.TemporaryDirectory(prefix="weft-scale-") as tmp:
         workdir = Path(tmp)
-        survivors = Survivors(spec, workdir, mode)
-        try:
-            with heartbeating(fleet):
+        with heartbeating(fleet):
+            survivors = Survivors(spec, workdir, mode)
+            try:
                 if scenario == "crash":
                     t0 = _crash(spec, seeder, workdir, dead_engine, ids, mode, survivors)
                 else:
@@ -133,9 +133,9 @@ def dead_run(
                 time.sleep(options.claim_renew_interval_ms / 1000)  # a second drive would show
                 events = survivors.drives()
                 holders = seeder.read_prefix(keys.workflow_owner_holder(f"dead-{tag}-"))
-        finally:
-            survivors.close()
-            _clean_dead(seeder, tag, dead_engine)
+            finally:
+                survivors.close()
+                _clean_dead(seeder, tag, dead_engine)
         overruns, errors = worker_errors(workdir)
     for line in errors[-20:]:
         print(f"  {line}")

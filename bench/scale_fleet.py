@@ -100,9 +100,14 @@ class Fleet:
 
 @contextlib.contextmanager
 def heartbeating(fleet: Fleet) -> Iterator[None]:
-    """Keep the other engines' heartbeats fresh (one pass each per renew interval) meanwhile."""
+    """Keep the other engines' heartbeats fresh (one pass each per renew interval) meanwhile.
+
+    The first beat comes before this returns: an engine whose record went stale while the store
+    was seeded would have every one of its claims read by the survivors' passes.
+    """
     stop = threading.Event()
     renew_s = options_for(None).claim_renew_interval_ms / 1000
+    fleet.heartbeat()
 
     def loop() -> None:
         while not stop.wait(renew_s):
