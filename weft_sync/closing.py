@@ -62,10 +62,12 @@ def close_engine(
             workflows.close()
             # Waits for claim operations racing close() (start, claim, resume) so that the
             # final release sees what they claimed; later ones raise ClosedError.
-            registry.close(None if deadline is None else deadline - time.monotonic())
+            unreleased = registry.close(None if deadline is None else deadline - time.monotonic())
             try:
                 if crash is not None:
-                    crash.close(len(registry.list_held_workflow_ids()))
+                    # A claim whose release failed is forgotten locally but its holder stays in
+                    # the store: counting it marks the record closed, so others take it at once.
+                    crash.close(len(registry.list_held_workflow_ids()) + len(unreleased))
             finally:
                 if owns_storage:
                     storage.close()

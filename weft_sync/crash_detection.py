@@ -5,7 +5,7 @@
 - :class:`~weft_sync.liveness.engine.EngineLiveness` takes the engine's session lock (when the
   store has them) and writes its engine record; the renewal sub-pass beats it once per pass; at
   close the record is removed (or marked closed when claims are left) and the lock released.
-- :class:`~weft_sync.liveness.watcher.LivenessWatcher` (interval mode only, unless
+- :class:`~weft_sync.liveness.watcher.LivenessWatcher` (``background="thread"`` only, unless
   ``crash_poll_interval=None``) probes the other engines' locks and asks the renewal task for an
   immediate reclaim pass when one is gone, so a crashed engine's claims move in milliseconds.
 
@@ -95,7 +95,8 @@ def build_crash_detection(
     :param poll_ms: the probe interval, or ``None`` for no probe.
     :param request_reclaim: asks for a reclaim pass now (the renewal task's).
     :param held_count: how many claims the engine holds now (published in each heartbeat).
-    :param watching: whether interval maintenance will run (and so the probe, unless off).
+    :param watching: whether interval maintenance runs in the background; the probe runs
+        only then (unless off), and the record says whether it does.
     """
     liveness = EngineLiveness(
         storage,
@@ -112,7 +113,9 @@ def build_crash_detection(
         request_reclaim()
 
     make_watcher = None
-    if poll_ms is not None:
+    # Only an engine that says it watches runs the probe: others split a crash's claims with
+    # the engines whose records say so, and a probe the record does not announce is left out.
+    if poll_ms is not None and watching:
         interval = poll_ms
 
         def make_watcher() -> LivenessWatcher:

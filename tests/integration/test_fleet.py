@@ -64,6 +64,16 @@ def _engine_when_ready(config: FleetEngine, process: BaseProcess, deadline: floa
     return str(ready[0]["engine"])
 
 
+def _drives(configs: list[FleetEngine]) -> list[tuple[str, str, int]]:
+    """Every drive journaled so far: (engine name, workflow id, epoch)."""
+    return [
+        (c.name, e["id"], e["epoch"])
+        for c in configs
+        for e in read_journal(c.journal)
+        if e["ev"] == "drive"
+    ]
+
+
 def _owners(storage: Storage, ids: list[str]) -> dict[str, tuple[str | None, int | None]]:
     found: dict[str, tuple[str | None, int | None]] = {}
     for wid in ids:
@@ -115,26 +125,32 @@ def test_a_killed_engines_workflows_are_driven_by_the_rest_of_the_fleet(
                 f"engine's record {'gone' if forgotten else 'still there'}"
             )
             time.sleep(POLL_S)
+        # What the takeover did, read before the fleet stops: an engine that closes releases
+        # its running workflows, which the engines still open then acquire and drive anew.
+        drives = _drives(configs[1:])
+        last_driver = {wid: name.encode() for name, wid, _ in drives}
+        with Ownership.open(store, background="manual") as reader:
+            while True:  # a drive is journaled before its checkpoint is written
+                checkpoints = {wid: reader.workflows.load_checkpoint(wid) for wid in ids}
+                if checkpoints == last_driver:
+                    break
+                assert time.monotonic() - killed_at < DEADLINE_S, "checkpoints not written"
+                time.sleep(POLL_S)
         stop_all(processes[1:], Path(configs[0].stop))
     finally:
         stop_all([p for p in processes if p.is_alive()], Path(configs[0].stop))
     for config in configs:
         assert journal_errors(config.journal) == [], config.name
-    drives = [
-        (c.name, e["id"], e["epoch"])
-        for c in configs[1:]
-        for e in read_journal(c.journal)
-        if e["ev"] == "drive"
-    ]
+    redriven = [d for d in _drives(configs[1:]) if d not in drives]
+    assert all(epoch > 2 for _, _, epoch in redriven), redriven  # acquired after a release
     # Every workflow was taken over once (epoch 2) and driven once, by the engine that won it.
     assert sorted(wid for _, wid, _ in drives) == sorted(ids)
     assert {epoch for _, _, epoch in drives} == {2}
     by_name = {c.name: engine_id for engine_id, c in survivors.items()}
     for name, wid, _ in drives:
         assert final[wid] == (by_name[name], 2)
-    with Ownership.open(store, background="manual") as reader:
-        for name, wid, _ in drives:
-            assert reader.workflows.load_checkpoint(wid) == name.encode()
+    for name, wid, _ in drives:
+        assert checkpoints[wid] == name.encode()
     shares = Counter(name for name, _, _ in drives)
     # Fair shares: many survivors took part, none took the lion's share.
     assert len(shares) >= 4, shares

@@ -398,15 +398,19 @@ class ClaimRegistry:
             raise TypeError(f"committed must be a bool, got {committed!r}")
         self._releases.finish(wid, preparation, committed)
 
-    def release_all(self, deadline: float | None = None) -> None:
+    def release_all(self, deadline: float | None = None) -> list[str]:
         """Release every held claim concurrently; swallow (and log) every failure. Never raises.
 
         See :meth:`Releases.release_all <weft_sync.claims.releases.Releases.release_all>`.
+
+        :returns: the ids whose release failed: forgotten here, their holders left in the store.
         """
+        held = self.list_held_workflow_ids()
         try:
-            self._releases.release_all(self.list_held_workflow_ids(), deadline)
+            return self._releases.release_all(held, deadline)
         except Exception:
             _log.exception("releasing all claims failed")
+            return held
 
     # -- closing ---------------------------------------------------------------------------
 
@@ -430,7 +434,7 @@ class ClaimRegistry:
                 self.lose_store(exc)
                 raise
 
-    def close(self, timeout: float | None = None) -> None:
+    def close(self, timeout: float | None = None) -> list[str]:
         """Refuse new claims, wait for claim operations in flight, then release every claim.
 
         Waits up to ``timeout`` seconds (``None``: no bound) for operations running inside
@@ -438,6 +442,8 @@ class ClaimRegistry:
         of them installs after the final release began is given back by that operation, which
         raises :class:`~weft_sync.errors.ClosedError`. The final release waits for renewals
         in flight by the same bound (see :meth:`release_all`). Idempotent; never raises.
+
+        :returns: the ids this call could not release (their holders are left in the store).
         """
         deadline = None if timeout is None else time.monotonic() + timeout
         if not self._gate.close(timeout):
@@ -449,7 +455,7 @@ class ClaimRegistry:
             )
         with self._table.lock:
             self._table.closed = True
-        self.release_all(deadline)
+        return self.release_all(deadline)
 
     # -- a replaced store ------------------------------------------------------------------
 

@@ -112,6 +112,7 @@ def take_survey(
     now: int,
     exclude: Collection[str] = (),
     own_lock: str | None = None,
+    probe: bool = True,
 ) -> Survey:
     """Read every engine record (one prefix scan) and probe their locks (one probe), then judge.
 
@@ -123,11 +124,12 @@ def take_survey(
     :param own_lock: the name of the judge's own session lock, probed along. When it is not held,
         the store lost sessions rather than engines (a PostgreSQL restart, or this host cut off),
         so no lock is believed: every verdict falls back to the heartbeat (no ``CRASHED``).
+    :param probe: ``False`` probes no lock, as on a store without them (after a failed probe).
     :raises StorageError: the scan or the probe failed.
     """
     skip = set(exclude)
     entries = [entry for entry in read_engine_records(storage) if entry[0] not in skip]
-    locks = storage_session_locks(storage)
+    locks = storage_session_locks(storage) if probe else None
     names = {
         record.lock
         for _, _, record in entries
@@ -155,6 +157,7 @@ def survey_engines(
     now: int,
     exclude: Collection[str] = (),
     own_lock: str | None = None,
+    probe: bool = True,
 ) -> list[EngineStatus]:
     """The statuses of :func:`take_survey` (same arguments)."""
-    return take_survey(storage, now=now, exclude=exclude, own_lock=own_lock).statuses
+    return take_survey(storage, now=now, exclude=exclude, own_lock=own_lock, probe=probe).statuses

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 from typing import Protocol
@@ -9,11 +10,21 @@ from typing import Protocol
 from ..claims.engine_index import read_engine_entries
 from ..claims.transitions import is_claim_expired
 from ..codec import decode_holder
+from ..errors import StorageError
 from ..liveness.verdicts import EngineStatus, EngineVerdict, survey_engines
 from ..storage.base import Storage
 from .reclaim_scan import HolderJudge, ReclaimDiscovery, discover_reclaim_candidates
 
-__all__ = ["Discovery", "EngineDiscovery", "ScanDiscovery", "crash_participants", "expiry_judge"]
+__all__ = [
+    "Discovery",
+    "EngineDiscovery",
+    "ScanDiscovery",
+    "crash_participants",
+    "expiry_judge",
+    "survey_for_discovery",
+]
+
+_log = logging.getLogger(__name__)
 
 
 @dataclass(slots=True)
@@ -95,8 +106,7 @@ class ScanDiscovery:
         for engine in sorted(dead):
             rows = read_engine_entries(self._storage, engine, limit=len(stranded) + 1)
             result.dead_claims.extend(wid for wid, _ in rows if wid in stranded)
-        result.dead_engines = dead
-        result.dead_left = bool(result.dead_claims)
+        result.dead_engines = dead  # the full scan lists every dead claim: none is left unlisted
         result.participants = crash_participants(statuses)
         for status in statuses:
             # Idle engines count in the fair share too: the holder scan cannot see them.
@@ -107,12 +117,24 @@ class ScanDiscovery:
     def _survey(self) -> list[EngineStatus]:
         if self._engine_id is None or self._clock is None:
             return []
-        return survey_engines(
-            self._storage,
-            now=self._clock(),
-            exclude=(self._engine_id,),
-            own_lock=self._engine_id,
-        )
+        return survey_for_discovery(self._storage, now=self._clock(), engine_id=self._engine_id)
+
+
+def survey_for_discovery(storage: Storage, *, now: int, engine_id: str) -> list[EngineStatus]:
+    """Survey the other engines; judge by heartbeats alone when the lock probe fails.
+
+    Session locks only speed up what the claims' expiry rule decides anyway: a probe that
+    fails costs this pass its ``CRASHED`` verdicts, never its takeovers of expired claims.
+
+    :raises StorageError: the engine records could not be read.
+    """
+    try:
+        # A survey that finds this engine's own lock gone (a database restart ends every lock
+        # session at once) trusts no lock and judges by heartbeats.
+        return survey_engines(storage, now=now, exclude=(engine_id,), own_lock=engine_id)
+    except StorageError as exc:
+        _log.warning("weft_sync: probing the engines' session locks failed this pass: %s", exc)
+    return survey_engines(storage, now=now, exclude=(engine_id,), probe=False)
 
 
 def crash_participants(statuses: list[EngineStatus]) -> frozenset[str]:

@@ -39,10 +39,10 @@ from .. import keys
 from ..claims.engine_index import backfill_step, index_marker_present, read_engine_entries
 from ..codec import try_decode_workflow_record
 from ..liveness.gc import forget_engine
-from ..liveness.verdicts import EngineStatus, EngineVerdict, survey_engines
+from ..liveness.verdicts import EngineStatus, EngineVerdict
 from ..storage.base import Storage
 from ..storage.reads import storage_get_many
-from .discoveries import EngineDiscovery, crash_participants
+from .discoveries import EngineDiscovery, crash_participants, survey_for_discovery
 from .reclaim_scan import HolderJudge, decode_key_id, discover_reclaim_candidates
 from .scan_windows import RotatingWindow
 
@@ -118,14 +118,7 @@ class EngineIndexDiscovery:
         :raises StorageError: a read failed; nothing remembered moves but the windows read.
         """
         excluded = set(exclude)
-        statuses = survey_engines(
-            self._storage,
-            now=self._clock(),
-            exclude=(self._engine_id,),
-            # A survey that finds this engine's own lock gone (a database restart ends every
-            # lock session at once) trusts no lock and judges by heartbeats.
-            own_lock=self._engine_id,
-        )
+        statuses = survey_for_discovery(self._storage, now=self._clock(), engine_id=self._engine_id)
         indexed = self._store_indexed()
         result = EngineDiscovery() if indexed else self._migrating(excluded)
         found: dict[str, None] = dict.fromkeys(result.candidates)
@@ -144,9 +137,10 @@ class EngineIndexDiscovery:
             if not ids and not more:
                 self._forget(status)
                 continue
-            result.dead_left = result.dead_left or more
             ids = [wid for wid in ids if wid not in excluded]
             if verdict in _TAKE_AT_ONCE:
+                # Only claims that may be taken at once are worth another urgent round.
+                result.dead_left = result.dead_left or more
                 dead.add(status.engine_id)
                 dead_ids.extend(ids)
                 for wid in ids:
@@ -157,6 +151,9 @@ class EngineIndexDiscovery:
         if indexed:
             self._holder_window(excluded, found, stranded)
             self._ownerless_windows(excluded, found, stranded)
+        for engine in dead:
+            # The full scan of a store being migrated reads a dead engine's holders as live.
+            result.live_claims.pop(engine, None)
         now = self._clock()
         with self._lock:
             first_seen = {wid: self._dead_first_seen.get(wid, now) for wid in dead_ids}

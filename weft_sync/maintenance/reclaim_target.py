@@ -37,6 +37,7 @@ from ..metrics import ClaimMetrics
 from ..storage.base import Storage
 from ..storage.reads import storage_get_many
 from .discoveries import Discovery, EngineDiscovery, ScanDiscovery
+from .engine_discovery import DEAD_SHARE_WINDOW_MS
 from .fair_share import (
     FAIR_SHARE_WINDOW_INTERVALS,
     assigned_to,
@@ -174,6 +175,7 @@ class ReclaimTargetHandle:
         discovery = self._discovery.discover(held)
         now = self._registry.clock()
         window = FAIR_SHARE_WINDOW_INTERVALS * self._registry.claim_renew_interval_ms
+        room = self._capacity_left() != 0
         with self._lock:
             self._ineligible.intersection_update(discovery.stranded)
             known_ineligible = [wid for wid in discovery.stranded if wid in self._ineligible]
@@ -181,11 +183,21 @@ class ReclaimTargetHandle:
             seen = {wid: self._first_seen.get(wid, now) for wid in shared}
             self._first_seen = seen
             self._dead_engines = discovery.dead_engines
-            self._dead_left = discovery.dead_left or bool(discovery.dead_engines)
+            # Another urgent round is worth it only for dead claims this engine may still take:
+            # not known ineligible here, and room left under max_claims.
+            takeable = any(wid not in self._ineligible for wid in discovery.dead_claims)
+            self._dead_left = room and (discovery.dead_left or takeable)
         dead = set(discovery.dead_claims)
         if self._fair_share:
             overdue = {wid for wid, first in seen.items() if now - first >= window}
             overdue |= discovery.urgent.intersection(seen)
+            # Whatever the discovery: a dead engine's claim waits for its rendezvous taker
+            # only for the dead-share window.
+            overdue.update(
+                wid
+                for wid in discovery.dead_claims
+                if wid in seen and now - seen[wid] >= DEAD_SHARE_WINDOW_MS
+            )
         else:
             overdue = set(shared)
         mine = self._dead_share(discovery, set(shared), overdue)

@@ -52,10 +52,12 @@ def create_renewal_task(
     :param verify_store: called at the start of every pass that renews (the store's
         ``verify_identity``, when it has one); a failure it raises is left for the renewal's own
         writes to meet and report.
-    :param after_renewal: called after every renewal sub-pass with the number of claims it
-        renewed or tried to (the engine's heartbeat); an exception it raises is logged.
-    :raises TypeError: a target lacks its methods, or ``clock``, ``on_pass_complete`` or
-        ``before_stop`` is not callable, or an observer is not a :class:`~.observer.PassObserver`.
+    :param heartbeat: called with no argument after every renewal sub-pass and after every
+        reclaim sub-pass that reclaimed something (the engine's heartbeat); an exception it
+        raises is logged.
+    :raises TypeError: a target lacks its methods, or ``clock``, ``on_pass_complete``,
+        ``before_stop`` or ``heartbeat`` is not callable, or an observer is not a
+        :class:`~.observer.PassObserver`.
     :raises ValueError: ``interval_ms`` or ``executor_workers`` is not a positive integer.
     """
     check_task_arguments(
