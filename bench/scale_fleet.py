@@ -1,0 +1,122 @@
+"""The engines of ``bench/scale.py``: the other engines and the measured ones, on one store.
+
+``Fleet`` opens ``OTHERS`` real engines whose ids the seeded holders name, and one measured
+engine per discovery the library has (``old``: ``reclaim_discovery="scan"``; ``new``: the
+default ``"auto"``), all with ``background="manual"``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+from collections.abc import Iterator
+from typing import Any, Literal
+
+from bench.common import StoreSpec
+from bench.scale_seed import SEED_TYPE, Seeder
+from weft_sync import Ownership, OwnershipOptions, ReclaimedWorkflow, keys
+
+__all__ = [
+    "Discovery",
+    "OTHERS",
+    "Fleet",
+    "claim_id",
+    "heartbeating",
+    "modes",
+    "options_for",
+    "other_ids",
+]
+
+OTHERS = 8
+
+Discovery = Literal["auto", "scan"]
+
+
+def options_for(mode: Discovery | None) -> OwnershipOptions:
+    """Default claim timing; ``mode`` picks the discovery (``None``: the default one)."""
+    return OwnershipOptions() if mode is None else OwnershipOptions(reclaim_discovery=mode)
+
+
+def modes() -> dict[str, Discovery]:
+    """Column name -> discovery option: the old full scan, and the default."""
+    return {"old": "scan", "new": "auto"}
+
+
+def claim_id(n: int) -> str:
+    return f"wf-{n:07d}"
+
+
+def other_ids() -> list[str]:
+    return [f"scale-other-{n}" for n in range(OTHERS)]
+
+
+def _refuse_drive(ctx: ReclaimedWorkflow) -> None:
+    raise SystemExit(f"a measured engine drove {ctx.workflow_id!r}, a live claim of another engine")
+
+
+class Fleet:
+    """The other engines and one measured engine per discovery, all open on one store."""
+
+    def __init__(self, spec: StoreSpec) -> None:
+        self.spec = spec
+        self._stack = contextlib.ExitStack()
+        self.others = [self._open(engine, options_for(None)) for engine in other_ids()]
+        self.measured = {
+            column: self._open(
+                f"scale-measured-{column}", options_for(mode), handlers={SEED_TYPE: _refuse_drive}
+            )
+            for column, mode in modes().items()
+        }
+
+    def _open(
+        self, engine: str, options: OwnershipOptions, handlers: dict[str, Any] | None = None
+    ) -> Ownership:
+        ownership = Ownership.open(
+            self.spec.url,
+            options=options,
+            background="manual",
+            engine_id=engine,
+            handlers=handlers,
+        )
+        self._stack.callback(ownership.close)
+        return ownership
+
+    def heartbeat(self) -> None:
+        """One maintenance pass of every other engine: its heartbeat."""
+        for ownership in self.others:
+            ownership.run_maintenance()
+
+    def wait_for_index_marker(self, seeder: Seeder) -> None:
+        """Let the new engine's backfill mark the (still empty) store as fully indexed."""
+        for _ in range(20):
+            if seeder.read_prefix(keys.OWNER_INDEX_MARKER):
+                return
+            self.measured["new"].run_maintenance()
+        raise SystemExit("the owner index backfill never set its marker on an empty store")
+
+    def close(self) -> None:
+        self._stack.close()
+
+
+@contextlib.contextmanager
+def heartbeating(fleet: Fleet) -> Iterator[None]:
+    """Keep the other engines' heartbeats fresh (one pass each per renew interval) meanwhile.
+
+    The first beat comes before this returns: an engine whose record went stale while the store
+    was seeded would have every one of its claims read by the survivors' passes.
+    """
+    stop = threading.Event()
+    renew_s = options_for(None).claim_renew_interval_ms / 1000
+    fleet.heartbeat()
+
+    def loop() -> None:
+        while not stop.wait(renew_s):
+            fleet.heartbeat()
+
+    thread = threading.Thread(target=loop, name="scale-heartbeat", daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join(120)
