@@ -17,6 +17,7 @@ import pytest
 import weft_sync
 from tests.claims.gated import WarningSink
 from tests.engines import MakeOwnership, opened_engines
+from tests.maintenance.discovery_helpers import ReadCounting
 from tests.workflows.helpers import holder_engine, stored_epoch
 from weft_sync.clock import ManualClock
 from weft_sync.errors import EngineDeposedError, WorkflowClaimLostWarning
@@ -331,3 +332,24 @@ def test_reclaimed_workflow_is_exported_from_the_package_and_the_facade_module()
     assert weft_sync.ReclaimedWorkflow is ReclaimedWorkflow
     assert weft_sync.WorkflowHandler is weft_sync.ownership.WorkflowHandler
     assert "ReclaimedWorkflow" in weft_sync.__all__
+
+
+def test_a_reclaimed_workflows_record_is_read_once_between_its_takeover_and_its_handler(
+    storage: Storage, clock: ManualClock
+) -> None:
+    counting = ReadCounting(storage)
+    with opened_engines(counting, clock, OPTIONS) as make:  # type: ignore[arg-type]
+        dead = make("engine-dead")
+        _strand(dead, clock, ("pay-1", "payout"), ("pay-2", "payout"))
+        handler = Calls()
+        survivor = make("engine-b", handlers={"payout": handler})
+        counting.reset()
+
+        assert _statuses(survivor.run_maintenance()) == {"pay-1": "reclaimed", "pay-2": "reclaimed"}
+
+        assert sorted(ctx.workflow_id for ctx in handler.contexts) == ["pay-1", "pay-2"]
+        assert all(ctx.record.status == "running" for ctx in handler.contexts)
+        record_reads = [key for key in counting.got if key in ("wf:pay-1", "wf:pay-2")]
+        # Per workflow: the eligibility read before the takeover and the confirming read after
+        # it; the handler is given that record instead of reading it a third time.
+        assert sorted(record_reads) == ["wf:pay-1", "wf:pay-1", "wf:pay-2", "wf:pay-2"]

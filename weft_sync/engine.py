@@ -74,6 +74,7 @@ def build_engine(storage: Storage, settings: EngineSettings, warn: WarnSink) -> 
         signal_poll_target=workflows.signal_poll_target,
         update_poll_target=workflows.update_poll_target,
         on_workflow_claim_reclaimed=table.drive,
+        on_workflow_claim_reclaimed_record=table.drive,
         is_workflow_type_registered=table.is_eligible,
         warn=warn,
         engine_id=engine_id,

@@ -195,12 +195,15 @@ class HandlerTable:
             return bool(self._is_eligible(workflow_type, revision))
         return self._on_reclaimed is not None
 
-    def drive(self, workflow_id: str) -> None:
+    def drive(self, workflow_id: str, record: WorkflowRecord | None = None) -> None:
         """Drive a workflow the reclaim target just claimed: its handler, else ``on_reclaimed``.
 
         Runs on the maintenance thread that reclaimed it. Nothing is called when the claim or
         the running record is gone by now (whoever changed it drives that generation), nor for
         a type that is eligible only through ``is_eligible``: the host drives those itself.
+
+        :param record: the record the reclaim target's re-check read after it won the claim;
+            read here when not given.
 
         :raises Exception: what the handler or ``on_reclaimed`` raised (the reclaim target keeps
             the claim and drives it again on a later pass).
@@ -211,7 +214,8 @@ class HandlerTable:
             raise RuntimeError("the handler table is not bound to an Ownership yet")
         ownership, workflows, registry = bound
         epoch = registry.current_epoch(workflow_id)
-        record = workflows.get(workflow_id)
+        if record is None:
+            record = workflows.get(workflow_id)
         if epoch is None or record is None or record.status != "running":
             _log.debug(
                 "reclaimed workflow %r is no longer ours or running; not driven", workflow_id

@@ -14,6 +14,7 @@ from ..claims.registry import ClaimRegistry, WarnSink
 from ..claims.renewal_target import create_renewal_target
 from ..claims.store_clock import StoreClock
 from ..clock import Clock
+from ..codec import WorkflowRecord
 from ..metrics import ClaimMetrics
 from ..storage.base import Storage
 from .discoveries import Discovery, ScanDiscovery, expiry_judge
@@ -55,6 +56,7 @@ def bootstrap_workflow_lease_ownership(
     signal_poll_target: SignalPollTarget | None = None,
     update_poll_target: UpdatePollTarget | None = None,
     on_workflow_claim_reclaimed: Callable[[str], object] | None = None,
+    on_workflow_claim_reclaimed_record: Callable[[str, WorkflowRecord], object] | None = None,
     is_workflow_type_registered: EligibilityPredicate | None = None,
     scheduler: IntervalScheduler | None = None,
     on_pass_complete: PassCallback | None = None,
@@ -74,6 +76,8 @@ def bootstrap_workflow_lease_ownership(
     The caller starts interval mode (``renewal_task.start()``) or drives ``run_once()`` itself.
 
     :param on_workflow_claim_reclaimed: drives a reclaimed workflow (see the reclaim target).
+    :param on_workflow_claim_reclaimed_record: the same drive, given the record the reclaim
+        target's re-check just read (used instead of the first when both are given).
     :param is_workflow_type_registered: ``(type, revision) -> bool``; other workflows are never
         reclaimed by this engine.
     :param on_pass_complete: also receives every pass result, after the metrics bridge.
@@ -134,6 +138,7 @@ def bootstrap_workflow_lease_ownership(
         max_claims=max_claims,
         fair_share=fair_share,
         discovery=_discovery(reclaim_discovery, storage, registry, skip_live_holders),
+        drive_record=on_workflow_claim_reclaimed_record,
     )
     task = create_renewal_task(
         target=renewal_target,

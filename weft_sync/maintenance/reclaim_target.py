@@ -85,6 +85,9 @@ class ReclaimTargetHandle:
     :param storage: the store the registry writes to (read for workflow records).
     :param metrics: receives ``takeover``, ``acquired``, ``lost_race`` and ``backoff_skipped``.
     :param on_reclaimed: drives (resumes) a reclaimed workflow; raising keeps it for a redrive.
+    :param drive_record: like ``on_reclaimed``, given the record the re-check just read as well
+        (used instead of it when set, so the drive need not read the record again).
+    :param discovery: how candidates are found (default: the full scans of :mod:`.reclaim_scan`).
     :param is_eligible: ``(type, revision) -> bool``; ineligible workflows are never claimed.
     :param skip_live_holders: leave out of discovery the workflows whose holder the scan read as
         unexpired, instead of attempting (and reading) each one. Saves two reads per foreign
@@ -104,7 +107,9 @@ class ReclaimTargetHandle:
         max_claims: int | None = None,
         fair_share: bool = False,
         discovery: Discovery | None = None,
+        drive_record: Callable[[str, WorkflowRecord], object] | None = None,
     ) -> None:
+        self._drive_record = drive_record
         self._discovery: Discovery = discovery or ScanDiscovery(
             storage, self._live_engine, skip_live=skip_live_holders
         )
@@ -466,12 +471,12 @@ class ReclaimTargetHandle:
             self._release_if_epoch(workflow_id, epoch)
             return _NOT_ELIGIBLE
         try:
-            confirmed = self._confirm_still_running_or_release(workflow_id, epoch)
+            record = self._confirm_still_running_or_release(workflow_id, epoch)
         except BaseException:
             # The claim is held but its workflow unread: retry it as a redrive on a later pass.
             self._keep_pending(workflow_id, epoch)
             raise
-        if not confirmed:
+        if record is None:
             return _NOT_ELIGIBLE
         if self._is_disposing():
             self._release_if_epoch(workflow_id, epoch)
@@ -482,14 +487,20 @@ class ReclaimTargetHandle:
             _log.debug("reclaimed claim on %r at epoch %d is no longer held", workflow_id, epoch)
             return _NOT_ELIGIBLE
         _log.info("reclaimed workflow %r at epoch %d", workflow_id, epoch)
-        return self._drive(workflow_id, epoch)
+        return self._drive(workflow_id, epoch, record)
 
-    def _drive(self, workflow_id: str, epoch: int) -> ReclaimAttemptResult:
+    def _drive(
+        self, workflow_id: str, epoch: int, record: WorkflowRecord | None = None
+    ) -> ReclaimAttemptResult:
         if self._on_reclaimed is None:
             self._drop_pending(workflow_id)
             return _RECLAIMED
         try:
-            self._on_reclaimed(workflow_id)
+            if record is not None and self._drive_record is not None:
+                # The record just confirmed: the drive need not read it again.
+                self._drive_record(workflow_id, record)
+            else:
+                self._on_reclaimed(workflow_id)
         except BaseException:
             self._keep_pending(workflow_id, epoch)
             raise
@@ -535,12 +546,15 @@ class ReclaimTargetHandle:
             return False
         return bool(self._is_eligible(record.type, record.revision))
 
-    def _confirm_still_running_or_release(self, workflow_id: str, epoch: int) -> bool:
+    def _confirm_still_running_or_release(
+        self, workflow_id: str, epoch: int
+    ) -> WorkflowRecord | None:
+        """The record if it is still running and eligible; else release the claim, ``None``."""
         record = self._read_record(workflow_id)
-        ok = record is not None and record.status == "running" and self._check_eligible(record)
-        if not ok:
-            self._release_if_epoch(workflow_id, epoch)
-        return ok
+        if record is not None and record.status == "running" and self._check_eligible(record):
+            return record
+        self._release_if_epoch(workflow_id, epoch)
+        return None
 
     def _release_if_epoch(self, workflow_id: str, epoch: int) -> None:
         # Release only the generation this attempt claimed: a concurrent start-new may already
@@ -568,6 +582,7 @@ def create_reclaim_target(
     max_claims: int | None = None,
     fair_share: bool = False,
     discovery: Discovery | None = None,
+    drive_record: Callable[[str, WorkflowRecord], object] | None = None,
 ) -> ReclaimTargetHandle:
     """Build the reclaim target of one engine (see :class:`ReclaimTargetHandle`)."""
     return ReclaimTargetHandle(
@@ -580,4 +595,5 @@ def create_reclaim_target(
         max_claims=max_claims,
         fair_share=fair_share,
         discovery=discovery,
+        drive_record=drive_record,
     )
