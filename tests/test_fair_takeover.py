@@ -7,13 +7,13 @@ split exact.
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
 
 from tests.engines import MakeOwnership, opened_engines
+from tests.maintenance.discovery_helpers import Driven
 from tests.workflows.helpers import holder_engine
 from weft_sync.clock import ManualClock
 from weft_sync.maintenance.fair_share import (
@@ -23,7 +23,7 @@ from weft_sync.maintenance.fair_share import (
     validate_max_claims,
 )
 from weft_sync.options import OwnershipOptions
-from weft_sync.ownership import Ownership, ReclaimedWorkflow
+from weft_sync.ownership import Ownership
 from weft_sync.storage import Storage
 
 TTL_MS = 3_000
@@ -31,27 +31,6 @@ RENEW_MS = 1_000
 PAST_GRACE_MS = TTL_MS + 2 * RENEW_MS + 1
 OPTIONS = OwnershipOptions(claim_ttl=TTL_MS, claim_renew_interval=RENEW_MS)
 JOB = "job"
-
-
-class Driven:
-    """A handler that records which engine drove which workflow and leaves it running."""
-
-    def __init__(self) -> None:
-        # _lock guards by_engine.
-        self._lock = threading.Lock()
-        self.by_engine: dict[str, list[str]] = {}
-
-    def __call__(self, ctx: ReclaimedWorkflow) -> None:
-        with self._lock:
-            self.by_engine.setdefault(ctx.ownership.engine_id, []).append(ctx.workflow_id)
-
-    def counts(self) -> dict[str, int]:
-        with self._lock:
-            return {engine: len(ids) for engine, ids in self.by_engine.items()}
-
-    def all_ids(self) -> list[str]:
-        with self._lock:
-            return sorted(wid for ids in self.by_engine.values() for wid in ids)
 
 
 @pytest.fixture
