@@ -9,6 +9,7 @@ through their exit code and a traceback file, and leave with ``os._exit``.
 
 from __future__ import annotations
 
+import contextlib
 import faulthandler
 import fcntl
 import gc
@@ -82,8 +83,21 @@ def _stacks_path(report: Path) -> Path:
 
 
 def _fork_child(body: Callable[[], None], report: Path) -> int:
-    """Fork, run ``body`` in the child; return its pid."""
-    pid = os.fork()
+    """Fork, run ``body`` in the child; return its pid.
+
+    The child inherits a SIGUSR1 handler that writes every thread's stack to its stacks file, so
+    that a child hanging before its own code runs (inside the fork handlers) can still be asked
+    for its stacks by :func:`_wait_child`.
+    """
+    signal_stacks = open(_stacks_path(report).with_suffix(".signal"), "w")  # noqa: SIM115
+    faulthandler.register(signal.SIGUSR1, file=signal_stacks, all_threads=True)
+    pid = -1
+    try:
+        pid = os.fork()
+    finally:
+        if pid != 0:
+            faulthandler.unregister(signal.SIGUSR1)
+            signal_stacks.close()
     if pid == 0:  # pragma: no cover - runs in the child
         signal.alarm(int(CHILD_DEADLINE_S) * 2)
         # A child that hangs writes every thread's stack before the parent gives up on it.
@@ -107,10 +121,21 @@ def _wait_child(pid: int, report: Path, deadline_s: float = CHILD_DEADLINE_S) ->
         if done:
             break
         if time.monotonic() > deadline:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGUSR1)  # the inherited faulthandler writes its stacks
+            time.sleep(0.5)
             os.kill(pid, signal.SIGKILL)
             os.waitpid(pid, 0)
             stacks = _stacks_path(report)
-            dumped = stacks.read_text() if stacks.exists() else "(no stacks were written)"
+            asked = stacks.with_suffix(".signal")
+            dumped = (
+                "\n".join(
+                    f"{path.name}:\n{path.read_text()}"
+                    for path in (stacks, asked)
+                    if path.exists() and path.read_text()
+                )
+                or "(no stacks were written)"
+            )
             raise AssertionError(
                 f"the forked child did not finish within {deadline_s} s; its threads:\n{dumped}"
             )
