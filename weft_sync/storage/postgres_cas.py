@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from contextlib import AbstractContextManager
-from typing import Final
+from typing import TYPE_CHECKING, Final
 
 import psycopg
 from psycopg.rows import TupleRow
@@ -43,11 +43,13 @@ class ConditionalWrites:
     _q: Queries
     _fork_pid: int
 
-    def _check_open(self) -> None:
-        raise NotImplementedError  # pragma: no cover - PostgresStorage defines it
+    if TYPE_CHECKING:  # defined by the storage class this is mixed into
 
-    def _connection(self, action: str, *, check: bool = True) -> AbstractContextManager[_Conn]:
-        raise NotImplementedError  # pragma: no cover - PostgresStorage defines it
+        def _check_open(self) -> None: ...
+
+        def _connection(
+            self, action: str, *, check: bool = True
+        ) -> AbstractContextManager[_Conn]: ...
 
     @process_bound
     def conditional_batch(

@@ -26,7 +26,7 @@ import os
 import threading
 import weakref
 from collections.abc import Collection, Sequence
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
 
 import psycopg
 from psycopg.conninfo import conninfo_to_dict
@@ -213,11 +213,11 @@ class PostgresSessionLockMethods:
     _connect_kwargs: dict[str, Any]
     _fork_pid: int
 
-    def _check_open(self) -> None:
-        raise NotImplementedError  # pragma: no cover - PostgresStorage defines it
+    if TYPE_CHECKING:  # defined by the storage class this is mixed into
 
-    def _read(self, action: str, query: Any, params: Sequence[object]) -> list[TupleRow]:
-        raise NotImplementedError  # pragma: no cover - PostgresStorage defines it
+        def _check_open(self) -> None: ...
+
+        def _read(self, action: str, query: Any, params: Sequence[object]) -> list[TupleRow]: ...
 
     def _lock_connect(self) -> _Conn:
         own = conninfo_to_dict(self._dsn)

@@ -28,7 +28,7 @@ import threading
 import time
 import weakref
 from collections.abc import Collection
-from typing import Final
+from typing import TYPE_CHECKING, Final
 from urllib.parse import quote
 
 from .._fork import process_bound, register_at_fork
@@ -290,8 +290,9 @@ class SqliteSessionLockMethods:
     _session_locks: SqliteSessionLocks
     _fork_pid: int
 
-    def _check_open(self) -> None:
-        raise NotImplementedError  # pragma: no cover - SqliteStorage defines it
+    if TYPE_CHECKING:  # defined by the storage class this is mixed into
+
+        def _check_open(self) -> None: ...
 
     @process_bound
     def acquire_session_lock(self, name: str) -> SqliteSessionLock:
