@@ -43,7 +43,7 @@ from ..liveness.verdicts import EngineStatus, EngineVerdict
 from ..storage.base import Storage
 from ..storage.reads import storage_get_many
 from .discoveries import EngineDiscovery, crash_participants, survey_for_discovery
-from .reclaim_scan import HolderJudge, decode_key_id, discover_reclaim_candidates
+from .reclaim_scan import HolderJudge, discover_reclaim_candidates
 from .scan_windows import RotatingWindow
 
 __all__ = [
@@ -149,8 +149,8 @@ class EngineIndexDiscovery:
             else:
                 self._judged(ids, found, stranded, result.live_claims)
         if indexed:
-            self._holder_window(excluded, found, stranded)
-            self._ownerless_windows(excluded, found, stranded)
+            held = self._holder_window(excluded, found, stranded)
+            self._ownerless_windows(excluded, found, stranded, held)
         for engine in dead:
             # The full scan of a store being migrated reads a dead engine's holders as live.
             result.live_claims.pop(engine, None)
@@ -257,36 +257,56 @@ class EngineIndexDiscovery:
 
     def _holder_window(
         self, excluded: set[str], found: dict[str, None], stranded: dict[str, None]
-    ) -> None:
+    ) -> set[str]:
+        """Judge the holder window; return the workflows whose holder it read."""
+        seen: set[str] = set()
         for key, raw in self._holders.read(self._storage):
-            wid = decode_key_id(key, _HOLDER_PREFIX)
-            if wid is None or wid in excluded or wid in found:
+            wid = keys.decode_canonical_component(key[len(_HOLDER_PREFIX) :])
+            if not wid:
+                continue
+            seen.add(wid)
+            if wid in excluded or wid in found:
                 continue
             if self._judge(raw) is None:
                 found[wid] = None
                 stranded[wid] = None
+        return seen
 
     def _ownerless_windows(
-        self, excluded: set[str], found: dict[str, None], stranded: dict[str, None]
+        self,
+        excluded: set[str],
+        found: dict[str, None],
+        stranded: dict[str, None],
+        held: set[str],
     ) -> None:
-        """Running workflows without a holder, from the running index and the records."""
-        ids: list[str] = []
+        """Running workflows without a holder, from the running index and the records.
+
+        ``held`` are the workflows whose holder this pass read already: they are not asked
+        about again. A workflow left without a holder for a whole window cycle cannot be among
+        them, so the windows' bound is the same as if every holder were read afresh.
+        """
+        known = excluded | found.keys() | held
+        # workflow id -> its canonical key component, which the holder key shares.
+        asked: dict[str, str] = {}
         for key, _ in self._running.read(self._storage):
-            wid = decode_key_id(key, _RUNNING_PREFIX)
-            if wid is not None and wid not in excluded and wid not in found:
-                ids.append(wid)
+            component = key[len(_RUNNING_PREFIX) :]
+            wid = keys.decode_canonical_component(component)
+            if wid and wid not in known:
+                asked.setdefault(wid, component)
         for key, value in self._records.read(self._storage):
-            wid = decode_key_id(key, _WORKFLOW_PREFIX)
-            if wid is None or wid in excluded or wid in found:
-                continue
+            component = key[len(_WORKFLOW_PREFIX) :]
+            wid = keys.decode_canonical_component(component)
+            if not wid or wid in known or wid in asked:
+                continue  # an id the running index listed is asked about once, record or not
             record = try_decode_workflow_record(value)
             if record is not None and record.status == _RUNNING:
-                ids.append(wid)
-        ids = list(dict.fromkeys(ids))
-        if not ids:
+                asked[wid] = component
+        if not asked:
             return
-        holders = storage_get_many(self._storage, [keys.workflow_owner_holder(w) for w in ids])
-        for wid, raw in zip(ids, holders, strict=True):
+        holders = storage_get_many(
+            self._storage, [_HOLDER_PREFIX + component for component in asked.values()]
+        )
+        for wid, raw in zip(asked, holders, strict=True):
             if raw is None:
                 found[wid] = None
                 stranded[wid] = None
