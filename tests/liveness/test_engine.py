@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import os
+import random
 import threading
 
 import pytest
@@ -19,6 +20,8 @@ from weft_sync.liveness import (
     decode_engine_record,
     survey_engines,
 )
+from weft_sync.liveness.engine import heartbeat_due
+from weft_sync.liveness.verdicts import stale_after_ms
 from weft_sync.storage import Storage
 from weft_sync.storage.session_locks import storage_session_locks
 
@@ -72,6 +75,100 @@ def test_beat_rewrites_heartbeat_and_held_only(storage: Storage) -> None:
     assert beaten == liveness.record()
     assert beaten.heartbeat_at == 6_000 and beaten.held == 7
     assert beaten.started_at == first.started_at and beaten.lock == first.lock
+
+
+def test_a_beat_with_nothing_new_skips_the_put_until_half_an_interval_has_passed(
+    storage: Storage,
+) -> None:
+    wrapper = ProbeCounting(storage)
+    clock = ManualClock(5_000)
+    liveness = _liveness(wrapper, clock)  # renew interval 1,000 ms
+    liveness.start()
+    try:
+        puts = wrapper.puts
+        clock.advance(499)
+        assert liveness.beat(0) is True  # the stored record is current
+        assert (wrapper.puts, _stored(storage).heartbeat_at) == (puts, 5_000)
+        assert liveness.beat(2) is True  # a new claim count is written at once
+        assert (wrapper.puts, _stored(storage).held) == (puts + 1, 2)
+        assert _stored(storage).heartbeat_at == 5_499
+        clock.advance(499)
+        assert liveness.beat(2) is True
+        assert wrapper.puts == puts + 1
+        clock.advance(1)
+        assert liveness.beat(2) is True  # 500 ms since the last write: due
+        assert (wrapper.puts, _stored(storage).heartbeat_at) == (puts + 2, 5_999)
+    finally:
+        liveness.close()
+
+
+def _record(heartbeat_at: int, **changes: object) -> EngineRecord:
+    fields: dict[str, object] = {
+        "engine_id": "e",
+        "state": "live",
+        "heartbeat_at": heartbeat_at,
+        "claim_ttl_ms": 3_000,
+        "renew_interval_ms": 1_000,
+        "held": 1,
+        "lock": "e",
+        "pid": 1,
+        "host": "h",
+        "started_at": 0,
+    }
+    fields.update(changes)
+    return EngineRecord(**fields)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("record", "due"),
+    [
+        (_record(10_000), False),
+        (_record(10_499), False),
+        (_record(10_500), True),
+        (_record(9_999), True),  # the clock went back
+        (_record(10_001, held=2), True),
+        (_record(10_001, lock=None), True),
+    ],
+)
+def test_a_heartbeat_is_due_when_anything_else_changed_or_half_an_interval_passed(
+    record: EngineRecord, due: bool
+) -> None:
+    assert heartbeat_due(_record(10_000), record) is due
+
+
+@pytest.mark.parametrize("pattern", ["every-interval", "just-short-then-full", "random"])
+def test_an_engine_beating_once_per_interval_is_never_stale_at_the_worst_instant(
+    storage: Storage, pattern: str
+) -> None:
+    """The stale rule's margin with skipped beats: the arithmetic of ``heartbeat_due``."""
+    interval, ttl = 1_000, 3_000
+    clock = ManualClock(1_000_000)
+    liveness = _liveness(storage, clock)
+    liveness.start()
+    rng = random.Random(7)
+    gaps = {
+        "every-interval": lambda n: interval,
+        "just-short-then-full": lambda n: interval // 2 - 1 if n % 2 == 0 else interval,
+        "random": lambda n: rng.randint(1, interval),
+    }[pattern]
+    oldest = 0
+    try:
+        for n in range(200):
+            # The worst instant: just before the next pass, which comes at most an interval on.
+            clock.advance(gaps(n) - 1)
+            stored = _stored(storage)
+            age = clock() - stored.heartbeat_at
+            oldest = max(oldest, age)
+            assert age < interval // 2 + interval
+            [status] = survey_engines(storage, now=clock(), probe=False)
+            assert status.verdict is EngineVerdict.LIVE
+            clock.advance(1)
+            assert liveness.beat(0) is True
+    finally:
+        liveness.close()
+    assert stale_after_ms(stored) - oldest > ttl + interval // 2 - 1
+    if pattern == "just-short-then-full":
+        assert oldest == interval // 2 + interval - 2  # the bound is reached, not just met
 
 
 def test_close_without_claims_deletes_the_record_and_releases_the_lock(storage: Storage) -> None:
