@@ -137,12 +137,13 @@ def measure_size(
 ) -> dict[str, PassSamples]:
     """Interleaved passes of every measured engine; each checked to have reclaimed nothing.
 
-    :param old_up_to: above this size the old discovery is not run (its passes take a minute).
+    :param old_up_to: above this size the old discovery is not run (its passes take a minute)
+        and its engine is closed.
     """
-    samples = {column: PassSamples() for column in fleet.measured}
-    engines = dict(fleet.measured)
     if old_up_to is not None and size > old_up_to:
-        engines.pop("old", None)
+        fleet.retire("old")
+    samples = {column: PassSamples() for column in fleet.columns}
+    engines = dict(fleet.measured)
     for column, ownership in engines.items():
         # Warm caches, connections and (psycopg prepares a statement on its 5th run) plans.
         for _ in range(1 if column == "old" else WARM_PASSES):

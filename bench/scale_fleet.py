@@ -98,6 +98,18 @@ class Fleet:
         self._stack.callback(ownership.close)
         return ownership
 
+    @property
+    def columns(self) -> list[str]:
+        """Every measured column, retired ones included."""
+        return list(modes())
+
+    def retire(self, column: str) -> None:
+        """Close a measured engine no longer measured: an engine that runs no passes would go
+        stale and cost every other pass a read of its (empty) claims."""
+        ownership = self.measured.pop(column, None)
+        if ownership is not None:
+            ownership.close()
+
     def heartbeat(self) -> None:
         """Move the clock on by one renew interval, then run one pass of every other engine."""
         self.clock.set(max(self.clock() + self._interval_ms, system_clock()))

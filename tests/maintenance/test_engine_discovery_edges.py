@@ -100,3 +100,27 @@ def test_only_dead_engines_with_unread_claims_ask_for_more_rounds(
     assert closed.dead_engines == frozenset({"engine-closed"})
     assert len(closed.dead_claims) == 2
     assert closed.dead_left is True
+
+
+def test_a_judge_at_once_reads_the_clock_once_and_judges_as_the_judge_does() -> None:
+    clock = ManualClock(10_000)
+    reads: list[int] = []
+
+    def counted() -> int:
+        reads.append(clock())
+        return reads[-1]
+
+    judge = expiry_judge(counted, RENEW_MS)
+    deadline = 10_000 - 2 * RENEW_MS  # expired once its grace (two intervals) is over too
+    holders = [
+        encode_holder(HolderRecord("engine-a", 1, deadline, 0)),
+        encode_holder(HolderRecord("engine-b", 1, deadline - 1, 0)),
+        b"not a holder",
+    ]
+    assert [judge(h) for h in holders] == ["engine-a", None, None]
+    assert len(reads) == 3
+    reads.clear()
+    at_once = judge.at_once()
+    clock.advance(10 * RENEW_MS)  # later readings do not move a snapshot's judge
+    assert [at_once(h) for h in holders] == ["engine-a", None, None]
+    assert reads == [10_000]

@@ -18,6 +18,7 @@ from .reclaim_scan import HolderJudge, ReclaimDiscovery, discover_reclaim_candid
 __all__ = [
     "Discovery",
     "EngineDiscovery",
+    "ExpiryJudge",
     "ScanDiscovery",
     "crash_participants",
     "expiry_judge",
@@ -149,19 +150,38 @@ def crash_participants(statuses: list[EngineStatus]) -> frozenset[str]:
     )
 
 
-def expiry_judge(clock: Callable[[], int], renew_interval_ms: int) -> HolderJudge:
+class ExpiryJudge:
     """A judge naming a holder's engine while it is unexpired on ``clock``, else ``None``.
 
-    An undecodable holder is never live: a takeover may replace it at once.
+    An undecodable holder is never live: a takeover may replace it at once. Called as a
+    :data:`~.reclaim_scan.HolderJudge` it reads the clock per holder; :meth:`at_once` gives a
+    judge that reads it once, for the holders of one snapshot read.
     """
 
-    def judge(holder_bytes: bytes) -> str | None:
+    __slots__ = ("_clock", "_renew_interval_ms")
+
+    def __init__(self, clock: Callable[[], int], renew_interval_ms: int) -> None:
+        self._clock = clock
+        self._renew_interval_ms = renew_interval_ms
+
+    def __call__(self, holder_bytes: bytes) -> str | None:
+        return self._judge(holder_bytes, self._clock())
+
+    def at_once(self) -> HolderJudge:
+        """A judge of holders at the time now (one clock reading for all of them)."""
+        now = self._clock()
+        return lambda holder_bytes: self._judge(holder_bytes, now)
+
+    def _judge(self, holder_bytes: bytes, now: int) -> str | None:
         holder = decode_holder(holder_bytes)
         if holder is None:
             return None
         expired = is_claim_expired(
-            expires_at=holder.expires_at, now=clock(), renew_interval_ms=renew_interval_ms
+            expires_at=holder.expires_at, now=now, renew_interval_ms=self._renew_interval_ms
         )
         return None if expired else holder.engine_id
 
-    return judge
+
+def expiry_judge(clock: Callable[[], int], renew_interval_ms: int) -> ExpiryJudge:
+    """An :class:`ExpiryJudge` on ``clock``."""
+    return ExpiryJudge(clock, renew_interval_ms)

@@ -42,7 +42,12 @@ from ..liveness.gc import forget_engine
 from ..liveness.verdicts import EngineStatus, EngineVerdict
 from ..storage.base import Storage
 from ..storage.reads import storage_get_many
-from .discoveries import EngineDiscovery, crash_participants, survey_for_discovery
+from .discoveries import (
+    EngineDiscovery,
+    ExpiryJudge,
+    crash_participants,
+    survey_for_discovery,
+)
 from .reclaim_scan import HolderJudge, discover_reclaim_candidates
 from .scan_windows import RotatingWindow
 
@@ -260,14 +265,17 @@ class EngineIndexDiscovery:
     ) -> set[str]:
         """Judge the holder window; return the workflows whose holder it read."""
         seen: set[str] = set()
-        for key, raw in self._holders.read(self._storage):
+        rows = self._holders.read(self._storage)
+        # The window is one snapshot: its holders are judged at one time, read after it.
+        judge = self._judge.at_once() if isinstance(self._judge, ExpiryJudge) else self._judge
+        for key, raw in rows:
             wid = keys.decode_canonical_component(key[len(_HOLDER_PREFIX) :])
             if not wid:
                 continue
             seen.add(wid)
             if wid in excluded or wid in found:
                 continue
-            if self._judge(raw) is None:
+            if judge(raw) is None:
                 found[wid] = None
                 stranded[wid] = None
         return seen
