@@ -49,7 +49,7 @@ from .discoveries import (
     survey_for_discovery,
 )
 from .reclaim_scan import HolderJudge, discover_reclaim_candidates
-from .scan_windows import RotatingWindow
+from .scan_windows import RotatingWindow, read_windows
 
 __all__ = [
     "BACKFILL_BUDGET",
@@ -154,8 +154,11 @@ class EngineIndexDiscovery:
             else:
                 self._judged(ids, found, stranded, result.live_claims)
         if indexed:
-            held = self._holder_window(excluded, found, stranded)
-            self._ownerless_windows(excluded, found, stranded, held)
+            holder_rows, running_rows, record_rows = read_windows(
+                self._storage, (self._holders, self._running, self._records)
+            )
+            held = self._holder_window(holder_rows, excluded, found, stranded)
+            self._ownerless_windows(running_rows, record_rows, excluded, found, stranded, held)
         for engine in dead:
             # The full scan of a store being migrated reads a dead engine's holders as live.
             result.live_claims.pop(engine, None)
@@ -261,11 +264,14 @@ class EngineIndexDiscovery:
                 live_claims[engine] = live_claims.get(engine, 0) + 1
 
     def _holder_window(
-        self, excluded: set[str], found: dict[str, None], stranded: dict[str, None]
+        self,
+        rows: list[tuple[str, bytes]],
+        excluded: set[str],
+        found: dict[str, None],
+        stranded: dict[str, None],
     ) -> set[str]:
-        """Judge the holder window; return the workflows whose holder it read."""
+        """Judge the holder window's ``rows``; return the workflows whose holder it read."""
         seen: set[str] = set()
-        rows = self._holders.read(self._storage)
         # The window is one snapshot: its holders are judged at one time, read after it.
         judge = self._judge.at_once() if isinstance(self._judge, ExpiryJudge) else self._judge
         for key, raw in rows:
@@ -282,6 +288,8 @@ class EngineIndexDiscovery:
 
     def _ownerless_windows(
         self,
+        running_rows: list[tuple[str, bytes]],
+        record_rows: list[tuple[str, bytes]],
         excluded: set[str],
         found: dict[str, None],
         stranded: dict[str, None],
@@ -296,12 +304,12 @@ class EngineIndexDiscovery:
         known = excluded | found.keys() | held
         # workflow id -> its canonical key component, which the holder key shares.
         asked: dict[str, str] = {}
-        for key, _ in self._running.read(self._storage):
+        for key, _ in running_rows:
             component = key[len(_RUNNING_PREFIX) :]
             wid = keys.decode_canonical_component(component)
             if wid and wid not in known:
                 asked.setdefault(wid, component)
-        for key, value in self._records.read(self._storage):
+        for key, value in record_rows:
             component = key[len(_WORKFLOW_PREFIX) :]
             wid = keys.decode_canonical_component(component)
             if not wid or wid in known or wid in asked:
