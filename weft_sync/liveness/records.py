@@ -1,7 +1,8 @@
 """Engine liveness records: one MessagePack record per engine at ``wf-owner-engine:<id>``.
 
-An engine writes its record when it opens, once per maintenance pass (its heartbeat) and when it
-closes. Other engines read the few records to judge which engines are alive (see
+An engine writes its record when it opens, from its maintenance passes (its heartbeat: see
+:func:`~weft_sync.liveness.engine.heartbeat_due` for which passes write) and when it closes.
+Other engines read the few records to judge which engines are alive (see
 :mod:`~weft_sync.liveness.verdicts`). The decoder fails closed exactly as the holder codec does:
 anything but a record of the exact shape decodes to ``None``, never raises.
 """
