@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -11,6 +11,7 @@ from ..claims.engine_index import read_engine_entries
 from ..claims.transitions import is_claim_expired
 from ..codec import decode_holder
 from ..errors import StorageError
+from ..liveness.records import ENGINE_RECORD_PREFIX
 from ..liveness.verdicts import EngineStatus, EngineVerdict, survey_engines
 from ..storage.base import Storage
 from .reclaim_scan import HolderJudge, ReclaimDiscovery, discover_reclaim_candidates
@@ -121,21 +122,32 @@ class ScanDiscovery:
         return survey_for_discovery(self._storage, now=self._clock(), engine_id=self._engine_id)
 
 
-def survey_for_discovery(storage: Storage, *, now: int, engine_id: str) -> list[EngineStatus]:
+def survey_for_discovery(
+    storage: Storage,
+    *,
+    now: int,
+    engine_id: str,
+    rows: Sequence[tuple[str, bytes]] | None = None,
+) -> list[EngineStatus]:
     """Survey the other engines; judge by heartbeats alone when the lock probe fails.
 
     Session locks only speed up what the claims' expiry rule decides anyway: a probe that
     fails costs this pass its ``CRASHED`` verdicts, never its takeovers of expired claims.
 
+    :param rows: the engine records' rows if the caller read them already (see
+        :func:`~weft_sync.liveness.verdicts.take_survey`).
     :raises StorageError: the engine records could not be read.
     """
+    if rows is None:
+        # Read once: a failed probe then judges the same records by their heartbeats.
+        rows = storage.scan(ENGINE_RECORD_PREFIX)
     try:
         # A survey that finds this engine's own lock gone (a database restart ends every lock
         # session at once) trusts no lock and judges by heartbeats.
-        return survey_engines(storage, now=now, exclude=(engine_id,), own_lock=engine_id)
+        return survey_engines(storage, now=now, exclude=(engine_id,), own_lock=engine_id, rows=rows)
     except StorageError as exc:
         _log.warning("weft_sync: probing the engines' session locks failed this pass: %s", exc)
-    return survey_engines(storage, now=now, exclude=(engine_id,), probe=False)
+    return survey_engines(storage, now=now, exclude=(engine_id,), probe=False, rows=rows)
 
 
 def crash_participants(statuses: list[EngineStatus]) -> frozenset[str]:

@@ -2,7 +2,8 @@
 
 One discovery (one reclaim pass) reads:
 
-1. **The engine records** (one short prefix scan) and probes their session locks once
+1. **The engine records** (one short prefix scan, in the same statement as the windows of 3
+   where the store can) and probes their session locks once
    (:func:`weft_sync.liveness.verdicts.survey_engines`). Live engines are not read further: the
    claim count each one publishes feeds the fair share, so an idle survivor counts as much as a
    busy one.
@@ -39,9 +40,10 @@ from .. import keys
 from ..claims.engine_index import backfill_step, index_marker_present, read_engine_entries
 from ..codec import try_decode_workflow_record
 from ..liveness.gc import forget_engine
+from ..liveness.records import ENGINE_RECORD_PREFIX
 from ..liveness.verdicts import EngineStatus, EngineVerdict
 from ..storage.base import Storage
-from ..storage.reads import storage_get_many
+from ..storage.reads import ScanRange, storage_get_many
 from .discoveries import (
     EngineDiscovery,
     ExpiryJudge,
@@ -123,8 +125,19 @@ class EngineIndexDiscovery:
         :raises StorageError: a read failed; nothing remembered moves but the windows read.
         """
         excluded = set(exclude)
-        statuses = survey_for_discovery(self._storage, now=self._clock(), engine_id=self._engine_id)
         indexed = self._store_indexed()
+        engine_rows: list[tuple[str, bytes]] | None = None
+        holder_rows = running_rows = record_rows = []
+        if indexed:
+            # The engine records come in the windows' statement: one round trip less.
+            holder_rows, running_rows, record_rows, engine_rows = read_windows(
+                self._storage,
+                (self._holders, self._running, self._records),
+                also=[ScanRange(ENGINE_RECORD_PREFIX)],
+            )
+        statuses = survey_for_discovery(
+            self._storage, now=self._clock(), engine_id=self._engine_id, rows=engine_rows
+        )
         result = EngineDiscovery() if indexed else self._migrating(excluded)
         found: dict[str, None] = dict.fromkeys(result.candidates)
         stranded: dict[str, None] = dict.fromkeys(result.stranded)
@@ -154,9 +167,6 @@ class EngineIndexDiscovery:
             else:
                 self._judged(ids, found, stranded, result.live_claims)
         if indexed:
-            holder_rows, running_rows, record_rows = read_windows(
-                self._storage, (self._holders, self._running, self._records)
-            )
             held = self._holder_window(holder_rows, excluded, found, stranded)
             self._ownerless_windows(running_rows, record_rows, excluded, found, stranded, held)
         for engine in dead:

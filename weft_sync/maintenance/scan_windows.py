@@ -60,13 +60,16 @@ class RotatingWindow:
 
 
 def read_windows(
-    storage: Storage, windows: Sequence[RotatingWindow]
+    storage: Storage, windows: Sequence[RotatingWindow], *, also: Sequence[ScanRange] = ()
 ) -> list[list[tuple[str, bytes]]]:
-    """Read the next window of each of ``windows`` (one statement where the store can).
+    """Read the next window of each of ``windows``, and the scans ``also``, together.
+
+    One statement where the store can. Returns the windows' rows, then those of ``also``.
 
     :raises StorageError: the scan failed (no cursor moves then).
     """
-    rows = storage_scan_many(storage, [window._next_range() for window in windows])
-    for window, read in zip(windows, rows, strict=True):
+    ranges = [window._next_range() for window in windows]
+    rows = storage_scan_many(storage, [*ranges, *also])
+    for window, read in zip(windows, rows, strict=False):
         window._advance(read)
     return rows
