@@ -102,11 +102,13 @@ def test_commit_inside_the_block_is_refused(env: HostEnv, autocommit: bool) -> N
     try:
         with own.fenced(WID, conn):
             env.write(conn, "proven", "1")
-        with pytest.raises(psycopg.ProgrammingError, match="ended inside the block"):
-            with own.fenced(WID, conn):
-                env.write(conn, "before", "2")
-                conn.commit()
-                env.write(conn, "after", "3")
+        with (
+            pytest.raises(psycopg.ProgrammingError, match="ended inside the block"),
+            own.fenced(WID, conn),
+        ):
+            env.write(conn, "before", "2")
+            conn.commit()
+            env.write(conn, "after", "3")
         assert conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE
     finally:
         conn.close()
@@ -195,3 +197,57 @@ def test_open_transaction_and_pipeline_use_a_savepoint(env: HostEnv, tmp_path: P
     with conn.pipeline(), own.fenced(WID, conn):
         env.write(conn, "piped", "1")
     assert env.rows() == {"piped": "1"}
+
+
+@pytest.mark.parametrize("drop", ["DEALLOCATE ALL", "DISCARD ALL"])
+def test_statement_dropped_by_the_session_is_prepared_again(
+    env: HostEnv, tmp_path: Path, drop: str
+) -> None:
+    own = _held(env)
+    conn = psycopg.connect(env.db_url, autocommit=True)
+    try:
+        with own.fenced(WID, conn):
+            env.write(conn, "r", "1")
+        with own.fenced(WID, conn):  # the read is prepared in this session now
+            env.write(conn, "r", "2")
+        conn.execute(drop)  # as a pool or a proxy resets a session between its clients
+        with _traced(conn, tmp_path) as sent, own.fenced(WID, conn):
+            env.write(conn, "r", "3")
+        assert any("PREPARE" in message for message in sent), sent
+        with _traced(conn, tmp_path) as again, own.fenced(WID, conn):
+            env.write(conn, "r", "4")
+        assert not any("PREPARE" in message for message in again), again
+        assert _round_trips(again) == 3, again  # begin + read, the host's write, commit
+    finally:
+        conn.close()
+    assert env.rows() == {"r": "4"}
+
+
+def test_two_stores_fenced_on_one_connection(env: HostEnv, tmp_path: Path) -> None:
+    first = _held(env)
+    sep = "&" if "?" in env.db_url else "?"
+    second_table = f"t2_{env.table}"
+
+    def drop_second() -> None:
+        with psycopg.connect(env.db_url, autocommit=True) as admin:
+            admin.execute(f"DROP TABLE IF EXISTS {second_table}")
+
+    env._closers.append(drop_second)  # runs after the second engine closed (closers: LIFO)
+    second = _held(env, "wf-2", storage=f"{env.db_url}{sep}table={second_table}")
+    conn = env.connect()
+    try:
+        for value in ("1", "2"):
+            with first.fenced(WID, conn):
+                env.write(conn, "a", value)
+            with second.fenced("wf-2", conn):
+                env.write(conn, "b", value)
+        with _traced(conn, tmp_path) as sent:
+            with first.fenced(WID, conn):
+                pass
+            with second.fenced("wf-2", conn):
+                pass
+        assert not any("PREPARE" in message for message in sent), sent
+        assert _round_trips(sent) == 4, sent
+    finally:
+        conn.close()
+    assert env.rows() == {"a": "2", "b": "2"}

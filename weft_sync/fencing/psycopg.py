@@ -1,16 +1,25 @@
 """The fence for a host's psycopg 3 ``Connection``.
 
 Outside a transaction the block's ``BEGIN`` and the fence's epoch read go to the server as one
-simple query (one round trip instead of two), with the read's parameters inlined as literals;
-the ``COMMIT`` carries a check that the transaction the block began is still the one open (a
-host that committed or rolled back inside the block is refused at the end, and what it ran after
-that is rolled back, not committed unfenced). Inside a transaction already open (also the
-implicit one of a non-autocommit connection that ran a statement), and in pipeline mode,
-psycopg's own transaction block is used instead: a savepoint, committed or rolled back exactly.
+simple query: one round trip instead of two. The read runs as a statement the fence prepares in
+the connection's session the first time (``PREPARE`` in that same query, after the ``BEGIN``),
+so the server neither parses nor plans it again. Where the statement is gone (``DEALLOCATE``,
+``DISCARD ALL`` by a pool or a proxy between transactions) the read fails before anything of
+the block ran: the transaction is rolled back, the session is asked what it has prepared, and
+the block tries once more. The ``COMMIT`` carries a check that the transaction the block began
+is still the one open, so a host that committed or rolled back inside the block is refused at
+the end, and what it ran after that is rolled back, not committed unfenced. Inside a
+transaction already open (also the implicit one of a non-autocommit connection that ran a
+statement), and in pipeline mode, psycopg's own transaction block is used instead: a
+savepoint, committed or rolled back exactly.
 """
 
 from __future__ import annotations
 
+import functools
+import hashlib
+import threading
+import weakref
 from collections.abc import Sequence
 from contextlib import AbstractContextManager
 from typing import Any, Final
@@ -29,12 +38,63 @@ _PIPELINE_OFF: Final = pq.PipelineStatus.OFF
 _TUPLES_OK: Final = pq.ExecStatus.TUPLES_OK
 _COMMAND_OK: Final = pq.ExecStatus.COMMAND_OK
 _DIVISION_BY_ZERO: Final = b"22012"
+_NO_SUCH_STATEMENT: Final = b"26000"
+_DUPLICATE_STATEMENT: Final = b"42P05"
+_SQLSTATE: Final = pq.DiagnosticField.SQLSTATE
 
 # A transaction-local setting made by the block's own BEGIN: gone once that transaction ends.
-_MARK: Final = "SELECT set_config('weft_sync.fenced', '1', true)"
+_MARK_NAME: Final = "weft_sync_fence_mark"
+_PREPARE_MARK: Final = f"PREPARE {_MARK_NAME} AS SELECT set_config('weft_sync.fenced', '1', true)"
 _CHECKED_COMMIT: Final = (
     b"SELECT 1 / coalesce((current_setting('weft_sync.fenced', true) = '1')::int, 0); COMMIT"
 )
+
+# Guards _PREPARED: per connection, the fence statements prepared in its session.
+_prepared_lock = threading.Lock()
+_PREPARED: weakref.WeakKeyDictionary[psycopg.Connection[Any], set[str]] = (
+    weakref.WeakKeyDictionary()
+)
+
+
+@functools.lru_cache(maxsize=64)
+def _prepared_form(parts: tuple[str, ...]) -> tuple[str, str]:
+    """The name and the ``PREPARE`` of the read whose text is ``parts`` joined around
+    ``$1``, ``$2``, …; the name derives from the text, so a statement of that name in any
+    session is this one."""
+    body = parts[0] + "".join(f"${i}{part}" for i, part in enumerate(parts[1:], start=1))
+    name = "weft_sync_fence_" + hashlib.blake2b(body.encode(), digest_size=8).hexdigest()
+    types = ", ".join("text" for _ in parts[1:])
+    return name, f"PREPARE {name}({types}) AS {body}"
+
+
+def _is_prepared(conn: psycopg.Connection[Any], name: str) -> bool:
+    with _prepared_lock:
+        return name in _PREPARED.get(conn, ())
+
+
+def _set_prepared(conn: psycopg.Connection[Any], names: Sequence[str]) -> None:
+    with _prepared_lock:
+        _PREPARED.setdefault(conn, set()).update(names)
+
+
+def _learn_prepared(conn: psycopg.Connection[Any], names: Sequence[str]) -> None:
+    """Ask the session which of ``names`` it has prepared, and remember exactly those.
+
+    Outside a transaction (a statement of its own, whatever the connection's autocommit).
+    """
+    listed = ", ".join(f"'{name}'" for name in names)  # names of our own making: plain ASCII
+    sql = f"SELECT name FROM pg_prepared_statements WHERE name IN ({listed})"
+    with conn.lock:
+        result = conn.pgconn.exec_(sql.encode("ascii"))
+    if result.status != _TUPLES_OK:
+        raise errors.error_from_result(result, encoding=conn.info.encoding)
+    found = {
+        bytes(result.get_value(row, 0) or b"").decode("ascii") for row in range(result.ntuples)
+    }
+    with _prepared_lock:
+        known = _PREPARED.setdefault(conn, set())
+        known.difference_update(names)
+        known.update(found)
 
 
 class PsycopgTransaction:
@@ -76,19 +136,40 @@ class PsycopgTransaction:
             or pgconn.pipeline_status != _PIPELINE_OFF
         ):
             return None
-        read = inline_literal(parts, params)
-        if read is None:
+        args = inline_literal(("(", *(", " for _ in params[1:]), ")"), params)
+        if args is None:
             return None
-        command = f"{_begin_command(conn)}; {_MARK}; {read}".encode("ascii")
-        with conn.lock:
-            result = pgconn.exec_(command)
-        self._own = pgconn.transaction_status != _IDLE
-        if result.status != _TUPLES_OK:
-            raise errors.error_from_result(result, encoding=conn.info.encoding)
-        if result.ntuples == 0:
-            return []
-        raw = result.get_value(0, 0)
-        return [(None if raw is None else pq.Escaping(pgconn).unescape_bytea(raw),)]
+        name, prepare = _prepared_form(tuple(parts))
+        begin = _begin_command(conn)
+        run = f"EXECUTE {_MARK_NAME}; EXECUTE {name}{args}"
+        for _attempt in range(2):
+            missing = [
+                statement
+                for statement_name, statement in ((_MARK_NAME, _PREPARE_MARK), (name, prepare))
+                if not _is_prepared(conn, statement_name)
+            ]
+            with conn.lock:
+                # PREPARE after BEGIN: a statement before it would make the transaction's
+                # isolation level too late to set. A prepared statement outlives a rollback.
+                result = pgconn.exec_("; ".join([begin, *missing, run]).encode("ascii"))
+            began = pgconn.transaction_status != _IDLE
+            code = None if result.status == _TUPLES_OK else result.error_field(_SQLSTATE)
+            if code in (_DUPLICATE_STATEMENT, _NO_SUCH_STATEMENT):
+                # What this session has prepared is not what the fence remembers (another
+                # block prepared it, or it was deallocated): nothing of the block ran yet.
+                if began:
+                    conn.rollback()
+                _learn_prepared(conn, (_MARK_NAME, name))
+                continue
+            self._own = began
+            if code is not None:
+                raise errors.error_from_result(result, encoding=conn.info.encoding)
+            _set_prepared(conn, (_MARK_NAME, name))
+            if result.ntuples == 0:
+                return []
+            raw = result.get_value(0, 0)
+            return [(None if raw is None else pq.Escaping(pgconn).unescape_bytea(raw),)]
+        return None
 
     def query(self, sql: str, params: Sequence[object]) -> list[tuple[Any, ...]]:
         # Tuples whatever row factory the host set; no parameters: several statements may go
@@ -130,7 +211,7 @@ class PsycopgTransaction:
         failure = errors.error_from_result(result, encoding=conn.info.encoding)
         if pgconn.transaction_status != _IDLE:
             conn.rollback()  # the check failed: the COMMIT after it did not run
-        if result.error_field(pq.DiagnosticField.SQLSTATE) == _DIVISION_BY_ZERO:
+        if result.error_field(_SQLSTATE) == _DIVISION_BY_ZERO:
             raise psycopg.ProgrammingError(_ENDED_INSIDE) from failure
         raise failure
 
