@@ -7,9 +7,11 @@ from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from msgpack import unpackb as _unpackb
+
 from ..claims.engine_index import read_engine_entries
 from ..claims.transitions import is_claim_expired
-from ..codec import decode_holder
+from ..codec import EPOCH_MAX, SAFE_INT_MAX, decode_holder
 from ..errors import StorageError
 from ..liveness.records import ENGINE_RECORD_PREFIX
 from ..liveness.verdicts import EngineStatus, EngineVerdict, survey_engines
@@ -23,6 +25,7 @@ __all__ = [
     "ScanDiscovery",
     "crash_participants",
     "expiry_judge",
+    "holder_engine_and_expiry",
     "survey_for_discovery",
 ]
 
@@ -185,13 +188,46 @@ class ExpiryJudge:
         return lambda holder_bytes: self._judge(holder_bytes, now)
 
     def _judge(self, holder_bytes: bytes, now: int) -> str | None:
-        holder = decode_holder(holder_bytes)
-        if holder is None:
+        fields = holder_engine_and_expiry(holder_bytes)
+        if fields is None:
             return None
+        engine_id, expires_at = fields
         expired = is_claim_expired(
-            expires_at=holder.expires_at, now=now, renew_interval_ms=self._renew_interval_ms
+            expires_at=expires_at, now=now, renew_interval_ms=self._renew_interval_ms
         )
-        return None if expired else holder.engine_id
+        return None if expired else engine_id
+
+
+def holder_engine_and_expiry(holder_bytes: object) -> tuple[str, int] | None:
+    """A holder's engine id and expiry, or ``None`` where the codec's holder decoder gives none.
+
+    Accepts exactly what :func:`~weft_sync.codec.decode_holder` accepts, and never raises; the
+    same checks without building the record: a window judges 256 holders a pass. MessagePack
+    decodes to plain ``str`` and ``int`` (``True`` is a ``bool``), so exact type checks are
+    the codec's ``isinstance`` checks here.
+    """
+    if type(holder_bytes) is not bytes:
+        fields = decode_holder(holder_bytes)  # type: ignore[arg-type]
+        return None if fields is None else (fields.engine_id, fields.expires_at)
+    try:
+        data = _unpackb(holder_bytes, raw=False, strict_map_key=False)
+    except Exception:  # msgpack raises several unrelated types on malformed input
+        return None
+    if type(data) is not dict:
+        return None
+    engine_id = data.get("engine_id")
+    epoch = data.get("epoch")
+    expires_at = data.get("expires_at")
+    claimed_at = data.get("claimed_at")
+    if type(engine_id) is not str or not engine_id:
+        return None
+    if type(epoch) is not int or not 1 <= epoch <= EPOCH_MAX:
+        return None
+    if type(expires_at) is not int or not 0 <= expires_at <= SAFE_INT_MAX:
+        return None
+    if type(claimed_at) is not int or not 0 <= claimed_at <= SAFE_INT_MAX:
+        return None
+    return engine_id, expires_at
 
 
 def expiry_judge(clock: Callable[[], int], renew_interval_ms: int) -> ExpiryJudge:
