@@ -128,4 +128,4 @@ def storage_compare_and_set_many(storage: Storage, rows: Sequence[CasRow]) -> li
             f"{method}() returned {len(results)} results for {len(rows)} rows; the backend "
             f"breaks the Storage contract"
         )
-    return [bool(ok) for ok in results]
+    return list(map(bool, results))
