@@ -62,7 +62,7 @@ class Chunk:
     ``wids[i]`` is renewed from the entry ``entries[i]``, expecting the holder bytes
     ``expected[i]`` (read under the table lock when the renewal started). Columns rather than a
     tuple per renewal: such a tuple holds the entry, so the garbage collector keeps tracking it,
-    and with 100k claims the full collections a pass of them triggers cost a fifth of the pass.
+    and with 100k claims the full collections a pass of them triggers cost a tenth of the pass.
     """
 
     __slots__ = ("entries", "expected", "wids")
