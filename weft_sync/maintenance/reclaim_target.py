@@ -70,7 +70,8 @@ class ReclaimPlan:
     attempted in full by
     :meth:`~ReclaimTargetHandle.complete_workflow_claim_takeover`. ``confirmed`` says the
     record of a claim ``first`` won was read after the chunk's commit; ``record`` is what that
-    read found (``None``: no record). ``completed`` is set (under the target's lock) when a
+    read found (``None``: no record); both are set before the plan is returned and never
+    change. ``completed`` is set (under the target's lock) when a
     completion starts: a plan is completed at most once, so a claim it won is driven at most
     once.
     """
