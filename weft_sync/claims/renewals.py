@@ -310,20 +310,22 @@ class Renewals:
         :raises BaseException: anything that is not an ``Exception`` (the group fails with it).
         """
         writes: list[CasRow] = []
+        members: list[Member] = []
+        committed: list[bool] = []
+        errors: dict[str, Exception] = {}
         try:
             now = self._clock()
             writes = self._writes(chunk, now)
             judged = commit(writes)
-            if judged.count(True) == len(judged):
-                # Every renewal committed: nothing to re-examine, nothing failed.
-                self._settle_renewed(group, chunk, writes, now, outcomes)
-                return 0
-            members = chunk.members()
-            committed = [ok is True for ok in judged]
-            errors: dict[str, Exception] = {
-                members[i][0]: ok for i, ok in enumerate(judged) if isinstance(ok, Exception)
-            }
-            self._retry_ambiguous(members, writes, committed, now, commit, errors)
+            # Usually every renewal committed: nothing to re-examine, nothing failed.
+            renewed_all = judged.count(True) == len(judged)
+            if not renewed_all:
+                members = chunk.members()
+                committed = [ok is True for ok in judged]
+                errors = {
+                    members[i][0]: ok for i, ok in enumerate(judged) if isinstance(ok, Exception)
+                }
+                self._retry_ambiguous(members, writes, committed, now, commit, errors)
             if errors:
                 # A failed row may still have committed: its value stays adoptable.
                 self._remember_pending(
@@ -337,6 +339,9 @@ class Renewals:
             for wid in chunk.wids:
                 outcomes[wid] = exc
             return len(chunk.wids)
+        if renewed_all:
+            self._settle_renewed(group, chunk, writes, now, outcomes)
+            return 0
         self._settle(group, members, writes, committed, errors, now, outcomes, lost)
         return len(errors)
 
