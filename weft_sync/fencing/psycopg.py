@@ -28,7 +28,7 @@ import psycopg
 from psycopg import errors, pq
 from psycopg.rows import tuple_row
 
-from ..storage.fence_target import FenceBinding
+from ..storage.fence_target import PG_FENCE_MARK, FenceBinding
 from .base import inline_literal
 
 __all__ = ["PsycopgTransaction"]
@@ -42,12 +42,11 @@ _NO_SUCH_STATEMENT: Final = b"26000"
 _DUPLICATE_STATEMENT: Final = b"42P05"
 _SQLSTATE: Final = pq.DiagnosticField.SQLSTATE
 
-# A transaction-local setting made by the block's own BEGIN: gone once that transaction ends.
-_MARK_NAME: Final = "weft_sync_fence_mark"
-_PREPARE_MARK: Final = f"PREPARE {_MARK_NAME} AS SELECT set_config('weft_sync.fenced', '1', true)"
+# Whether the transaction the block began is still open at its end: the epoch read sets this
+# transaction-local mark, so a host that committed inside the block makes the division fail.
 _CHECKED_COMMIT: Final = (
-    b"SELECT 1 / coalesce((current_setting('weft_sync.fenced', true) = '1')::int, 0); COMMIT"
-)
+    f"SELECT 1 / coalesce((current_setting('{PG_FENCE_MARK}', true) = '1')::int, 0); COMMIT"
+).encode("ascii")
 
 # Guards _PREPARED: per connection, the fence statements prepared in its session.
 _prepared_lock = threading.Lock()
@@ -67,34 +66,51 @@ def _prepared_form(parts: tuple[str, ...]) -> tuple[str, str]:
     return name, f"PREPARE {name}({types}) AS {body}"
 
 
-def _is_prepared(conn: psycopg.Connection[Any], name: str) -> bool:
+def _missing(conn: psycopg.Connection[Any], name: str) -> bool:
+    """Whether the read ``name`` still needs a ``PREPARE`` on ``conn``."""
     with _prepared_lock:
-        return name in _PREPARED.get(conn, ())
+        return name not in _PREPARED.get(conn, ())
 
 
-def _set_prepared(conn: psycopg.Connection[Any], names: Sequence[str]) -> None:
+@functools.lru_cache(maxsize=1024)
+def _command(
+    parts: tuple[str, ...], params: tuple[str, ...], begin: str, prepare: bool
+) -> bytes | None:
+    """The block's first query: ``begin``, the read's ``PREPARE`` when asked, and the read of
+    ``params``; ``None`` when a parameter cannot be inlined. A host fences the same few
+    workflows over and over, so the query is built once per workflow."""
+    args = inline_literal(("(", *(", " for _ in params[1:]), ")"), params)
+    if args is None:
+        return None
+    name, statement = _prepared_form(parts)
+    # PREPARE after BEGIN: before it, the isolation level would be too late to set. A
+    # prepared statement outlives a rollback of the transaction it was made in.
+    prepared = [statement] if prepare else []
+    return "; ".join([begin, *prepared, f"EXECUTE {name}{args}"]).encode("ascii")
+
+
+def _set_prepared(conn: psycopg.Connection[Any], name: str) -> None:
     with _prepared_lock:
-        _PREPARED.setdefault(conn, set()).update(names)
+        _PREPARED.setdefault(conn, set()).add(name)
 
 
-def _learn_prepared(conn: psycopg.Connection[Any], names: Sequence[str]) -> None:
-    """Ask the session which of ``names`` it has prepared, and remember exactly those.
+def _learn_prepared(conn: psycopg.Connection[Any], name: str) -> None:
+    """Ask the session whether it has the read ``name`` prepared, and remember the answer.
 
     Outside a transaction (a statement of its own, whatever the connection's autocommit).
     """
-    listed = ", ".join(f"'{name}'" for name in names)  # names of our own making: plain ASCII
-    sql = f"SELECT name FROM pg_prepared_statements WHERE name IN ({listed})"
+    # A name of our own making: plain ASCII, no quotes.
+    sql = f"SELECT 1 FROM pg_prepared_statements WHERE name = '{name}'"
     with conn.lock:
         result = conn.pgconn.exec_(sql.encode("ascii"))
     if result.status != _TUPLES_OK:
         raise errors.error_from_result(result, encoding=conn.info.encoding)
-    found = {
-        bytes(result.get_value(row, 0) or b"").decode("ascii") for row in range(result.ntuples)
-    }
     with _prepared_lock:
         known = _PREPARED.setdefault(conn, set())
-        known.difference_update(names)
-        known.update(found)
+        if result.ntuples:
+            known.add(name)
+        else:
+            known.discard(name)
 
 
 class PsycopgTransaction:
@@ -136,22 +152,15 @@ class PsycopgTransaction:
             or pgconn.pipeline_status != _PIPELINE_OFF
         ):
             return None
-        args = inline_literal(("(", *(", " for _ in params[1:]), ")"), params)
-        if args is None:
-            return None
-        name, prepare = _prepared_form(tuple(parts))
+        name = _prepared_form(parts)[0]
         begin = _begin_command(conn)
-        run = f"EXECUTE {_MARK_NAME}; EXECUTE {name}{args}"
         for _attempt in range(2):
-            missing = [
-                statement
-                for statement_name, statement in ((_MARK_NAME, _PREPARE_MARK), (name, prepare))
-                if not _is_prepared(conn, statement_name)
-            ]
+            missing = _missing(conn, name)
+            command = _command(parts, tuple(params), begin, missing)
+            if command is None:
+                return None  # a parameter that is not inlined as a literal
             with conn.lock:
-                # PREPARE after BEGIN: a statement before it would make the transaction's
-                # isolation level too late to set. A prepared statement outlives a rollback.
-                result = pgconn.exec_("; ".join([begin, *missing, run]).encode("ascii"))
+                result = pgconn.exec_(command)
             began = pgconn.transaction_status != _IDLE
             code = None if result.status == _TUPLES_OK else result.error_field(_SQLSTATE)
             if code in (_DUPLICATE_STATEMENT, _NO_SUCH_STATEMENT):
@@ -159,12 +168,13 @@ class PsycopgTransaction:
                 # block prepared it, or it was deallocated): nothing of the block ran yet.
                 if began:
                     conn.rollback()
-                _learn_prepared(conn, (_MARK_NAME, name))
+                _learn_prepared(conn, name)
                 continue
             self._own = began
             if code is not None:
                 raise errors.error_from_result(result, encoding=conn.info.encoding)
-            _set_prepared(conn, (_MARK_NAME, name))
+            if missing:
+                _set_prepared(conn, name)
             if result.ntuples == 0:
                 return []
             raw = result.get_value(0, 0)

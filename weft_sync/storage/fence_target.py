@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any, Literal, Protocol, runtime_checkable
 
 __all__ = [
+    "PG_FENCE_MARK",
     "FenceBinding",
     "FenceTarget",
     "PostgresFenceTarget",
@@ -183,18 +184,24 @@ IDENTITY_SQL = (
 the session's ``search_path`` resolves it (``NULL`` when not visible)."""
 
 
+PG_FENCE_MARK = "weft_sync.fenced"
+"""A transaction-local setting the epoch read sets to ``'1'``: gone once that transaction ends,
+so the fence can check at its commit that the transaction it began is still the one open."""
+
 PG_READ_EPOCH = (
     "SELECT value FROM {table} WHERE key = %s "
     "AND set_config('lock_timeout', %s, true) IS NOT NULL "
     "AND set_config('idle_in_transaction_session_timeout', %s, true) IS NOT NULL "
+    f"AND set_config('{PG_FENCE_MARK}', '1', true) IS NOT NULL "
     "FOR SHARE"
 )
 """Read and share-lock one epoch row; parameters: the key, then the transaction's
 ``lock_timeout`` and ``idle_in_transaction_session_timeout`` (e.g. ``"5000ms"``).
 
-The settings ride in the row filter so that the fence costs one round trip: the filter runs on
-the row before the row is locked, so the lock wait already obeys the new ``lock_timeout``; both
-are transaction-local (``set_config(…, true)``, as ``SET LOCAL``)."""
+The settings ride in the row filter so that the fence costs one statement: the filter runs on
+the row before the row is locked, so the lock wait already obeys the new ``lock_timeout``; all
+are transaction-local (``set_config(…, true)``, as ``SET LOCAL``), :data:`PG_FENCE_MARK` too.
+Without an epoch row nothing is set, and the fence refuses the block."""
 
 
 class PostgresFenceTarget:
