@@ -191,7 +191,7 @@ def load(path: str | None = None, *, expected_version: str | None = None) -> Sql
     return _bind(dll, sqlite3.sqlite_version if expected_version is None else expected_version)
 
 
-# Guards _loaded and _warned (binding once, warning once).
+# Guards the setting of _loaded and _warned (binding once, warning once).
 _load_lock = threading.Lock()
 _loaded: SqliteLibrary | str | None = None
 _warned = False
@@ -200,10 +200,16 @@ _warned = False
 def library() -> SqliteLibrary | str:
     """The library of the ``sqlite3`` module, bound on first use; or why it cannot be used."""
     global _loaded
-    with _load_lock:
-        if _loaded is None:
-            _loaded = load()
-        return _loaded
+    found = _loaded
+    if found is None:
+        # Loaded outside the lock (it opens an in-memory connection); a racing first caller
+        # loads the same library, and the first result is kept.
+        found = load()
+        with _load_lock:
+            if _loaded is None:
+                _loaded = found
+            found = _loaded
+    return found
 
 
 def ensure_supported() -> None:
