@@ -45,7 +45,6 @@ once and forks go on without this guard.
 
 from __future__ import annotations
 
-import ctypes
 import gc
 import sqlite3
 import threading
@@ -53,7 +52,10 @@ import time
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
+
+if TYPE_CHECKING:
+    import ctypes
 
 __all__ = [
     "FREED_IN_CHILD",
@@ -126,6 +128,8 @@ class SqliteLibrary:
 
 def _bind(dll: ctypes.PyDLL, expected_version: str) -> SqliteLibrary | str:
     """Bind the functions of ``dll``; a reason (text) when it is not the usable library."""
+    import ctypes
+
     try:
         libversion = dll.sqlite3_libversion
         threadsafe = dll.sqlite3_threadsafe
@@ -185,7 +189,11 @@ def load(path: str | None = None, *, expected_version: str | None = None) -> Sql
         # into the interpreter has no file, and the interpreter's own symbols are searched.
         path = getattr(_sqlite3, "__file__", None)
     try:
+        import ctypes  # not in every build of Python; imported only here, where it is needed
+
         dll = ctypes.PyDLL(path)
+    except ImportError as exc:
+        return f"ctypes is not available ({exc})"
     except OSError as exc:
         return f"the SQLite library could not be loaded ({exc})"
     return _bind(dll, sqlite3.sqlite_version if expected_version is None else expected_version)
