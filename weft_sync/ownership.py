@@ -47,7 +47,7 @@ from .errors import (
     WorkflowClaimLostWarning,
     WorkflowClaimUnavailableError,
 )
-from .fencing import fenced_transaction
+from .fencing import HostFence
 from .handlers import HandlerTable, ReclaimedWorkflow, WorkflowHandler
 from .handles import ClaimHandle
 from .keys import validate_workflow_id
@@ -114,6 +114,7 @@ class Ownership:
         self._task: RenewalTask = parts.task
         self._metrics: ClaimMetrics = parts.metrics
         self._crash = parts.crash
+        self._fence = HostFence(storage, self._registry, warn=self._on_warning)
         _LIVE.add(self)
 
     # ----------------------------------------------------------------------------------------
@@ -378,10 +379,11 @@ class Ownership:
 
     def fenced(self, workflow_id: str, connection: object) -> AbstractContextManager[Any]:
         """Fence the host's statements on ``connection`` (:func:`~.fencing.fenced_transaction`)."""
-        self._require_open("fenced()")
-        return fenced_transaction(
-            connection, workflow_id, self._storage, self._registry, warn=self._on_warning
-        )
+        # Read without _lock: this is on the path of every fenced host write, and a close()
+        # racing it leaves the registry without claims, so the block is refused as deposed.
+        if self._state is not _State.OPEN or self._pid != os.getpid():
+            self._require_open("fenced()")
+        return self._fence.block(workflow_id, connection)
 
     def on_lost(self, callback: _Callback) -> _Callback:
         """Call ``callback(workflow_id)`` whenever this engine finds one of its claims lost.

@@ -321,7 +321,7 @@ def test_same_database_proof_is_cached_per_connection(raw_env: HostEnv) -> None:
     if raw_env.backend == "postgres":
         assert conn in core._PROOFS
     else:
-        assert target in core._HINTS
+        assert own._fence.hint is not None  # the guess each later block re-checks
 
 
 def test_epoch_key_is_the_one_the_ledger_fences(raw_env: HostEnv) -> None:

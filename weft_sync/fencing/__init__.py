@@ -10,6 +10,6 @@ from __future__ import annotations
 
 from .adapters import ACCEPTED, adapt
 from .base import HostTransaction
-from .core import fenced_transaction
+from .core import HostFence, fenced_transaction
 
-__all__ = ["ACCEPTED", "HostTransaction", "adapt", "fenced_transaction"]
+__all__ = ["ACCEPTED", "HostFence", "HostTransaction", "adapt", "fenced_transaction"]

@@ -12,7 +12,15 @@ import itertools
 from collections.abc import Sequence
 from typing import Any, Protocol, runtime_checkable
 
-__all__ = ["HostTransaction", "as_value", "savepoint_name"]
+from ..storage.fence_target import FenceBinding
+
+__all__ = [
+    "HostTransaction",
+    "SupportsBeginReading",
+    "as_value",
+    "inline_literal",
+    "savepoint_name",
+]
 
 _savepoints = itertools.count(1)
 
@@ -20,6 +28,19 @@ _savepoints = itertools.count(1)
 def savepoint_name() -> str:
     """A fresh savepoint name (unique in the process, so nested fences never collide)."""
     return f"weft_fence_{next(_savepoints)}"
+
+
+def inline_literal(parts: Sequence[str], params: Sequence[str]) -> str | None:
+    """``parts`` joined around ``params`` written as SQL string literals, or ``None`` when a
+    parameter is not plain ASCII text without backslashes (the only kind inlined: its literal
+    is then the same under every ``standard_conforming_strings`` and client encoding)."""
+    pieces = [parts[0]]
+    for value, part in zip(params, parts[1:], strict=True):
+        if not value.isascii() or "\\" in value or "\x00" in value:
+            return None
+        pieces.append("'" + value.replace("'", "''") + "'")
+        pieces.append(part)
+    return "".join(pieces)
 
 
 def as_value(raw: object) -> bytes | None:
@@ -73,4 +94,24 @@ class HostTransaction(Protocol):
 
     def end(self, error: BaseException | None) -> None:
         """Commit what :meth:`begin` began, or roll it back when ``error`` is not ``None``."""
+        ...
+
+
+class SupportsBeginReading(Protocol):
+    """A :class:`HostTransaction` that can begin and run the fence's epoch read in one call,
+    given a binding proven before (PostgreSQL drivers: ``BEGIN`` and the read in one simple
+    query, one round trip; sqlite3: ``BEGIN IMMEDIATE``, the binding's re-check and the read
+    without the fence's generic steps in between)."""
+
+    def begin_reading(
+        self, binding: FenceBinding, params: Sequence[str]
+    ) -> list[tuple[Any, ...]] | None:
+        """Begin the transaction and run ``binding``'s epoch read with ``params``, returning
+        its rows; ``None`` when it cannot (a transaction is already open, the binding's
+        re-check fails, the binding has no form it can use), having begun nothing: the fence
+        then calls ``begin`` and ``query`` and proves the connection again.
+
+        :raises Exception: the driver's error when a statement failed; the transaction is then
+            open (or aborted) and the fence ends it through ``end``.
+        """
         ...

@@ -61,7 +61,7 @@ import weakref
 from collections.abc import Callable
 from contextlib import AbstractContextManager
 from types import TracebackType
-from typing import NoReturn
+from typing import Any, NoReturn
 
 from .. import keys
 from ..claims.registry import ClaimRegistry
@@ -76,20 +76,19 @@ from ..storage.fence_target import FenceBinding, FenceTarget
 from .adapters import adapt
 from .base import HostTransaction, as_value
 
-__all__ = ["FEATURE", "ForeignDatabaseError", "fenced_transaction"]
+__all__ = ["FEATURE", "ForeignDatabaseError", "HostFence", "fenced_transaction"]
 
 _log = logging.getLogger(__name__)
 
 FEATURE = "Ownership.fenced()"
 
-# Guards _PROOFS (per physical connection, the binding of every store it was proven against)
-# and _HINTS (per store, the binding last proven on a connection that cannot be weakly
-# referenced: only a guess, which the binding's own confirm() re-proves on every block).
+# Guards _PROOFS: per physical connection, the binding of every store it was proven against.
+# (A connection that cannot be weakly referenced keeps no proof; its engine's HostFence keeps
+# the binding last proven as a first guess, which the binding's confirm() re-proves each block.)
 _proofs_lock = threading.Lock()
 _PROOFS: weakref.WeakKeyDictionary[object, dict[FenceTarget, FenceBinding]] = (
     weakref.WeakKeyDictionary()
 )
-_HINTS: weakref.WeakKeyDictionary[FenceTarget, FenceBinding] = weakref.WeakKeyDictionary()
 
 # The key's percent-encoding costs more than the rest of the fence's Python work; a host
 # fences the same few workflows over and over.
@@ -139,27 +138,27 @@ def _refuse(host: HostTransaction, target: FenceTarget, where: str) -> NoReturn:
     raise ForeignDatabaseError(type(host.result).__name__, where, target.location)
 
 
-def _cached(host: HostTransaction, target: FenceTarget) -> FenceBinding | None:
+def _cached(fence: HostFence, host: HostTransaction, target: FenceTarget) -> FenceBinding | None:
     """The binding last proven for ``host``'s connection, or (without a weak-referenceable one)
-    the binding last proven for ``target`` on any connection, which must then be confirmed."""
+    the binding ``fence`` last proved on any connection, which must then be confirmed."""
     conn_key = _weakly_referenceable(host.connection_key)
+    if conn_key is None:
+        return fence.hint
     with _proofs_lock:
-        if conn_key is None:
-            return _HINTS.get(target)
         return _PROOFS.get(conn_key, {}).get(target)
 
 
-def _prove(host: HostTransaction, target: FenceTarget) -> FenceBinding:
-    """Prove ``host`` reaches ``target``'s table and remember how (per connection, or as the
-    next block's first guess when the connection cannot be weakly referenced)."""
+def _prove(fence: HostFence, host: HostTransaction, target: FenceTarget) -> FenceBinding:
+    """Prove ``host`` reaches ``target``'s table and remember how (per connection, or as
+    ``fence``'s next first guess when the connection cannot be weakly referenced)."""
     bound = target.bind(host.query)
     if isinstance(bound, str):
         _refuse(host, target, bound)
     conn_key = _weakly_referenceable(host.connection_key)
-    with _proofs_lock:
-        if conn_key is None:
-            _HINTS[target] = bound
-        else:
+    if conn_key is None:
+        fence.hint = bound
+    else:
+        with _proofs_lock:
             _PROOFS.setdefault(conn_key, {})[target] = bound
     return bound
 
@@ -204,6 +203,8 @@ def fenced_transaction(
 ) -> AbstractContextManager[object]:
     """Run the block as one transaction on ``connection`` with the epoch check for ``workflow_id``.
 
+    A one-off :class:`HostFence`; an engine keeps one (``Ownership.fenced`` uses it).
+
     :param connection: the host's connection (see :func:`~weft_sync.fencing.adapters.adapt`).
     :param storage: the store holding the claims; ``connection`` must be on its database.
     :param registry: the engine's registry, which holds the epoch bytes to compare.
@@ -221,11 +222,73 @@ def fenced_transaction(
     :raises StorageError: one of the fence's own statements failed (a lock wait timed out, the
         SQLite file stayed locked); the transaction was rolled back.
     """
-    timeouts = (
-        registry.claim_renew_interval_ms if lock_timeout_ms is None else lock_timeout_ms,
-        registry.claim_ttl_ms if idle_timeout_ms is None else idle_timeout_ms,
+    fence = HostFence(
+        storage,
+        registry,
+        warn=warn,
+        lock_timeout_ms=lock_timeout_ms,
+        idle_timeout_ms=idle_timeout_ms,
     )
-    return _FencedBlock(connection, workflow_id, storage, registry, warn, timeouts)
+    return fence.block(workflow_id, connection)
+
+
+class HostFence:
+    """One engine's host-data fence: what every fenced block of the engine shares.
+
+    It keeps the store's :class:`FenceTarget` once fetched, the parameters of the PostgreSQL
+    transaction settings, and the last proof of a connection that keeps none of its own, so
+    that a block does no more than its own checks and statements. Its two mutable attributes
+    (the target, the hint) are each replaced whole, so a race sets one twice, never halfway.
+
+    :param storage: the store holding the claims.
+    :param registry: the engine's registry, which holds the epoch bytes to compare.
+    :param warn: receives :class:`~weft_sync.errors.WorkflowClaimLostWarning` on deposition.
+    :param lock_timeout_ms: see :func:`fenced_transaction`.
+    :param idle_timeout_ms: see :func:`fenced_transaction`.
+    """
+
+    __slots__ = ("_registry", "_settings", "_storage", "_target", "_warn", "hint")
+
+    def __init__(
+        self,
+        storage: Storage,
+        registry: ClaimRegistry,
+        *,
+        warn: Callable[[Warning], None],
+        lock_timeout_ms: int | None = None,
+        idle_timeout_ms: int | None = None,
+    ) -> None:
+        self._storage = storage
+        self._registry = registry
+        self._warn = warn
+        lock_ms = registry.claim_renew_interval_ms if lock_timeout_ms is None else lock_timeout_ms
+        idle_ms = registry.claim_ttl_ms if idle_timeout_ms is None else idle_timeout_ms
+        self._settings = (f"{lock_ms:d}ms", f"{idle_ms:d}ms")
+        self._target: FenceTarget | None = None
+        # The binding last proven on a connection that keeps no proof of its own (sqlite3):
+        # only a guess, confirmed by every block. Set whole; read without a lock.
+        self.hint: FenceBinding | None = None
+
+    def block(self, workflow_id: str, connection: object) -> AbstractContextManager[object]:
+        """The fenced block for ``workflow_id`` on ``connection`` (:func:`fenced_transaction`)."""
+        return _FencedBlock(self, workflow_id, connection)
+
+    def target(self) -> FenceTarget:
+        """The store's fence target, fetched on first use.
+
+        :raises StorageCapabilityError: the store cannot fence a host's tables.
+        """
+        target = self._target
+        if target is None:
+            target = self._target = _target(self._storage)
+        return target
+
+    def params(self, target: FenceTarget, wid: str) -> tuple[str, ...]:
+        """The epoch read's parameters for ``wid`` (on PostgreSQL also the transaction's
+        ``lock_timeout`` and ``idle_in_transaction_session_timeout``)."""
+        if target.family == "postgresql":
+            return (_epoch_key(wid), *self._settings)
+        return (_epoch_key(wid),)
 
 
 class _FencedBlock:
@@ -235,42 +298,43 @@ class _FencedBlock:
     write it guards, and a generator's set-up costs more than all of this module's own work.
     """
 
-    __slots__ = ("_connection", "_host", "_registry", "_storage", "_timeouts", "_warn", "_wid")
+    __slots__ = ("_connection", "_fence", "_host", "_wid")
 
-    def __init__(
-        self,
-        connection: object,
-        workflow_id: str,
-        storage: Storage,
-        registry: ClaimRegistry,
-        warn: Callable[[Warning], None],
-        timeouts: tuple[int, int],
-    ) -> None:
-        self._connection = connection
+    def __init__(self, fence: HostFence, workflow_id: str, connection: object) -> None:
+        self._fence = fence
         self._wid = workflow_id
-        self._storage = storage
-        self._registry = registry
-        self._warn = warn
-        self._timeouts = timeouts
+        self._connection = connection
         self._host: HostTransaction | None = None
 
     def __enter__(self) -> object:
-        wid = keys.validate_workflow_id(self._wid)
+        fence = self._fence
+        wid = self._wid
         host = adapt(self._connection)
-        target = _target(self._storage)
+        target = fence.target()
         if host.family != target.family:
             _refuse(host, target, f"a {host.family!r} database")
-        expected = self._registry.current_epoch_bytes(wid)
+        expected = fence._registry.current_epoch_bytes(wid)  # validates the id
         if expected is None:
-            _deposed(wid, self._warn)
-        locked = host.begin()
-        try:
-            observed = _read_epoch(host, target, wid, locked=locked, timeouts_ms=self._timeouts)
-            if observed != expected:
-                _deposed(wid, self._warn)
-        except BaseException as exc:
-            _end_quietly(host, exc)
-            raise
+            _deposed(wid, fence._warn)
+        params = fence.params(target, wid)
+        observed: bytes | None
+        # Only for a host that can begin and read in one round trip: elsewhere the connection
+        # (key) is asked for after begin(), since asking may begin a transaction (a Session).
+        rows = _begin_reading(fence, host, target, params, wid)
+        if rows is None:
+            locked = host.begin()
+            try:
+                binding = _cached(fence, host, target)
+                observed = _read_epoch(fence, host, target, binding, params, wid, locked=locked)
+            except BaseException as exc:
+                _end_quietly(host, exc)
+                raise
+        else:
+            observed = as_value(rows[0][0]) if rows else None
+        if observed != expected:
+            error = EngineDeposedError(wid)
+            _end_quietly(host, error)
+            _deposed(wid, fence._warn)
         self._host = host
         return host.result
 
@@ -289,40 +353,63 @@ class _FencedBlock:
             _end_quietly(host, exc)
 
 
-def _read_epoch(
+def _begin_reading(
+    fence: HostFence,
     host: HostTransaction,
     target: FenceTarget,
+    params: tuple[str, ...],
+    wid: str,
+) -> list[tuple[Any, ...]] | None:
+    """Begin and read the epoch in one call where ``host`` can with the binding already proven
+    (see :class:`~weft_sync.fencing.base.SupportsBeginReading`); ``None`` otherwise, having
+    begun nothing.
+
+    :raises StorageError: the begin or the read failed (the transaction was rolled back).
+    """
+    begin_reading = getattr(host, "begin_reading", None)
+    if begin_reading is None:
+        return None
+    binding = _cached(fence, host, target)
+    if binding is None:
+        return None
+    try:
+        rows: list[tuple[Any, ...]] | None = begin_reading(binding, params)
+    except Exception as exc:
+        _end_quietly(host, exc)
+        raise _fence_failed(wid, target, exc) from exc
+    return rows
+
+
+def _fence_failed(wid: str, target: FenceTarget, exc: BaseException) -> StorageError:
+    return StorageError(
+        f"the fence of a host transaction for workflow {wid!r} failed on {target.location}: {exc}"
+    )
+
+
+def _read_epoch(
+    fence: HostFence,
+    host: HostTransaction,
+    target: FenceTarget,
+    binding: FenceBinding | None,
+    params: tuple[str, ...],
     wid: str,
     *,
     locked: bool,
-    timeouts_ms: tuple[int, int],
 ) -> bytes | None:
     """Prove the connection, take the lock and read the epoch, inside the begun transaction.
 
     :raises StorageError: a statement of the fence failed (the caller rolls back).
     """
-    if target.family == "postgresql":
-        params: tuple[str, ...] = (
-            _epoch_key(wid),
-            f"{timeouts_ms[0]:d}ms",
-            f"{timeouts_ms[1]:d}ms",
-        )
-    else:
-        params = (_epoch_key(wid),)
     try:
-        binding = _cached(host, target)
         if binding is None or not _still_holds(host, binding):
-            binding = _prove(host, target)
+            binding = _prove(fence, host, target)
         if not locked and binding.write_lock is not None:
             host.query(binding.write_lock, params[:1])
         rows = host.query(binding.read_epoch, params)
     except (StorageCapabilityError, TypeError):
         raise
     except Exception as exc:
-        raise StorageError(
-            f"the fence of a host transaction for workflow {wid!r} failed on "
-            f"{target.location}: {exc}"
-        ) from exc
+        raise _fence_failed(wid, target, exc) from exc
     return as_value(rows[0][0]) if rows else None
 
 

@@ -1,19 +1,100 @@
-"""The fence for a host's psycopg 3 ``Connection``: ``connection.transaction()``.
+"""The fence for a host's psycopg 3 ``Connection``.
 
-psycopg's own transaction block begins a transaction, or a savepoint when one is open (also the
-implicit one of a non-autocommit connection), and commits or rolls back exactly that.
+Outside a transaction the block's ``BEGIN`` and the fence's epoch read go to the server as one
+simple query: one round trip instead of two. The read runs as a statement the fence prepares in
+the connection's session the first time (``PREPARE`` in that same query, after the ``BEGIN``),
+so the server neither parses nor plans it again. Where the statement is gone (``DEALLOCATE``,
+``DISCARD ALL`` by a pool or a proxy between transactions) the read fails before anything of
+the block ran: the transaction is rolled back, the session is asked what it has prepared, and
+the block tries once more. The ``COMMIT`` carries a check that the transaction the block began
+is still the one open, so a host that committed or rolled back inside the block is refused at
+the end, and what it ran after that is rolled back, not committed unfenced. Inside a
+transaction already open (also the implicit one of a non-autocommit connection that ran a
+statement), and in pipeline mode, psycopg's own transaction block is used instead: a
+savepoint, committed or rolled back exactly.
 """
 
 from __future__ import annotations
 
+import functools
+import hashlib
+import threading
+import weakref
 from collections.abc import Sequence
 from contextlib import AbstractContextManager
-from typing import Any
+from typing import Any, Final
 
 import psycopg
+from psycopg import errors, pq
 from psycopg.rows import tuple_row
 
+from ..storage.fence_target import FenceBinding
+from .base import inline_literal
+
 __all__ = ["PsycopgTransaction"]
+
+_IDLE: Final = pq.TransactionStatus.IDLE
+_PIPELINE_OFF: Final = pq.PipelineStatus.OFF
+_TUPLES_OK: Final = pq.ExecStatus.TUPLES_OK
+_COMMAND_OK: Final = pq.ExecStatus.COMMAND_OK
+_DIVISION_BY_ZERO: Final = b"22012"
+_NO_SUCH_STATEMENT: Final = b"26000"
+_DUPLICATE_STATEMENT: Final = b"42P05"
+_SQLSTATE: Final = pq.DiagnosticField.SQLSTATE
+
+# A transaction-local setting made by the block's own BEGIN: gone once that transaction ends.
+_MARK_NAME: Final = "weft_sync_fence_mark"
+_PREPARE_MARK: Final = f"PREPARE {_MARK_NAME} AS SELECT set_config('weft_sync.fenced', '1', true)"
+_CHECKED_COMMIT: Final = (
+    b"SELECT 1 / coalesce((current_setting('weft_sync.fenced', true) = '1')::int, 0); COMMIT"
+)
+
+# Guards _PREPARED: per connection, the fence statements prepared in its session.
+_prepared_lock = threading.Lock()
+_PREPARED: weakref.WeakKeyDictionary[psycopg.Connection[Any], set[str]] = (
+    weakref.WeakKeyDictionary()
+)
+
+
+@functools.lru_cache(maxsize=64)
+def _prepared_form(parts: tuple[str, ...]) -> tuple[str, str]:
+    """The name and the ``PREPARE`` of the read whose text is ``parts`` joined around
+    ``$1``, ``$2``, …; the name derives from the text, so a statement of that name in any
+    session is this one."""
+    body = parts[0] + "".join(f"${i}{part}" for i, part in enumerate(parts[1:], start=1))
+    name = "weft_sync_fence_" + hashlib.blake2b(body.encode(), digest_size=8).hexdigest()
+    types = ", ".join("text" for _ in parts[1:])
+    return name, f"PREPARE {name}({types}) AS {body}"
+
+
+def _is_prepared(conn: psycopg.Connection[Any], name: str) -> bool:
+    with _prepared_lock:
+        return name in _PREPARED.get(conn, ())
+
+
+def _set_prepared(conn: psycopg.Connection[Any], names: Sequence[str]) -> None:
+    with _prepared_lock:
+        _PREPARED.setdefault(conn, set()).update(names)
+
+
+def _learn_prepared(conn: psycopg.Connection[Any], names: Sequence[str]) -> None:
+    """Ask the session which of ``names`` it has prepared, and remember exactly those.
+
+    Outside a transaction (a statement of its own, whatever the connection's autocommit).
+    """
+    listed = ", ".join(f"'{name}'" for name in names)  # names of our own making: plain ASCII
+    sql = f"SELECT name FROM pg_prepared_statements WHERE name IN ({listed})"
+    with conn.lock:
+        result = conn.pgconn.exec_(sql.encode("ascii"))
+    if result.status != _TUPLES_OK:
+        raise errors.error_from_result(result, encoding=conn.info.encoding)
+    found = {
+        bytes(result.get_value(row, 0) or b"").decode("ascii") for row in range(result.ntuples)
+    }
+    with _prepared_lock:
+        known = _PREPARED.setdefault(conn, set())
+        known.difference_update(names)
+        known.update(found)
 
 
 class PsycopgTransaction:
@@ -24,6 +105,7 @@ class PsycopgTransaction:
     def __init__(self, connection: psycopg.Connection[Any]) -> None:
         self._conn = connection
         self._tx: AbstractContextManager[psycopg.Transaction] | None = None
+        self._own = False  # the block began the transaction with begin_reading()
 
     @property
     def connection_key(self) -> object:
@@ -34,22 +116,77 @@ class PsycopgTransaction:
         return self._conn
 
     def begin(self) -> bool:
-        # BEGIN goes alone, not pipelined with the fence's read: psycopg's pipeline mode costs
-        # more than a loopback round trip, and a transaction() entered in a pipeline keeps the
-        # connection in pipeline mode (the host's statements too) until it ends.
         tx = self._conn.transaction()
         tx.__enter__()
         self._tx = tx
         return True
+
+    def begin_reading(
+        self, binding: FenceBinding, params: Sequence[str]
+    ) -> list[tuple[Any, ...]] | None:
+        """``BEGIN`` and the read in one round trip, or ``None`` (then :meth:`begin` is used)
+        when a transaction is already open or the connection is in pipeline mode."""
+        conn = self._conn
+        pgconn = conn.pgconn
+        parts = binding.read_epoch_parts
+        if (
+            parts is None
+            or binding.recheck is not None
+            or pgconn.transaction_status != _IDLE
+            or pgconn.pipeline_status != _PIPELINE_OFF
+        ):
+            return None
+        args = inline_literal(("(", *(", " for _ in params[1:]), ")"), params)
+        if args is None:
+            return None
+        name, prepare = _prepared_form(tuple(parts))
+        begin = _begin_command(conn)
+        run = f"EXECUTE {_MARK_NAME}; EXECUTE {name}{args}"
+        for _attempt in range(2):
+            missing = [
+                statement
+                for statement_name, statement in ((_MARK_NAME, _PREPARE_MARK), (name, prepare))
+                if not _is_prepared(conn, statement_name)
+            ]
+            with conn.lock:
+                # PREPARE after BEGIN: a statement before it would make the transaction's
+                # isolation level too late to set. A prepared statement outlives a rollback.
+                result = pgconn.exec_("; ".join([begin, *missing, run]).encode("ascii"))
+            began = pgconn.transaction_status != _IDLE
+            code = None if result.status == _TUPLES_OK else result.error_field(_SQLSTATE)
+            if code in (_DUPLICATE_STATEMENT, _NO_SUCH_STATEMENT):
+                # What this session has prepared is not what the fence remembers (another
+                # block prepared it, or it was deallocated): nothing of the block ran yet.
+                if began:
+                    conn.rollback()
+                _learn_prepared(conn, (_MARK_NAME, name))
+                continue
+            self._own = began
+            if code is not None:
+                raise errors.error_from_result(result, encoding=conn.info.encoding)
+            _set_prepared(conn, (_MARK_NAME, name))
+            if result.ntuples == 0:
+                return []
+            raw = result.get_value(0, 0)
+            return [(None if raw is None else pq.Escaping(pgconn).unescape_bytea(raw),)]
+        return None
 
     def query(self, sql: str, params: Sequence[object]) -> list[tuple[Any, ...]]:
         # Tuples whatever row factory the host set; no parameters: several statements may go
         # in one round trip.
         cur = self._conn.cursor(row_factory=tuple_row)
         cur.execute(sql, params or None)
+        if cur.description is None and self._conn.pgconn.pipeline_status != _PIPELINE_OFF:
+            # In pipeline mode the result is not in yet: fetching syncs the pipeline (every
+            # statement the fence sends through here returns rows).
+            return cur.fetchall()
         return cur.fetchall() if cur.description else []
 
     def end(self, error: BaseException | None) -> None:
+        if self._own:
+            self._own = False
+            self._end_own(error)
+            return
         tx, self._tx = self._tx, None
         if tx is None:
             return
@@ -57,3 +194,44 @@ class PsycopgTransaction:
             tx.__exit__(None, None, None)
         else:
             tx.__exit__(type(error), error, error.__traceback__)
+
+    def _end_own(self, error: BaseException | None) -> None:
+        conn = self._conn
+        pgconn = conn.pgconn
+        if error is not None:
+            if pgconn.transaction_status != _IDLE:
+                conn.rollback()
+            return
+        if pgconn.transaction_status == _IDLE:
+            raise psycopg.ProgrammingError(_ENDED_INSIDE)
+        with conn.lock:
+            result = pgconn.exec_(_CHECKED_COMMIT)
+        if result.status == _COMMAND_OK:
+            return
+        failure = errors.error_from_result(result, encoding=conn.info.encoding)
+        if pgconn.transaction_status != _IDLE:
+            conn.rollback()  # the check failed: the COMMIT after it did not run
+        if result.error_field(_SQLSTATE) == _DIVISION_BY_ZERO:
+            raise psycopg.ProgrammingError(_ENDED_INSIDE) from failure
+        raise failure
+
+
+_ENDED_INSIDE: Final = (
+    "the fenced transaction was ended inside the block (commit() or rollback() on the "
+    "connection); what ran after that point was rolled back, not committed unfenced"
+)
+
+
+def _begin_command(conn: psycopg.Connection[Any]) -> str:
+    """The ``BEGIN`` psycopg itself would send for ``conn``'s transaction characteristics."""
+    if conn.isolation_level is None and conn.read_only is None and conn.deferrable is None:
+        return "BEGIN"
+    parts = ["BEGIN"]
+    if conn.isolation_level is not None:
+        level = psycopg.IsolationLevel(conn.isolation_level)
+        parts.append("ISOLATION LEVEL " + level.name.replace("_", " "))
+    if conn.read_only is not None:
+        parts.append("READ ONLY" if conn.read_only else "READ WRITE")
+    if conn.deferrable is not None:
+        parts.append("DEFERRABLE" if conn.deferrable else "NOT DEFERRABLE")
+    return " ".join(parts)

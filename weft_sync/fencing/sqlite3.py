@@ -20,9 +20,13 @@ import sqlite3
 from collections.abc import Sequence
 from typing import Any
 
+from ..storage.fence_target import FenceBinding
 from .base import savepoint_name
 
 __all__ = ["Sqlite3Transaction"]
+
+# Python 3.12+ only; before it every connection is in the legacy transaction mode.
+_HAS_AUTOCOMMIT = hasattr(sqlite3.Connection, "autocommit")
 
 
 class Sqlite3Transaction:
@@ -43,7 +47,27 @@ class Sqlite3Transaction:
 
     def _module_managed(self) -> bool:
         # Python 3.12+: autocommit False means the module owns BEGIN/COMMIT on this connection.
-        return getattr(self._conn, "autocommit", None) is False
+        return _HAS_AUTOCOMMIT and getattr(self._conn, "autocommit", None) is False
+
+    def begin_reading(
+        self, binding: FenceBinding, params: Sequence[str]
+    ) -> list[tuple[Any, ...]] | None:
+        """``BEGIN IMMEDIATE``, the binding's re-check and the epoch read in one call; ``None``
+        (nothing begun) inside an open transaction, where the module owns the transaction, or
+        when the re-check finds the connection no longer on the proven file."""
+        conn = self._conn
+        if conn.in_transaction or self._module_managed():
+            return None
+        conn.execute("BEGIN IMMEDIATE")
+        recheck, confirm = binding.recheck, binding.confirm
+        if (
+            recheck is not None
+            and confirm is not None
+            and not confirm(conn.execute(recheck).fetchall())
+        ):
+            conn.execute("ROLLBACK")
+            return None
+        return conn.execute(binding.read_epoch, params).fetchall()
 
     def begin(self) -> bool:
         conn = self._conn

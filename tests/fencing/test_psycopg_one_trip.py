@@ -1,0 +1,253 @@
+"""psycopg 3: a proven connection's block sends ``BEGIN`` and the epoch read as one query.
+
+What the server sees is read from libpq's own protocol trace (``PGconn.trace``): each frontend
+``Query`` or ``Sync`` message is one round trip. The block also keeps what psycopg's own
+transaction block would give: the connection's isolation level, a refusal of a host that ends
+the transaction inside the block, a bounded lock wait, and the savepoint path inside an open
+transaction or in pipeline mode.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+
+from tests.fencing.hosts import PAST_EXPIRY_MS, HostEnv, make_env
+from weft_sync import Ownership, OwnershipOptions, keys
+from weft_sync.errors import EngineDeposedError, StorageError, WorkflowClaimLostWarning
+
+pytestmark = pytest.mark.postgres_only
+
+WID = "wf-1"
+
+
+@pytest.fixture
+def env(postgres_base_url: str, tmp_path: Path) -> Iterator[HostEnv]:
+    host = make_env("postgres", "psycopg", tmp_path, postgres_base_url)
+    try:
+        yield host
+    finally:
+        host.close()
+
+
+def _held(env: HostEnv, wid: str = WID, **kwargs: Any) -> Ownership:
+    own = env.ownership(**kwargs)
+    assert own.registry.acquire(wid).status == "acquired"
+    return own
+
+
+@contextmanager
+def _traced(conn: psycopg.Connection[Any], tmp_path: Path) -> Iterator[list[str]]:
+    """The frontend messages ``conn`` sends inside the ``with`` (filled in on exit)."""
+    path = tmp_path / f"trace-{id(conn)}.txt"
+    sent: list[str] = []
+    with path.open("w") as out:
+        conn.pgconn.trace(out.fileno())
+        conn.pgconn.set_trace_flags(psycopg.pq.Trace.SUPPRESS_TIMESTAMPS)
+        try:
+            yield sent
+        finally:
+            conn.pgconn.untrace()
+    for line in path.read_text().splitlines():
+        fields = line.split("\t")
+        if len(fields) >= 3 and fields[0] == "F":
+            sent.append(f"{fields[2]} {fields[3] if len(fields) > 3 else ''}".strip())
+
+
+def _round_trips(sent: list[str]) -> int:
+    return sum(1 for message in sent if message.startswith(("Query", "Sync")))
+
+
+def test_proven_block_begins_and_reads_in_one_round_trip(env: HostEnv, tmp_path: Path) -> None:
+    own = _held(env)
+    conn = env.connect()
+    with own.fenced(WID, conn):  # the first block proves the connection
+        env.write(conn, "r0", "a")
+    with _traced(conn, tmp_path) as sent, own.fenced(WID, conn):
+        pass
+    assert _round_trips(sent) == 2, sent  # BEGIN + read, then the checked COMMIT
+    assert "BEGIN" in sent[0] and "FOR SHARE" in sent[0], sent
+    assert "COMMIT" in sent[-1], sent
+    with _traced(conn, tmp_path) as plain, conn.transaction():
+        pass
+    assert _round_trips(plain) == 2, plain  # psycopg's own: BEGIN, then COMMIT
+    with own.fenced(WID, conn):
+        env.write(conn, "r1", "b")
+    assert env.rows() == {"r0": "a", "r1": "b"}
+
+
+def test_connection_isolation_level_is_kept(env: HostEnv) -> None:
+    own = _held(env)
+    conn = env.connect()
+    conn.isolation_level = psycopg.IsolationLevel.REPEATABLE_READ
+    conn.read_only = False
+    for _ in range(2):
+        with own.fenced(WID, conn):
+            level = conn.execute("SHOW transaction_isolation").fetchone()
+            read_only = conn.execute("SHOW transaction_read_only").fetchone()
+        assert level == ("repeatable read",)
+        assert read_only == ("off",)
+    assert conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE
+
+
+@pytest.mark.parametrize("autocommit", [False, True])
+def test_commit_inside_the_block_is_refused(env: HostEnv, autocommit: bool) -> None:
+    own = _held(env)
+    conn = psycopg.connect(env.db_url, autocommit=autocommit)
+    try:
+        with own.fenced(WID, conn):
+            env.write(conn, "proven", "1")
+        with (
+            pytest.raises(psycopg.ProgrammingError, match="ended inside the block"),
+            own.fenced(WID, conn),
+        ):
+            env.write(conn, "before", "2")
+            conn.commit()
+            env.write(conn, "after", "3")
+        assert conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE
+    finally:
+        conn.close()
+    rows = env.rows()
+    # What ran before the host's own commit() is committed (the host did it); what ran after it
+    # was not fenced and is rolled back when the transaction is still open at the end.
+    assert rows["proven"] == "1" and rows["before"] == "2"
+    assert ("after" in rows) is autocommit
+
+
+def test_deposed_on_a_proven_connection_writes_nothing(env: HostEnv) -> None:
+    old = _held(env)
+    conn = env.connect()
+    with old.fenced(WID, conn):
+        env.write(conn, "r0", "old")
+    new = env.ownership()
+    env.clock.advance(PAST_EXPIRY_MS)
+    assert new.registry.takeover(WID).status == "acquired"
+    with (
+        pytest.warns(WorkflowClaimLostWarning),
+        pytest.raises(EngineDeposedError),
+        old.fenced(WID, conn),
+    ):
+        env.write(conn, "r0", "stale")
+    assert conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE
+    with new.fenced(WID, conn):
+        env.write(conn, "r0", "new")
+    assert env.rows() == {"r0": "new"}
+
+
+def test_lock_wait_on_a_proven_connection_is_bounded(env: HostEnv) -> None:
+    own = _held(env, options=OwnershipOptions(claim_ttl=600, claim_renew_interval=200))
+    conn = env.connect()
+    with own.fenced(WID, conn):
+        pass
+    table = env.storage_url.rsplit("table=", 1)[1]
+    blocker = psycopg.connect(env.db_url)
+    try:
+        blocker.execute(
+            f"SELECT value FROM {table} WHERE key = %s FOR UPDATE",
+            [keys.workflow_owner_epoch(WID)],
+        )
+        with pytest.raises(StorageError, match="lock timeout"), own.fenced(WID, conn):
+            pytest.fail("the fence went ahead without its lock")
+        assert conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE
+    finally:
+        blocker.rollback()
+        blocker.close()
+    with own.fenced(WID, conn):
+        env.write(conn, "after", "ok")
+    assert env.rows() == {"after": "ok"}
+
+
+def test_exception_in_a_proven_block_rolls_back(env: HostEnv) -> None:
+    own = _held(env)
+    conn = env.connect()
+    with own.fenced(WID, conn):
+        pass
+    with pytest.raises(KeyError), own.fenced(WID, conn):
+        env.write(conn, "r0", "lost")
+        raise KeyError("host")
+    assert conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE
+    assert env.rows() == {}
+
+
+@pytest.mark.parametrize("wid", ["it's; DROP TABLE x; --", "wf/ü 1", "a\\b%"])
+def test_workflow_ids_inlined_as_literals(env: HostEnv, wid: str) -> None:
+    own = _held(env, wid)
+    conn = env.connect()
+    for value in ("1", "2"):
+        with own.fenced(wid, conn):
+            env.write(conn, "r", value)
+    assert env.rows() == {"r": "2"}
+
+
+def test_open_transaction_and_pipeline_use_a_savepoint(env: HostEnv, tmp_path: Path) -> None:
+    own = _held(env)
+    conn = env.connect()
+    with own.fenced(WID, conn):
+        pass
+    conn.execute("SELECT 1")  # the implicit transaction of a non-autocommit connection
+    with _traced(conn, tmp_path) as sent, own.fenced(WID, conn):
+        env.write(conn, "inner", "1")
+    assert any("SAVEPOINT" in message for message in sent), sent
+    conn.rollback()  # the host's own transaction decides: the savepoint's write goes with it
+    with conn.pipeline(), own.fenced(WID, conn):
+        env.write(conn, "piped", "1")
+    assert env.rows() == {"piped": "1"}
+
+
+@pytest.mark.parametrize("drop", ["DEALLOCATE ALL", "DISCARD ALL"])
+def test_statement_dropped_by_the_session_is_prepared_again(
+    env: HostEnv, tmp_path: Path, drop: str
+) -> None:
+    own = _held(env)
+    conn = psycopg.connect(env.db_url, autocommit=True)
+    try:
+        with own.fenced(WID, conn):
+            env.write(conn, "r", "1")
+        with own.fenced(WID, conn):  # the read is prepared in this session now
+            env.write(conn, "r", "2")
+        conn.execute(drop)  # as a pool or a proxy resets a session between its clients
+        with _traced(conn, tmp_path) as sent, own.fenced(WID, conn):
+            env.write(conn, "r", "3")
+        assert any("PREPARE" in message for message in sent), sent
+        with _traced(conn, tmp_path) as again, own.fenced(WID, conn):
+            env.write(conn, "r", "4")
+        assert not any("PREPARE" in message for message in again), again
+        assert _round_trips(again) == 3, again  # begin + read, the host's write, commit
+    finally:
+        conn.close()
+    assert env.rows() == {"r": "4"}
+
+
+def test_two_stores_fenced_on_one_connection(env: HostEnv, tmp_path: Path) -> None:
+    first = _held(env)
+    sep = "&" if "?" in env.db_url else "?"
+    second_table = f"t2_{env.table}"
+
+    def drop_second() -> None:
+        with psycopg.connect(env.db_url, autocommit=True) as admin:
+            admin.execute(f"DROP TABLE IF EXISTS {second_table}")
+
+    env._closers.append(drop_second)  # runs after the second engine closed (closers: LIFO)
+    second = _held(env, "wf-2", storage=f"{env.db_url}{sep}table={second_table}")
+    conn = env.connect()
+    try:
+        for value in ("1", "2"):
+            with first.fenced(WID, conn):
+                env.write(conn, "a", value)
+            with second.fenced("wf-2", conn):
+                env.write(conn, "b", value)
+        with _traced(conn, tmp_path) as sent:
+            with first.fenced(WID, conn):
+                pass
+            with second.fenced("wf-2", conn):
+                pass
+        assert not any("PREPARE" in message for message in sent), sent
+        assert _round_trips(sent) == 4, sent
+    finally:
+        conn.close()
+    assert env.rows() == {"a": "2", "b": "2"}
