@@ -46,6 +46,7 @@ once and forks go on without this guard.
 from __future__ import annotations
 
 import gc
+import os
 import sqlite3
 import threading
 import time
@@ -221,8 +222,13 @@ def library() -> SqliteLibrary | str:
 
 
 def ensure_supported() -> None:
-    """Warn once (``RuntimeWarning``) when forks cannot take SQLite's mutexes."""
+    """Warn once (``RuntimeWarning``) when forks cannot take SQLite's mutexes.
+
+    Silent where the platform does not fork.
+    """
     global _warned
+    if not hasattr(os, "register_at_fork"):  # pragma: no cover - Windows
+        return
     found = library()
     if not isinstance(found, str):
         return
