@@ -289,6 +289,63 @@ def test_a_fork_during_an_open_read_transaction_leaves_the_child_a_working_store
     assert store.get("child") == b"2"
 
 
+class _PausingClose:
+    """A read connection whose ``close`` waits until released, then closes."""
+
+    def __init__(self, conn: sqlite3.Connection) -> None:
+        self.conn = conn
+        self.entered = threading.Event()
+        self.release = threading.Event()
+
+    def close(self) -> None:
+        self.entered.set()
+        assert self.release.wait(timeout=30)
+        self.conn.close()
+
+
+def test_a_fork_waits_for_a_read_connection_being_closed(
+    store: SqliteStorage, db_path: Path, tmp_path: Path, armed: threading.Event
+) -> None:
+    # A reader is closed when its thread has ended (or with its storage); a child forked
+    # half-way through that close would inherit SQLite's lock bookkeeping for the file
+    # half-updated, and its own connections could then find the file "locked" for ever.
+    ready = threading.Event()
+    readers: list[Any] = []
+
+    def read() -> None:
+        assert store.get("absent") is None
+        readers.append(store._readers.for_thread())
+        ready.set()
+
+    thread = threading.Thread(target=read, name="reader")
+    thread.start()
+    assert ready.wait(timeout=10)
+    thread.join(timeout=10)
+    reader = readers[0]
+    real = reader.conn
+    pausing = _PausingClose(real)
+    reader.conn = pausing
+    closer = threading.Thread(target=reader.close, name="closer")
+    closer.start()
+    assert pausing.entered.wait(timeout=10)
+    helper = _release_when_fork_requested(armed, pausing.release)
+    report = tmp_path / "child.txt"
+
+    def child() -> None:
+        with pytest.raises(sqlite3.ProgrammingError, match="closed"):
+            real.execute("SELECT 1")  # the fork came after the close, not during it
+        _child_writes_through_its_own_storage(store, db_path)
+
+    try:
+        wait_child(fork_child(child, report), report)
+    finally:
+        pausing.release.set()
+        helper.join(timeout=30)
+        closer.join(timeout=30)
+    assert armed.is_set()
+    assert store.get("child") == b"2"
+
+
 def test_two_threads_forking_at_once_each_get_a_child_with_a_working_store(
     store: SqliteStorage, db_path: Path, tmp_path: Path
 ) -> None:
