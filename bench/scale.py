@@ -15,7 +15,9 @@ one pass of the old engine, none after the third round at 1M and above, and thre
 one, whose passes are cheap and noisier): the wall time of ``Ownership.run_maintenance()`` and
 of its reclaim sub-pass (the ``weft_workflow_claim_pass_seconds{subpass="reclaim"}``
 histogram). Untimed warm-up passes come first (1 old, 10 new: the first few are slower while
-psycopg prepares statements), and a garbage collection before each pass. Before each pass the
+psycopg prepares statements), then as many new passes as move its rotating windows half way
+through the store (N / 512: a window is measured where it usually is, not at the start of its
+range), and a garbage collection before each pass. Before each pass the
 other engines run one maintenance pass of their own (not timed), so their heartbeats stay fresh
 however long the old discovery's passes take.
 
@@ -82,6 +84,7 @@ from bench.scale_seed import (
     save_manifest,
 )
 from weft_sync import Ownership, keys
+from weft_sync.maintenance.engine_discovery import DISCOVERY_WINDOW
 
 WARM_PASSES = 10
 NEW_PER_ROUND = 3
@@ -137,17 +140,22 @@ def measure_size(
 ) -> dict[str, PassSamples]:
     """Interleaved passes of every measured engine; each checked to have reclaimed nothing.
 
-    :param old_up_to: above this size the old discovery is not run (its passes take a minute).
+    :param old_up_to: above this size the old discovery is not run (its passes take a minute)
+        and its engine is closed.
     """
-    samples = {column: PassSamples() for column in fleet.measured}
-    engines = dict(fleet.measured)
     if old_up_to is not None and size > old_up_to:
-        engines.pop("old", None)
+        fleet.retire("old")
+    samples = {column: PassSamples() for column in fleet.columns}
+    engines = dict(fleet.measured)
     for column, ownership in engines.items():
         # Warm caches, connections and (psycopg prepares a statement on its 5th run) plans.
         for _ in range(1 if column == "old" else WARM_PASSES):
             fleet.heartbeat()
             _one_pass(ownership, column, size)
+    if "new" in engines:
+        # Measured where a window usually is, half way through the store, not at its start.
+        for _ in range(size // (2 * DISCOVERY_WINDOW)):
+            _one_pass(engines["new"], "new", size)
     for round_ in range(repeats):
         for column, ownership in engines.items():
             if column == "old" and size >= 1_000_000 and round_ >= 3:

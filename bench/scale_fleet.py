@@ -2,7 +2,10 @@
 
 ``Fleet`` opens ``OTHERS`` real engines whose ids the seeded holders name, and one measured
 engine per discovery the library has (``old``: ``reclaim_discovery="scan"``; ``new``: the
-default ``"auto"``), all with ``background="manual"``.
+default ``"auto"``), all with ``background="manual"`` and one shared clock that
+:meth:`Fleet.heartbeat` moves on by one renew interval (never behind the wall clock), so that
+every pass of every engine comes one interval after its previous one, as with the timer: each
+writes its heartbeat, and the store changes between two passes of the measured engine.
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ from typing import Any, Literal
 from bench.common import StoreSpec
 from bench.scale_seed import SEED_TYPE, Seeder
 from weft_sync import Ownership, OwnershipOptions, ReclaimedWorkflow, keys
+from weft_sync.clock import ManualClock, system_clock
 
 __all__ = [
     "Discovery",
@@ -32,9 +36,16 @@ OTHERS = 8
 Discovery = Literal["auto", "scan"]
 
 
-def options_for(mode: Discovery | None) -> OwnershipOptions:
-    """Default claim timing; ``mode`` picks the discovery (``None``: the default one)."""
-    return OwnershipOptions() if mode is None else OwnershipOptions(reclaim_discovery=mode)
+def options_for(mode: Discovery | None, backend: str | None = None) -> OwnershipOptions:
+    """Default claim timing; ``mode`` picks the discovery (``None``: the default one).
+
+    On PostgreSQL (``backend``) claim time is the database's, as by default: an injected clock
+    would otherwise make it the engine's own.
+    """
+    time_source: Literal["store"] | None = "store" if backend == "postgres" else None
+    if mode is None:
+        return OwnershipOptions(time_source=time_source)
+    return OwnershipOptions(reclaim_discovery=mode, time_source=time_source)
 
 
 def modes() -> dict[str, Discovery]:
@@ -59,11 +70,16 @@ class Fleet:
 
     def __init__(self, spec: StoreSpec) -> None:
         self.spec = spec
+        self.clock = ManualClock(system_clock())
+        self._interval_ms = options_for(None).claim_renew_interval_ms
         self._stack = contextlib.ExitStack()
-        self.others = [self._open(engine, options_for(None)) for engine in other_ids()]
+        others = options_for(None, spec.backend)
+        self.others = [self._open(engine, others) for engine in other_ids()]
         self.measured = {
             column: self._open(
-                f"scale-measured-{column}", options_for(mode), handlers={SEED_TYPE: _refuse_drive}
+                f"scale-measured-{column}",
+                options_for(mode, spec.backend),
+                handlers={SEED_TYPE: _refuse_drive},
             )
             for column, mode in modes().items()
         }
@@ -77,12 +93,26 @@ class Fleet:
             background="manual",
             engine_id=engine,
             handlers=handlers,
+            clock=self.clock,
         )
         self._stack.callback(ownership.close)
         return ownership
 
+    @property
+    def columns(self) -> list[str]:
+        """Every measured column, retired ones included."""
+        return list(modes())
+
+    def retire(self, column: str) -> None:
+        """Close a measured engine no longer measured: an engine that runs no passes would go
+        stale and cost every other pass a read of its (empty) claims."""
+        ownership = self.measured.pop(column, None)
+        if ownership is not None:
+            ownership.close()
+
     def heartbeat(self) -> None:
-        """One maintenance pass of every other engine: its heartbeat."""
+        """Move the clock on by one renew interval, then run one pass of every other engine."""
+        self.clock.set(max(self.clock() + self._interval_ms, system_clock()))
         for ownership in self.others:
             ownership.run_maintenance()
 

@@ -69,3 +69,44 @@ def test_key_builders_and_prefixes() -> None:
 def test_invalid_workflow_ids_are_named(bad: object, exc: type[Exception], match: str) -> None:
     with pytest.raises(exc, match=match):
         keys.validate_workflow_id(bad)
+
+
+def _canonical_by_definition(component: str) -> str | None:
+    decoded = keys.try_decode_key_component(component)
+    if decoded is None or keys.encode_key_component(decoded) != component:
+        return None
+    return decoded
+
+
+@pytest.mark.parametrize(
+    ("component", "expected"),
+    [
+        ("wf-0001", "wf-0001"),
+        ("a-_.!~*'()Z9", "a-_.!~*'()Z9"),
+        ("", ""),
+        ("a%20b%2Fc", "a b/c"),
+        ("%C3%A9", "é"),
+        ("%c3%a9", None),  # lowercase hex decodes but is not what the encoder writes
+        ("%41", None),  # a needless escape
+        ("a b", None),  # a character the encoder escapes
+        ("job:ckpt", None),  # a related record under the same prefix
+        ("é", None),
+        ("%zz", None),
+    ],
+)
+def test_canonical_components_decode_and_others_do_not(
+    component: str, expected: str | None
+) -> None:
+    assert keys.decode_canonical_component(component) == expected
+    assert _canonical_by_definition(component) == expected
+
+
+@given(st.text())
+def test_canonical_decoding_agrees_with_decode_then_encode(text: str) -> None:
+    # Any string as a component, and the encoding of any encodable string.
+    assert keys.decode_canonical_component(text) == _canonical_by_definition(text)
+    try:
+        encoded = keys.encode_key_component(text)
+    except ValueError:
+        return
+    assert keys.decode_canonical_component(encoded) == text

@@ -13,6 +13,7 @@ from urllib.parse import quote
 __all__ = [
     "OWNERSHIP_MODE_MARKER",
     "OWNER_INDEX_MARKER",
+    "decode_canonical_component",
     "decode_key_component",
     "decode_owner_by_engine_key",
     "encode_key_component",
@@ -35,6 +36,9 @@ MAX_WORKFLOW_ID_LENGTH: Final = 1024
 
 _UNRESERVED: Final = "-_.!~*'()"
 _ESCAPE = re.compile(r"%([0-9A-Fa-f]{2})")
+# A run of characters encode_key_component leaves as they are: such a component is its own
+# decoding and its own (canonical) encoding.
+_VERBATIM = re.compile(r"[A-Za-z0-9\-_.!~*'()]*")
 
 
 def encode_key_component(s: str) -> str:
@@ -95,6 +99,22 @@ def try_decode_key_component(s: str) -> str | None:
         return out.decode("utf-8", errors="strict")
     except UnicodeError:
         return None
+
+
+def decode_canonical_component(s: str) -> str | None:
+    """The string ``s`` encodes, if ``s`` is exactly :func:`encode_key_component` of it.
+
+    ``None`` for a malformed component and for a well-formed but non-canonical one (a lowercase
+    or needless escape, or a character that must be escaped: ``wf:<id>:ckpt`` under the prefix
+    ``wf:`` is not a component). Components made only of unreserved characters, as most ids
+    are, are recognised without decoding.
+    """
+    if _VERBATIM.fullmatch(s) is not None:
+        return s
+    decoded = try_decode_key_component(s)
+    if decoded is None or encode_key_component(decoded) != s:
+        return None
+    return decoded
 
 
 def validate_workflow_id(workflow_id: object) -> str:
@@ -163,11 +183,8 @@ def decode_owner_by_engine_key(key: str) -> tuple[str, str] | None:
     parts = key[len(_BY_ENGINE) :].split(":")
     if len(parts) != 2:
         return None
-    decoded = [try_decode_key_component(part) for part in parts]
-    engine_id, workflow_id = decoded
+    engine_id, workflow_id = (decode_canonical_component(part) for part in parts)
     if not engine_id or not workflow_id:
-        return None
-    if [encode_key_component(engine_id), encode_key_component(workflow_id)] != parts:
         return None
     return engine_id, workflow_id
 

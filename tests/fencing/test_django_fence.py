@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import django
+import psycopg
 import pytest
 from django.conf import settings
 
@@ -136,3 +137,27 @@ def test_nested_in_atomic_is_a_savepoint_that_still_checks(dj: DjangoEnv) -> Non
         ):
             Report.objects.using(dj.alias).create(id="refused", v="3")
     assert dj.rows() == {"outer": "1", "inner": "2"}
+
+
+def test_postgres_block_begins_and_reads_in_one_round_trip(dj: DjangoEnv, tmp_path: Path) -> None:
+    if dj.env.backend != "postgres":
+        pytest.skip("a PostgreSQL round trip")
+    own = dj.env.ownership()
+    own.registry.acquire("wf-1")
+    with fenced_atomic("wf-1", using=dj.alias, ownership=own):  # proves the connection
+        Report.objects.using(dj.alias).create(id="r1", v="1")
+    raw = connections[dj.alias].connection
+    trace = tmp_path / "trace.txt"
+    with trace.open("w") as out:
+        raw.pgconn.trace(out.fileno())
+        raw.pgconn.set_trace_flags(psycopg.pq.Trace.SUPPRESS_TIMESTAMPS)
+        try:
+            with fenced_atomic("wf-1", using=dj.alias, ownership=own):
+                Report.objects.using(dj.alias).filter(id="r1").update(v="2")
+        finally:
+            raw.pgconn.untrace()
+    lines = trace.read_text().splitlines()
+    sent = [line.split("\t", 3)[-1].strip() for line in lines if line.startswith("F\t")]
+    assert sent[0].startswith('"BEGIN') and "EXECUTE weft_sync_fence_" in sent[0], sent
+    assert len(sent) == 3, sent  # as unfenced: BEGIN (with the read), the UPDATE, COMMIT
+    assert dj.rows() == {"r1": "2"}

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import os
+import random
 import threading
 
 import pytest
@@ -19,6 +20,8 @@ from weft_sync.liveness import (
     decode_engine_record,
     survey_engines,
 )
+from weft_sync.liveness.engine import heartbeat_due, refresh_after_ms
+from weft_sync.liveness.verdicts import stale_after_ms
 from weft_sync.storage import Storage
 from weft_sync.storage.session_locks import storage_session_locks
 
@@ -72,6 +75,114 @@ def test_beat_rewrites_heartbeat_and_held_only(storage: Storage) -> None:
     assert beaten == liveness.record()
     assert beaten.heartbeat_at == 6_000 and beaten.held == 7
     assert beaten.started_at == first.started_at and beaten.lock == first.lock
+
+
+def test_a_beat_with_nothing_new_skips_the_put_until_the_refresh_age(storage: Storage) -> None:
+    wrapper = ProbeCounting(storage)
+    clock = ManualClock(5_000)
+    liveness = _liveness(wrapper, clock)  # TTL 3,000 ms, renew interval 1,000 ms
+    first = liveness.start()
+    assert refresh_after_ms(first) == 1_000
+    try:
+        puts = wrapper.puts
+        clock.advance(999)
+        assert liveness.beat(0) is True  # the stored record is current
+        assert (wrapper.puts, _stored(storage).heartbeat_at) == (puts, 5_000)
+        assert liveness.beat(2) is True  # a new claim count is written at once
+        assert (wrapper.puts, _stored(storage).held) == (puts + 1, 2)
+        assert _stored(storage).heartbeat_at == 5_999
+        clock.advance(999)
+        assert liveness.beat(2) is True
+        assert wrapper.puts == puts + 1
+        clock.advance(1)
+        assert liveness.beat(2) is True  # 1,000 ms since the last write: due
+        assert (wrapper.puts, _stored(storage).heartbeat_at) == (puts + 2, 6_999)
+    finally:
+        liveness.close()
+
+
+def _record(heartbeat_at: int, **changes: object) -> EngineRecord:
+    fields: dict[str, object] = {
+        "engine_id": "e",
+        "state": "live",
+        "heartbeat_at": heartbeat_at,
+        "claim_ttl_ms": 30_000,
+        "renew_interval_ms": 5_000,
+        "held": 1,
+        "lock": "e",
+        "pid": 1,
+        "host": "h",
+        "started_at": 0,
+    }
+    fields.update(changes)
+    return EngineRecord(**fields)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("record", "due"),
+    [
+        (_record(10_000), False),
+        (_record(29_999), False),  # the defaults: rewritten once 20 s old
+        (_record(30_000), True),
+        (_record(9_999), True),  # the clock went back
+        (_record(10_001, held=2), True),
+        (_record(10_001, lock=None), True),
+    ],
+)
+def test_a_heartbeat_is_due_when_anything_else_changed_or_it_reached_its_refresh_age(
+    record: EngineRecord, due: bool
+) -> None:
+    assert heartbeat_due(_record(10_000), record) is due
+
+
+@pytest.mark.parametrize(
+    ("ttl", "interval", "refresh"),
+    [(30_000, 5_000, 20_000), (3_000, 1_000, 1_000), (10_000, 1_000, 8_000), (1_000, 1_000, 500)],
+)
+def test_the_refresh_age_is_the_ttl_less_two_intervals_and_at_least_half_of_one(
+    ttl: int, interval: int, refresh: int
+) -> None:
+    assert refresh_after_ms(_record(0, claim_ttl_ms=ttl, renew_interval_ms=interval)) == refresh
+
+
+@pytest.mark.parametrize("pattern", ["every-interval", "just-short-then-full", "random"])
+def test_an_engine_beating_once_per_interval_is_never_stale_at_the_worst_instant(
+    storage: Storage, pattern: str
+) -> None:
+    """The stale rule's margin with skipped beats: the arithmetic of ``heartbeat_due``."""
+    interval = 1_000
+    clock = ManualClock(1_000_000)
+    liveness = _liveness(storage, clock)
+    refresh = refresh_after_ms(liveness.start())
+    rng = random.Random(7)
+
+    def gap(n: int) -> int:
+        if pattern == "every-interval":
+            return interval
+        if pattern == "random":
+            return rng.randint(1, interval)
+        # Passes land just short of the refresh age, then a whole interval later.
+        return refresh - 1 if n % 2 == 0 else interval
+
+    oldest = 0
+    try:
+        for n in range(200):
+            # The worst instant: just before the next pass, which comes at most an interval on.
+            clock.advance(gap(n) - 1)
+            stored = _stored(storage)
+            age = clock() - stored.heartbeat_at
+            oldest = max(oldest, age)
+            assert age < refresh + interval
+            [status] = survey_engines(storage, now=clock(), probe=False)
+            assert status.verdict is EngineVerdict.LIVE
+            clock.advance(1)
+            assert liveness.beat(0) is True
+    finally:
+        liveness.close()
+    # A judge's clock must run more than the takeover grace (2 intervals) ahead to call it stale.
+    assert stale_after_ms(stored) - oldest > 2 * interval
+    if pattern == "just-short-then-full":
+        assert oldest == refresh + interval - 2  # the bound is reached, not just met
 
 
 def test_close_without_claims_deletes_the_record_and_releases_the_lock(storage: Storage) -> None:

@@ -88,6 +88,36 @@ def test_survey_judges_every_engine_with_one_probe(storage: Storage) -> None:
     assert statuses["broken"].record is None
 
 
+def test_a_survey_of_rows_read_elsewhere_judges_as_one_that_reads_them(
+    storage: Storage,
+) -> None:
+    locks = storage_session_locks(storage)
+    assert locks is not None
+    held = locks.acquire_session_lock("alive")
+    try:
+        _put(storage, replace(LIVE, engine_id="alive", lock="alive"))
+        _put(storage, replace(LIVE, engine_id="crashed", lock="crashed"))
+        _put(storage, replace(LIVE, engine_id="old", lock=None, heartbeat_at=0))
+        storage.put(keys.engine_liveness("broken"), b"junk")
+        storage.put(keys.engine_liveness("") + "%zz", b"junk")  # names no engine: skipped
+        rows = storage.scan(keys.engine_liveness(""))
+        assert len(rows) == 5
+        # Rows read before a record changed are what is judged: the caller's snapshot.
+        _put(storage, replace(LIVE, engine_id="alive", state="closed", lock="alive"))
+        given = survey_engines(storage, now=10_500, exclude=["me"], rows=rows)
+        _put(storage, replace(LIVE, engine_id="alive", lock="alive"))
+        read = survey_engines(storage, now=10_500, exclude=["me"])
+    finally:
+        held.release()
+    assert given == read
+    assert {s.engine_id: s.verdict for s in given} == {
+        "alive": EngineVerdict.LIVE,
+        "crashed": EngineVerdict.CRASHED,
+        "old": EngineVerdict.STALE,
+        "broken": EngineVerdict.STALE,
+    }
+
+
 def test_survey_on_a_store_without_locks_judges_by_heartbeat(storage: Storage) -> None:
     _put(storage, replace(LIVE, engine_id="fresh", lock="fresh"))
     _put(storage, replace(LIVE, engine_id="old", lock="old", heartbeat_at=0))

@@ -38,6 +38,7 @@ class ProbeCounting:
         self.probes = 0
         self.fail_probes = 0
         self.fail_puts = False
+        self.puts = 0
         # When set: a put waits for ``release_puts`` after announcing itself on ``put_waiting``.
         self.hold_puts = False
         self.put_waiting = threading.Event()
@@ -51,6 +52,8 @@ class ProbeCounting:
         return getattr(self._inner, name)
 
     def put(self, key: str, value: bytes) -> None:
+        with self._cond:
+            self.puts += 1
         if self.fail_puts:
             raise StorageError(f"injected put failure on {key!r}")
         if self.hold_puts:

@@ -51,18 +51,29 @@ class Hooked(GatedStorage):
     """A gated store with a native ``get_many`` whose next read naming a key can be made to fail.
 
     ``fail_next_read_of(key, error)`` makes the next read (``get`` or ``get_many``) naming ``key``
-    raise ``error`` without reading.
+    raise ``error`` without reading; ``before_next_read_of(key, action)`` runs ``action`` right
+    before it. ``reads_of(key)`` counts the reads that named ``key``.
     """
 
     def __init__(self, inner: Storage) -> None:
         super().__init__(inner)
-        # _failures_lock guards _failures.
+        # _failures_lock guards _failures, _before and _reads.
         self._failures_lock = threading.Lock()
         self._failures: dict[str, BaseException] = {}
+        self._before: dict[str, Callable[[], object]] = {}
+        self._reads: dict[str, int] = {}
 
     def fail_next_read_of(self, key: str, error: BaseException) -> None:
         with self._failures_lock:
             self._failures[key] = error
+
+    def before_next_read_of(self, key: str, action: Callable[[], object]) -> None:
+        with self._failures_lock:
+            self._before[key] = action
+
+    def reads_of(self, key: str) -> int:
+        with self._failures_lock:
+            return self._reads.get(key, 0)
 
     def get(self, key: str) -> bytes | None:
         return self.get_many([key])[0]
@@ -70,7 +81,12 @@ class Hooked(GatedStorage):
     def get_many(self, keys_: Sequence[str]) -> list[bytes | None]:
         self._count("get_many")
         with self._failures_lock:
+            for k in keys_:
+                self._reads[k] = self._reads.get(k, 0) + 1
+            actions = [self._before.pop(k) for k in keys_ if k in self._before]
             errors = [self._failures.pop(k) for k in keys_ if k in self._failures]
+        for action in actions:
+            action()
         if errors:
             raise errors[0]
         return storage_get_many(self.inner, keys_)
@@ -409,37 +425,53 @@ def test_a_workflow_that_stopped_running_during_the_takeover_is_released(
     assert claim_attempts(metrics) == {"takeover": 2}
 
 
-@pytest.mark.parametrize("change", ["completed", "replaced-by-start-new"])
-def test_a_workflow_that_stopped_running_between_prepare_and_complete_is_not_driven(
+def test_the_won_records_are_rechecked_with_one_read_after_the_commit(
     target: ReclaimTargetHandle,
-    reg: ClaimRegistry,
     rival: ClaimRegistry,
+    gated: Hooked,
     storage: Storage,
     clock: ManualClock,
     drive: Drive,
-    change: str,
+) -> None:
+    _stranded(storage, rival, clock, "wf-1", "wf-2", "wf-3")
+    committed: list[int] = []
+    gated.before_next_cas(lambda: committed.append(gated.calls["get_many"]))
+    plans = target.prepare_workflow_claim_takeovers(["wf-1", "wf-2", "wf-3"])
+    # The holders read, the commit, then one read of the three records.
+    assert committed == [1]
+    assert gated.calls["get_many"] == 2
+    assert [gated.reads_of(keys.workflow(w)) for w in ("wf-1", "wf-2", "wf-3")] == [1, 1, 1]
+    assert [target.complete_workflow_claim_takeover(p) for p in plans] == ["reclaimed"] * 3
+    # Completion drives with the record that read returned: nothing is read again.
+    assert gated.calls["get_many"] == 2
+    assert drive.calls == ["wf-1", "wf-2", "wf-3"]
+
+
+def test_the_handler_gets_the_record_the_recheck_read(
+    reg: ClaimRegistry,
+    rival: ClaimRegistry,
+    gated: Hooked,
+    storage: Storage,
+    clock: ManualClock,
+    metrics: ClaimMetrics,
 ) -> None:
     _stranded(storage, rival, clock, "wf-1")
+    seen: list[tuple[str, str, str]] = []
+
+    def drive_record(workflow_id: str, record: Any) -> None:
+        seen.append((workflow_id, record.type, record.status))
+
+    target = create_reclaim_target(
+        reg, gated, metrics, on_reclaimed=Drive(), drive_record=drive_record
+    )
     (plan,) = target.prepare_workflow_claim_takeovers(["wf-1"])
-    assert reg.current_epoch("wf-1") == 2
-    complete_workflow(storage, "wf-1")
-    if change == "replaced-by-start-new":
-        # This engine's host finishes the old generation and starts a new one under the id; the
-        # host drives the new generation itself.
-        assert reg.release("wf-1").status == "released"
-        write_workflow(storage, "wf-1")
-        assert reg.acquire("wf-1").epoch == 3
-    assert target.complete_workflow_claim_takeover(plan) == "not-eligible"
-    assert drive.calls == []
-    if change == "completed":
-        assert reg.list_held_workflow_ids() == []
-        assert storage.get(keys.workflow_owner_holder("wf-1")) is None
-    else:
-        assert reg.current_epoch("wf-1") == 3
-        assert holder_engine(storage, "wf-1") == "engine-a"
+    reads = gated.calls["get_many"]
+    assert target.complete_workflow_claim_takeover(plan) == "reclaimed"
+    assert seen == [("wf-1", "import", "running")]
+    assert gated.calls["get_many"] == reads
 
 
-def test_a_record_read_failing_at_completion_keeps_the_won_claim_for_a_redrive(
+def test_a_workflow_that_stopped_running_before_the_recheck_is_released_not_driven(
     target: ReclaimTargetHandle,
     reg: ClaimRegistry,
     rival: ClaimRegistry,
@@ -449,14 +481,84 @@ def test_a_record_read_failing_at_completion_keeps_the_won_claim_for_a_redrive(
     drive: Drive,
 ) -> None:
     _stranded(storage, rival, clock, "wf-1", "wf-2")
+    # Completed after the takeover committed, right before the records are read back.
+    gated.before_next_read_of(keys.workflow("wf-1"), lambda: complete_workflow(storage, "wf-1"))
+    plans = target.prepare_workflow_claim_takeovers(["wf-1", "wf-2"])
+    assert reg.current_epoch("wf-1") == 2  # won, then found completed
+    assert [target.complete_workflow_claim_takeover(p) for p in plans] == [
+        "not-eligible",
+        "reclaimed",
+    ]
+    assert drive.calls == ["wf-2"]
+    assert reg.list_held_workflow_ids() == ["wf-2"]
+    assert storage.get(keys.workflow_owner_holder("wf-1")) is None
+    assert stored_epoch(storage, "wf-1") == 2
+    assert target.pending_redrive_ids() == []
+
+
+def test_a_workflow_replaced_between_prepare_and_complete_is_not_driven(
+    target: ReclaimTargetHandle,
+    reg: ClaimRegistry,
+    rival: ClaimRegistry,
+    storage: Storage,
+    clock: ManualClock,
+    drive: Drive,
+) -> None:
+    _stranded(storage, rival, clock, "wf-1")
+    (plan,) = target.prepare_workflow_claim_takeovers(["wf-1"])
+    assert reg.current_epoch("wf-1") == 2
+    # This engine's host finishes the old generation and starts a new one under the id; the
+    # host drives the new generation itself.
+    complete_workflow(storage, "wf-1")
+    assert reg.release("wf-1").status == "released"
+    write_workflow(storage, "wf-1")
+    assert reg.acquire("wf-1").epoch == 3
+    assert target.complete_workflow_claim_takeover(plan) == "not-eligible"
+    assert drive.calls == []
+    assert reg.current_epoch("wf-1") == 3
+    assert holder_engine(storage, "wf-1") == "engine-a"
+
+
+def test_a_failed_recheck_read_is_made_again_at_completion(
+    target: ReclaimTargetHandle,
+    reg: ClaimRegistry,
+    rival: ClaimRegistry,
+    gated: Hooked,
+    storage: Storage,
+    clock: ManualClock,
+    drive: Drive,
+) -> None:
+    _stranded(storage, rival, clock, "wf-1", "wf-2")
+    gated.fail_next_read_of(keys.workflow("wf-1"), StorageError("read failed"))
     plans = target.prepare_workflow_claim_takeovers(["wf-1", "wf-2"])
     assert sorted(reg.list_held_workflow_ids()) == ["wf-1", "wf-2"]
+    assert [target.complete_workflow_claim_takeover(p) for p in plans] == ["reclaimed"] * 2
+    assert drive.calls == ["wf-1", "wf-2"]
+    # Each record was read twice: by the failed batched read and alone at completion.
+    assert [gated.reads_of(keys.workflow(w)) for w in ("wf-1", "wf-2")] == [2, 2]
+    assert target.pending_redrive_ids() == []
+
+
+def test_a_recheck_read_failing_twice_keeps_the_won_claim_for_a_redrive(
+    target: ReclaimTargetHandle,
+    reg: ClaimRegistry,
+    rival: ClaimRegistry,
+    gated: Hooked,
+    storage: Storage,
+    clock: ManualClock,
+    drive: Drive,
+) -> None:
+    _stranded(storage, rival, clock, "wf-1", "wf-2")
     failure = StorageError("read failed")
+    gated.fail_next_read_of(keys.workflow("wf-1"), failure)
+    plans = target.prepare_workflow_claim_takeovers(["wf-1", "wf-2"])
     gated.fail_next_read_of(keys.workflow("wf-1"), failure)
     with pytest.raises(StorageError, match="read failed"):
         target.complete_workflow_claim_takeover(plans[0])
     assert target.complete_workflow_claim_takeover(plans[1]) == "reclaimed"
+    # Neither driven nor dropped: held at the epoch won, retried as a redrive.
     assert reg.current_epoch("wf-1") == 2
+    assert holder_engine(storage, "wf-1") == "engine-a"
     assert target.pending_redrive_ids() == ["wf-1"]
     assert drive.calls == ["wf-2"]
     assert target.attempt_workflow_claim_takeover("wf-1") == "reclaimed"

@@ -267,6 +267,59 @@ def test_a_running_record_without_an_index_entry_is_found_by_the_record_window(
     assert driven.all_ids() == [unindexed]
 
 
+def test_a_holder_read_by_the_holder_window_is_not_read_again_in_the_same_pass(
+    make: MakeOwnership, storage: Storage, clock: ManualClock
+) -> None:
+    live = make("engine-live")
+    ids = _start(live, 5)
+    index_store(storage)
+    counting = ReadCounting(storage)
+    discovery = EngineIndexDiscovery(
+        counting,  # type: ignore[arg-type]
+        engine_id="engine-judge",
+        clock=clock,
+        judge=expiry_judge(clock, RENEW_MS),
+    )
+
+    assert discovery.discover(()).candidates == []
+
+    # The running index and the records list all five, and the holder window read all five
+    # holders: no holder is asked for by key (only the index marker is).
+    assert counting.scanned[keys.workflow_status_index("running", "")] == len(ids)
+    assert counting.scanned[keys.workflow_owner_holder("")] == len(ids)
+    assert counting.got == [keys.OWNER_INDEX_MARKER]
+
+
+def test_a_workflow_released_after_its_holder_was_read_is_found_within_the_window_bound(
+    make: MakeOwnership, storage: Storage, clock: ManualClock
+) -> None:
+    live = make("engine-live")
+    ids = _start(live, 10)
+    index_store(storage)
+    discovery = EngineIndexDiscovery(
+        storage,
+        engine_id="engine-judge",
+        clock=clock,
+        judge=expiry_judge(clock, RENEW_MS),
+        window=4,
+    )
+    assert discovery.discover(()).candidates == []  # the windows read ids[0:4], holders too
+    released = ids[1]
+    assert live.registry.release(released).status == "released"  # still running, now ownerless
+
+    bound = RotatingWindow(keys.workflow_status_index("running", ""), 4).passes_to_cover(len(ids))
+    found_after = None
+    for n in range(1, bound + 1):
+        result = discovery.discover(())
+        assert set(result.candidates) <= {released}
+        if released in result.candidates:
+            assert released in result.stranded
+            found_after = n
+            break
+    assert found_after is not None, f"not found within {bound} passes"
+    assert found_after > 1  # found once the running window came round to it again
+
+
 # -- migration and stores without locks -----------------------------------------------------
 
 

@@ -89,6 +89,14 @@ BAD_ROWS: list[tuple[str, object, type[Exception], str]] = [
     ("surrogate key", [("k\ud800", b"1", b"2")], ValueError, r"k\\ud800"),
     ("str expected", [("k", "1", b"2")], TypeError, r"row 0 \(key 'k'\): expected .*'1'"),
     ("None new", [("k", b"1", None)], TypeError, r"row 0 \(key 'k'\): new .*None"),
+    (
+        "row of four after a good row",
+        [("k", b"1", b"2"), ("j", b"1", b"2", b"3")],
+        TypeError,
+        "row 1",
+    ),
+    ("int key after a good row", [("k", b"1", b"2"), (7, b"1", b"2")], TypeError, "7"),
+    ("str new after a good row", [("k", b"1", b"2"), ("j", b"1", "2")], TypeError, "row 1"),
 ]
 
 

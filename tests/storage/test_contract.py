@@ -18,6 +18,7 @@ from weft_sync.storage import (
     StorageCapabilities,
     open_storage,
 )
+from weft_sync.storage.base import tightest_bounds
 
 OpenStore = Callable[[], Storage]
 
@@ -495,3 +496,49 @@ def test_concurrent_cas_increments_from_threads_and_processes_lose_no_update(
     assert [proc.exitcode for proc in procs] == [0] * _PROCESSES
     expected = (_THREADS + _PROCESSES) * _INCREMENTS
     assert stores[0].get(_COUNTER) == str(expected).encode("ascii")
+
+
+def test_every_combination_of_bounds_selects_what_each_bound_selects(storage: Storage) -> None:
+    """Both bounds of a side, tighter or looser than the prefix, equal or not (model check)."""
+    _fill(storage, ORDERED_KEYS)
+    stored = sorted(ORDERED_KEYS)
+    combos = [
+        (prefix, gt, gte, lt, lte)
+        for prefix in ("", "a", "a/")
+        for gt in (None, "", "a", "a/1", "a/2")
+        for gte in (None, "a", "a/1", "a/2", "b")
+        for lt in (None, "a/2", "ab", "\U0010ffff")
+        for lte in (None, "a/2", "a/9")
+    ]
+    for prefix, gt, gte, lt, lte in combos:
+        expected = [
+            k
+            for k in stored
+            if k.startswith(prefix)
+            and (gt is None or k > gt)
+            and (gte is None or k >= gte)
+            and (lt is None or k < lt)
+            and (lte is None or k <= lte)
+        ]
+        got = storage.scan(prefix, gt=gt, gte=gte, lt=lt, lte=lte)
+        assert _keys(got) == expected, (prefix, gt, gte, lt, lte)
+        reverse = storage.scan(prefix, gt=gt, gte=gte, lt=lt, lte=lte, limit=2, reverse=True)
+        assert _keys(reverse) == expected[::-1][:2], (prefix, gt, gte, lt, lte)
+
+
+@pytest.mark.parametrize(
+    ("prefix", "comparisons", "expected"),
+    [
+        ("p:", [("<", "p;")], [(">=", "p:"), ("<", "p;")]),
+        ("p:", [("<", "p;"), (">", "p:5")], [(">", "p:5"), ("<", "p;")]),
+        ("p:", [(">", "a")], [(">=", "p:")]),  # a cursor below the prefix does not widen it
+        ("p:", [(">", "p:")], [(">", "p:")]),  # equal bounds: the strict one
+        ("p:", [(">=", "p:5"), (">", "p:5")], [(">", "p:5")]),
+        ("", [("<=", "m"), ("<", "m")], [(">=", ""), ("<", "m")]),
+        ("", [("<", "m"), ("<=", "k")], [(">=", ""), ("<=", "k")]),
+    ],
+)
+def test_a_scan_is_bounded_by_its_tightest_bound_on_each_side(
+    prefix: str, comparisons: list[tuple[str, str]], expected: list[tuple[str, str]]
+) -> None:
+    assert tightest_bounds(prefix, comparisons) == expected

@@ -519,3 +519,34 @@ def test_forked_child_refuses_the_inherited_storage_and_writes_through_its_own(
     check = _raw(store_path(store))
     assert check.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
     check.close()
+
+
+def _scan_steps(store: SqliteStorage, prefix: str, gt: str) -> tuple[int, list[str]]:
+    """SQLite virtual-machine steps (in hundreds) one bounded scan takes, and its keys."""
+    conn = _read_conn(store)
+    steps = [0]
+
+    def count() -> int:
+        steps[0] += 1
+        return 0
+
+    conn.set_progress_handler(count, 100)
+    try:
+        keys = [key for key, _ in store.scan(prefix, gt=gt, limit=10)]
+    finally:
+        conn.set_progress_handler(None, 0)
+    return steps[0], keys
+
+
+def test_a_scan_deep_into_a_prefix_costs_what_one_at_its_start_costs(
+    store: SqliteStorage,
+) -> None:
+    store.batch([Put(f"p:{n:05d}", b"v") for n in range(5_000)])
+    store.batch([Put(f"o:{n:05d}", b"v") for n in range(100)] + [Put("q:after", b"v")])
+    near, near_keys = _scan_steps(store, "p:", "p:00010")
+    deep, deep_keys = _scan_steps(store, "p:", "p:04900")
+    assert near_keys == [f"p:{n:05d}" for n in range(11, 21)]
+    assert deep_keys == [f"p:{n:05d}" for n in range(4901, 4911)]
+    # Bounded by the cursor, not by the prefix: walking the 4,900 keys before it would take
+    # tens of thousands of steps more.
+    assert deep <= near + 5

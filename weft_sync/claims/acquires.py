@@ -24,9 +24,9 @@ from ..errors import ClosedError, CorruptEpochError
 from ..storage.base import Storage, storage_conditional_batch
 from ..storage.reads import storage_get_many
 from .engine_index import with_claim_entry
+from .holder_splice import renewal_split
 from .losses import LocalLosses
 from .releases import Releases
-from .renewals import renewal_split
 from .results import AcquirePreparation, AcquireResult, AcquireStatus
 from .tracking import ClaimTable, TrackedClaim
 from .transitions import Fragment, build_acquire_transition, extract_put_value

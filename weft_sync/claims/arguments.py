@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 from collections.abc import Container, Iterable
+from typing import Final
 
 from ..keys import validate_workflow_id
 
 __all__ = ["engine_ids_arg", "optional_epoch", "positive_int", "workflow_ids_arg"]
+
+_STR: Final = frozenset([str])
 
 
 def positive_int(name: str, value: object) -> int:
@@ -34,7 +37,11 @@ def workflow_ids_arg(workflow_ids: Iterable[str], tracked: Container[str] = ()) 
             f"{type(workflow_ids).__name__} {workflow_ids!r:.80}; pass [{workflow_ids!r:.80}] "
             f"to renew one workflow"
         )
-    return [w if type(w) is str and w in tracked else validate_workflow_id(w) for w in workflow_ids]
+    ids = list(workflow_ids)
+    # Checked in bulk first (the loops run in C): usually every id is a tracked str.
+    if set(map(type, ids)) <= _STR and all(map(tracked.__contains__, ids)):
+        return ids
+    return [w if type(w) is str and w in tracked else validate_workflow_id(w) for w in ids]
 
 
 def engine_ids_arg(engine_ids: Iterable[str]) -> frozenset[str]:

@@ -26,7 +26,7 @@ import os
 import time
 from collections.abc import Collection, Iterable, Iterator
 from contextlib import contextmanager
-from typing import cast
+from typing import Final, cast
 
 from .._fork import process_bound_class
 from ..clock import Clock
@@ -62,6 +62,7 @@ __all__ = [
 ]
 
 _log = logging.getLogger(__name__)
+_RESULTS_ONLY: Final = frozenset([RenewResult])
 
 
 @process_bound_class
@@ -312,6 +313,8 @@ class ClaimRegistry:
             ``warn`` sink raised). :meth:`renew_many_outcomes` reports failures per id instead.
         """
         outcomes = self.renew_many_outcomes(workflow_ids, chunk_size=chunk_size)
+        if set(map(type, outcomes)) <= _RESULTS_ONLY:  # checked in bulk: usually no error
+            return cast("list[RenewResult]", outcomes)
         for outcome in outcomes:
             if isinstance(outcome, Exception):
                 raise outcome

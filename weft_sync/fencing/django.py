@@ -12,11 +12,14 @@ at its start rather than failing with "database is locked" when it upgrades.
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
 from django.db import connections, transaction
+
+from ..storage.fence_target import FenceBinding
 
 if TYPE_CHECKING:
     from ..ownership import Ownership
@@ -47,6 +50,23 @@ class AtomicTransaction:
     def begin(self) -> bool:
         # Whatever mode the transaction began in, SQLite's write lock is taken by the fence.
         return self.family != "sqlite"
+
+    def begin_reading(
+        self, binding: FenceBinding, params: Sequence[str]
+    ) -> list[tuple[Any, ...]] | None:
+        """On psycopg 3, the ``BEGIN`` psycopg would send before the fence's read, sent with
+        it in one round trip (see :mod:`weft_sync.fencing.psycopg`); ``atomic`` still ends the
+        transaction. ``None`` elsewhere, or once the transaction has begun (nested blocks)."""
+        raw = self._wrapper.connection
+        if self.family != "postgresql" or "psycopg" not in sys.modules:
+            return None
+        import psycopg
+
+        if not isinstance(raw, psycopg.Connection):
+            return None
+        from .psycopg import PsycopgTransaction
+
+        return PsycopgTransaction(raw).begin_reading(binding, params)
 
     def query(self, sql: str, params: Sequence[object]) -> list[tuple[Any, ...]]:
         cursor = self._wrapper.connection.cursor()

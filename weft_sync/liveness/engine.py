@@ -1,11 +1,13 @@
 """One engine's own liveness: its session lock and the record it keeps up to date.
 
 :meth:`EngineLiveness.start` takes the engine's session lock (named by its engine id) when the
-store offers session locks, then writes the record; :meth:`~EngineLiveness.beat` rewrites it once
-per maintenance pass (one put: the heartbeat); :meth:`~EngineLiveness.close` deletes it, or
-marks it ``"closed"`` when claims were left behind, and then lets go of the lock. The record is
-written before the lock goes, so that nobody sees a live record without its lock (which reads as
-a crash) while the engine is closing in order.
+store offers session locks, then writes the record; :meth:`~EngineLiveness.beat` runs once per
+maintenance pass and rewrites it (one put: the heartbeat) unless nothing but the time would
+change and the stored heartbeat is younger than the TTL less two renew intervals (see
+:func:`heartbeat_due`); :meth:`~EngineLiveness.close` deletes it, or marks it ``"closed"`` when
+claims were left behind, and then lets go of the lock. The record is written before the lock
+goes, so that nobody sees a live record without its lock (which reads as a crash) while the
+engine is closing in order.
 """
 
 from __future__ import annotations
@@ -25,12 +27,46 @@ from ..storage import Storage
 from ..storage.session_locks import SessionLock, storage_session_locks
 from .records import MAX_ENGINE_ID_LENGTH, EngineRecord, encode_engine_record
 
-__all__ = ["EngineLiveness"]
+__all__ = ["EngineLiveness", "heartbeat_due", "refresh_after_ms"]
 
 _log = logging.getLogger(__name__)
 
 # How long close() waits for a heartbeat already writing, so that it cannot land after close.
 _BEAT_DRAIN_S: Final = 10.0
+
+
+def refresh_after_ms(record: EngineRecord) -> int:
+    """How old the stored heartbeat may grow before a beat rewrites it: TTL - 2 renew intervals.
+
+    Never less than half an interval (a record with a TTL under three intervals).
+    """
+    interval = record.renew_interval_ms
+    return max(interval // 2, record.claim_ttl_ms - 2 * interval)
+
+
+def heartbeat_due(previous: EngineRecord, record: EngineRecord) -> bool:
+    """Whether ``record`` must be written over ``previous``, the record last written.
+
+    It must when anything but the heartbeat time changed (the claim count feeds the others'
+    fair shares at once, a lock name their crash verdicts), when the clock went back, and when
+    the stored heartbeat is :func:`refresh_after_ms` old. The arithmetic, with TTL ``T``,
+    renew interval ``i`` (``T >= 3 * i``, checked at open) and refresh age ``R = T - 2 * i``:
+
+    An engine runs a pass (and a beat) at least once per renew interval (its timer does; a
+    manual host must call that often). A beat skipped leaves a heartbeat younger than ``R``,
+    and the next pass comes at most ``i`` later, so while the engine runs its stored heartbeat
+    is younger than ``R + i + d`` (``d``: how long a pass takes to reach its beat, less than an
+    interval or the pass overruns). A ``STALE`` verdict needs an age over ``T + 2 * i``: the
+    judge's clock must run ``3 * i - d`` (more than ``2 * i``) ahead of the engine's, more than
+    the takeover grace a holder's own expiry allows for. And a verdict only picks what
+    discovery reads: a stale engine's claims are still judged by their expiry.
+
+    At the defaults (30 s, 5 s) an engine writes its heartbeat every fourth pass.
+    """
+    if replace(previous, heartbeat_at=record.heartbeat_at) != record:
+        return True
+    age = record.heartbeat_at - previous.heartbeat_at
+    return not 0 <= age < refresh_after_ms(record)
 
 
 def _positive_ms(name: str, value: object) -> int:
@@ -166,10 +202,11 @@ class EngineLiveness:
         """Write the heartbeat: one put of the record with ``held`` claims and the time now.
 
         The session lock is checked first (and re-taken if it was lost); while it cannot be, the
-        record names no lock, so nobody reads the lost lock as a crash. A storage error is
-        logged and swallowed: the next beat tries again.
+        record names no lock, so nobody reads the lost lock as a crash. The put is skipped when
+        :func:`heartbeat_due` says the stored record is still current. A storage error is logged
+        and swallowed: the next beat tries again.
 
-        :returns: whether the record was written.
+        :returns: whether the stored record is current (written now, or not due).
         :raises ValueError: ``held`` is not a non-negative int.
         :raises RuntimeError: called before :meth:`start`.
         """
@@ -204,6 +241,8 @@ class EngineLiveness:
                     lock.token,
                 )
         record = replace(previous, heartbeat_at=self._clock(), held=held, lock=lock_name)
+        if not heartbeat_due(previous, record):
+            return True
         try:
             self._storage.put(self._key, encode_engine_record(record))
         except (StorageError, ClosedError) as exc:

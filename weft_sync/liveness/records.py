@@ -1,13 +1,15 @@
 """Engine liveness records: one MessagePack record per engine at ``wf-owner-engine:<id>``.
 
-An engine writes its record when it opens, once per maintenance pass (its heartbeat) and when it
-closes. Other engines read the few records to judge which engines are alive (see
+An engine writes its record when it opens, from its maintenance passes (its heartbeat: see
+:func:`~weft_sync.liveness.engine.heartbeat_due` for which passes write) and when it closes.
+Other engines read the few records to judge which engines are alive (see
 :mod:`~weft_sync.liveness.verdicts`). The decoder fails closed exactly as the holder codec does:
 anything but a record of the exact shape decodes to ``None``, never raises.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any, Final, Literal, get_args
 
@@ -24,6 +26,7 @@ __all__ = [
     "EngineRecord",
     "EngineState",
     "decode_engine_record",
+    "decode_engine_rows",
     "encode_engine_record",
     "read_engine_records",
 ]
@@ -157,8 +160,15 @@ def read_engine_records(storage: Storage) -> list[tuple[str, bytes, EngineRecord
 
     :raises StorageError: the scan failed.
     """
+    return decode_engine_rows(storage.scan(ENGINE_RECORD_PREFIX))
+
+
+def decode_engine_rows(
+    rows: Iterable[tuple[str, bytes]],
+) -> list[tuple[str, bytes, EngineRecord | None]]:
+    """What :func:`read_engine_records` returns, from the rows of a scan of its prefix."""
     found: list[tuple[str, bytes, EngineRecord | None]] = []
-    for key, raw in storage.scan(ENGINE_RECORD_PREFIX):
+    for key, raw in rows:
         engine_id = try_decode_key_component(key[len(ENGINE_RECORD_PREFIX) :])
         if not engine_id:
             continue

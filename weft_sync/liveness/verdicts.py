@@ -21,12 +21,12 @@ never lets two owners write.
 from __future__ import annotations
 
 import enum
-from collections.abc import Collection
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 
 from ..storage import Storage
 from ..storage.session_locks import storage_session_locks
-from .records import EngineRecord, read_engine_records
+from .records import EngineRecord, decode_engine_rows, read_engine_records
 
 __all__ = [
     "EngineStatus",
@@ -113,6 +113,7 @@ def take_survey(
     exclude: Collection[str] = (),
     own_lock: str | None = None,
     probe: bool = True,
+    rows: Sequence[tuple[str, bytes]] | None = None,
 ) -> Survey:
     """Read every engine record (one prefix scan) and probe their locks (one probe), then judge.
 
@@ -125,10 +126,13 @@ def take_survey(
         the store lost sessions rather than engines (a PostgreSQL restart, or this host cut off),
         so no lock is believed: every verdict falls back to the heartbeat (no ``CRASHED``).
     :param probe: ``False`` probes no lock, as on a store without them (after a failed probe).
+    :param rows: the engine records' rows, when the caller scanned their prefix already (in
+        the same statement as other reads); ``None`` scans it here.
     :raises StorageError: the scan or the probe failed.
     """
     skip = set(exclude)
-    entries = [entry for entry in read_engine_records(storage) if entry[0] not in skip]
+    found = read_engine_records(storage) if rows is None else decode_engine_rows(rows)
+    entries = [entry for entry in found if entry[0] not in skip]
     locks = storage_session_locks(storage) if probe else None
     names = {
         record.lock
@@ -158,6 +162,10 @@ def survey_engines(
     exclude: Collection[str] = (),
     own_lock: str | None = None,
     probe: bool = True,
+    rows: Sequence[tuple[str, bytes]] | None = None,
 ) -> list[EngineStatus]:
     """The statuses of :func:`take_survey` (same arguments)."""
-    return take_survey(storage, now=now, exclude=exclude, own_lock=own_lock, probe=probe).statuses
+    survey = take_survey(
+        storage, now=now, exclude=exclude, own_lock=own_lock, probe=probe, rows=rows
+    )
+    return survey.statuses

@@ -3,14 +3,17 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from msgpack import unpackb as _unpackb
+
 from ..claims.engine_index import read_engine_entries
 from ..claims.transitions import is_claim_expired
-from ..codec import decode_holder
+from ..codec import EPOCH_MAX, SAFE_INT_MAX, decode_holder
 from ..errors import StorageError
+from ..liveness.records import ENGINE_RECORD_PREFIX
 from ..liveness.verdicts import EngineStatus, EngineVerdict, survey_engines
 from ..storage.base import Storage
 from .reclaim_scan import HolderJudge, ReclaimDiscovery, discover_reclaim_candidates
@@ -18,9 +21,11 @@ from .reclaim_scan import HolderJudge, ReclaimDiscovery, discover_reclaim_candid
 __all__ = [
     "Discovery",
     "EngineDiscovery",
+    "ExpiryJudge",
     "ScanDiscovery",
     "crash_participants",
     "expiry_judge",
+    "holder_engine_and_expiry",
     "survey_for_discovery",
 ]
 
@@ -120,21 +125,32 @@ class ScanDiscovery:
         return survey_for_discovery(self._storage, now=self._clock(), engine_id=self._engine_id)
 
 
-def survey_for_discovery(storage: Storage, *, now: int, engine_id: str) -> list[EngineStatus]:
+def survey_for_discovery(
+    storage: Storage,
+    *,
+    now: int,
+    engine_id: str,
+    rows: Sequence[tuple[str, bytes]] | None = None,
+) -> list[EngineStatus]:
     """Survey the other engines; judge by heartbeats alone when the lock probe fails.
 
     Session locks only speed up what the claims' expiry rule decides anyway: a probe that
     fails costs this pass its ``CRASHED`` verdicts, never its takeovers of expired claims.
 
+    :param rows: the engine records' rows if the caller read them already (see
+        :func:`~weft_sync.liveness.verdicts.take_survey`).
     :raises StorageError: the engine records could not be read.
     """
+    if rows is None:
+        # Read once: a failed probe then judges the same records by their heartbeats.
+        rows = storage.scan(ENGINE_RECORD_PREFIX)
     try:
         # A survey that finds this engine's own lock gone (a database restart ends every lock
         # session at once) trusts no lock and judges by heartbeats.
-        return survey_engines(storage, now=now, exclude=(engine_id,), own_lock=engine_id)
+        return survey_engines(storage, now=now, exclude=(engine_id,), own_lock=engine_id, rows=rows)
     except StorageError as exc:
         _log.warning("weft_sync: probing the engines' session locks failed this pass: %s", exc)
-    return survey_engines(storage, now=now, exclude=(engine_id,), probe=False)
+    return survey_engines(storage, now=now, exclude=(engine_id,), probe=False, rows=rows)
 
 
 def crash_participants(statuses: list[EngineStatus]) -> frozenset[str]:
@@ -149,19 +165,71 @@ def crash_participants(statuses: list[EngineStatus]) -> frozenset[str]:
     )
 
 
-def expiry_judge(clock: Callable[[], int], renew_interval_ms: int) -> HolderJudge:
+class ExpiryJudge:
     """A judge naming a holder's engine while it is unexpired on ``clock``, else ``None``.
 
-    An undecodable holder is never live: a takeover may replace it at once.
+    An undecodable holder is never live: a takeover may replace it at once. Called as a
+    :data:`~.reclaim_scan.HolderJudge` it reads the clock per holder; :meth:`at_once` gives a
+    judge that reads it once, for the holders of one snapshot read.
     """
 
-    def judge(holder_bytes: bytes) -> str | None:
-        holder = decode_holder(holder_bytes)
-        if holder is None:
-            return None
-        expired = is_claim_expired(
-            expires_at=holder.expires_at, now=clock(), renew_interval_ms=renew_interval_ms
-        )
-        return None if expired else holder.engine_id
+    __slots__ = ("_clock", "_renew_interval_ms")
 
-    return judge
+    def __init__(self, clock: Callable[[], int], renew_interval_ms: int) -> None:
+        self._clock = clock
+        self._renew_interval_ms = renew_interval_ms
+
+    def __call__(self, holder_bytes: bytes) -> str | None:
+        return self._judge(holder_bytes, self._clock())
+
+    def at_once(self) -> HolderJudge:
+        """A judge of holders at the time now (one clock reading for all of them)."""
+        now = self._clock()
+        return lambda holder_bytes: self._judge(holder_bytes, now)
+
+    def _judge(self, holder_bytes: bytes, now: int) -> str | None:
+        fields = holder_engine_and_expiry(holder_bytes)
+        if fields is None:
+            return None
+        engine_id, expires_at = fields
+        expired = is_claim_expired(
+            expires_at=expires_at, now=now, renew_interval_ms=self._renew_interval_ms
+        )
+        return None if expired else engine_id
+
+
+def holder_engine_and_expiry(holder_bytes: object) -> tuple[str, int] | None:
+    """A holder's engine id and expiry, or ``None`` where the codec's holder decoder gives none.
+
+    Accepts exactly what :func:`~weft_sync.codec.decode_holder` accepts, and never raises; the
+    same checks without building the record: a window judges 256 holders a pass. MessagePack
+    decodes to plain ``str`` and ``int`` (``True`` is a ``bool``), so exact type checks are
+    the codec's ``isinstance`` checks here.
+    """
+    if type(holder_bytes) is not bytes:
+        fields = decode_holder(holder_bytes)  # type: ignore[arg-type]
+        return None if fields is None else (fields.engine_id, fields.expires_at)
+    try:
+        data = _unpackb(holder_bytes, raw=False, strict_map_key=False)
+    except Exception:  # msgpack raises several unrelated types on malformed input
+        return None
+    if type(data) is not dict:
+        return None
+    engine_id = data.get("engine_id")
+    epoch = data.get("epoch")
+    expires_at = data.get("expires_at")
+    claimed_at = data.get("claimed_at")
+    if type(engine_id) is not str or not engine_id:
+        return None
+    if type(epoch) is not int or not 1 <= epoch <= EPOCH_MAX:
+        return None
+    if type(expires_at) is not int or not 0 <= expires_at <= SAFE_INT_MAX:
+        return None
+    if type(claimed_at) is not int or not 0 <= claimed_at <= SAFE_INT_MAX:
+        return None
+    return engine_id, expires_at
+
+
+def expiry_judge(clock: Callable[[], int], renew_interval_ms: int) -> ExpiryJudge:
+    """An :class:`ExpiryJudge` on ``clock``."""
+    return ExpiryJudge(clock, renew_interval_ms)

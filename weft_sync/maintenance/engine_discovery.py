@@ -2,7 +2,8 @@
 
 One discovery (one reclaim pass) reads:
 
-1. **The engine records** (one short prefix scan) and probes their session locks once
+1. **The engine records** (one short prefix scan, in the same statement as the windows of 3
+   where the store can) and probes their session locks once
    (:func:`weft_sync.liveness.verdicts.survey_engines`). Live engines are not read further: the
    claim count each one publishes feeds the fair share, so an idle survivor counts as much as a
    busy one.
@@ -39,12 +40,18 @@ from .. import keys
 from ..claims.engine_index import backfill_step, index_marker_present, read_engine_entries
 from ..codec import try_decode_workflow_record
 from ..liveness.gc import forget_engine
+from ..liveness.records import ENGINE_RECORD_PREFIX
 from ..liveness.verdicts import EngineStatus, EngineVerdict
 from ..storage.base import Storage
-from ..storage.reads import storage_get_many
-from .discoveries import EngineDiscovery, crash_participants, survey_for_discovery
-from .reclaim_scan import HolderJudge, decode_key_id, discover_reclaim_candidates
-from .scan_windows import RotatingWindow
+from ..storage.reads import ScanRange, storage_get_many
+from .discoveries import (
+    EngineDiscovery,
+    ExpiryJudge,
+    crash_participants,
+    survey_for_discovery,
+)
+from .reclaim_scan import HolderJudge, discover_reclaim_candidates
+from .scan_windows import RotatingWindow, read_windows
 
 __all__ = [
     "BACKFILL_BUDGET",
@@ -118,8 +125,19 @@ class EngineIndexDiscovery:
         :raises StorageError: a read failed; nothing remembered moves but the windows read.
         """
         excluded = set(exclude)
-        statuses = survey_for_discovery(self._storage, now=self._clock(), engine_id=self._engine_id)
         indexed = self._store_indexed()
+        engine_rows: list[tuple[str, bytes]] | None = None
+        holder_rows = running_rows = record_rows = []
+        if indexed:
+            # The engine records come in the windows' statement: one round trip less.
+            holder_rows, running_rows, record_rows, engine_rows = read_windows(
+                self._storage,
+                (self._holders, self._running, self._records),
+                also=[ScanRange(ENGINE_RECORD_PREFIX)],
+            )
+        statuses = survey_for_discovery(
+            self._storage, now=self._clock(), engine_id=self._engine_id, rows=engine_rows
+        )
         result = EngineDiscovery() if indexed else self._migrating(excluded)
         found: dict[str, None] = dict.fromkeys(result.candidates)
         stranded: dict[str, None] = dict.fromkeys(result.stranded)
@@ -149,8 +167,8 @@ class EngineIndexDiscovery:
             else:
                 self._judged(ids, found, stranded, result.live_claims)
         if indexed:
-            self._holder_window(excluded, found, stranded)
-            self._ownerless_windows(excluded, found, stranded)
+            held = self._holder_window(holder_rows, excluded, found, stranded)
+            self._ownerless_windows(running_rows, record_rows, excluded, found, stranded, held)
         for engine in dead:
             # The full scan of a store being migrated reads a dead engine's holders as live.
             result.live_claims.pop(engine, None)
@@ -256,37 +274,65 @@ class EngineIndexDiscovery:
                 live_claims[engine] = live_claims.get(engine, 0) + 1
 
     def _holder_window(
-        self, excluded: set[str], found: dict[str, None], stranded: dict[str, None]
-    ) -> None:
-        for key, raw in self._holders.read(self._storage):
-            wid = decode_key_id(key, _HOLDER_PREFIX)
-            if wid is None or wid in excluded or wid in found:
+        self,
+        rows: list[tuple[str, bytes]],
+        excluded: set[str],
+        found: dict[str, None],
+        stranded: dict[str, None],
+    ) -> set[str]:
+        """Judge the holder window's ``rows``; return the workflows whose holder it read."""
+        seen: set[str] = set()
+        # The window is one snapshot: its holders are judged at one time, read after it.
+        judge = self._judge.at_once() if isinstance(self._judge, ExpiryJudge) else self._judge
+        for key, raw in rows:
+            wid = keys.decode_canonical_component(key[len(_HOLDER_PREFIX) :])
+            if not wid:
                 continue
-            if self._judge(raw) is None:
+            seen.add(wid)
+            if wid in excluded or wid in found:
+                continue
+            if judge(raw) is None:
                 found[wid] = None
                 stranded[wid] = None
+        return seen
 
     def _ownerless_windows(
-        self, excluded: set[str], found: dict[str, None], stranded: dict[str, None]
+        self,
+        running_rows: list[tuple[str, bytes]],
+        record_rows: list[tuple[str, bytes]],
+        excluded: set[str],
+        found: dict[str, None],
+        stranded: dict[str, None],
+        held: set[str],
     ) -> None:
-        """Running workflows without a holder, from the running index and the records."""
-        ids: list[str] = []
-        for key, _ in self._running.read(self._storage):
-            wid = decode_key_id(key, _RUNNING_PREFIX)
-            if wid is not None and wid not in excluded and wid not in found:
-                ids.append(wid)
-        for key, value in self._records.read(self._storage):
-            wid = decode_key_id(key, _WORKFLOW_PREFIX)
-            if wid is None or wid in excluded or wid in found:
-                continue
+        """Running workflows without a holder, from the running index and the records.
+
+        ``held`` are the workflows whose holder this pass read already: they are not asked
+        about again. A workflow left without a holder for a whole window cycle cannot be among
+        them, so the windows' bound is the same as if every holder were read afresh.
+        """
+        known = excluded | found.keys() | held
+        # workflow id -> its canonical key component, which the holder key shares.
+        asked: dict[str, str] = {}
+        for key, _ in running_rows:
+            component = key[len(_RUNNING_PREFIX) :]
+            wid = keys.decode_canonical_component(component)
+            if wid and wid not in known:
+                asked.setdefault(wid, component)
+        for key, value in record_rows:
+            component = key[len(_WORKFLOW_PREFIX) :]
+            wid = keys.decode_canonical_component(component)
+            if not wid or wid in known or wid in asked:
+                continue  # an id the running index listed is asked about once, record or not
             record = try_decode_workflow_record(value)
             if record is not None and record.status == _RUNNING:
-                ids.append(wid)
-        ids = list(dict.fromkeys(ids))
-        if not ids:
+                asked[wid] = component
+        if not asked:
             return
-        holders = storage_get_many(self._storage, [keys.workflow_owner_holder(w) for w in ids])
-        for wid, raw in zip(ids, holders, strict=True):
+        holders = storage_get_many(
+            self._storage, [_HOLDER_PREFIX + component for component in asked.values()]
+        )
+        for wid, raw in zip(asked, holders, strict=True):
             if raw is None:
                 found[wid] = None
                 stranded[wid] = None

@@ -11,13 +11,19 @@ The target is also a :class:`~.targets.BatchReclaimTarget`: the first takeover a
 candidates is made with one read and one commit per chunk
 (:meth:`ClaimRegistry.takeover_many <weft_sync.claims.registry.ClaimRegistry.takeover_many>`);
 each candidate is then finished (retries, the re-check of its record, the drive) exactly as a
-single attempt would finish it. The re-check reads the record at completion, right before the
-drive, however long after the takeover that is; and a claim is driven only while this engine
-still holds it at the epoch it won.
+single attempt would finish it. The records of a chunk's won claims are re-checked with one
+``get_many`` right after its commit, and each completion drives with the record that read
+returned (a single attempt, a retry, or a chunk whose read failed re-checks with a ``get`` at
+completion). Either way the record is read after the claim was won, and a claim is driven only
+while this engine still holds it at the epoch it won. A change to the record after that read is
+not seen by the drive, as with any read: the former holder cannot make one (its writes are
+fenced by the takeover), and an external rotation (cancel, timeout) replaces the claim, so the
+handler's fenced writes are refused.
 
 With ``fair_share`` (the ``Ownership`` facade turns it on) a pass attempts only this engine's
-fair share of the stranded candidates, in an order of its own (:mod:`.fair_share`); with
-``max_claims`` it never takes over beyond that many held claims.
+fair share of the stranded candidates, in an order of its own (:mod:`.fair_share`,
+:mod:`.reclaim_selection`); with ``max_claims`` it never takes over beyond that many held
+claims.
 """
 
 from __future__ import annotations
@@ -36,15 +42,10 @@ from ..codec import WorkflowRecord, decode_holder, try_decode_workflow_record
 from ..metrics import ClaimMetrics
 from ..storage.base import Storage
 from ..storage.reads import storage_get_many
-from .discoveries import Discovery, EngineDiscovery, ScanDiscovery
-from .engine_discovery import DEAD_SHARE_WINDOW_MS
-from .fair_share import (
-    FAIR_SHARE_WINDOW_INTERVALS,
-    assigned_to,
-    select_takeovers,
-    validate_max_claims,
-)
+from .discoveries import Discovery, ScanDiscovery
+from .fair_share import validate_max_claims
 from .reclaim_scan import list_reclaim_candidates
+from .reclaim_selection import CandidateSelection
 from .targets import TAKEOVER_MAX_ATTEMPTS, ReclaimAttemptResult
 
 __all__ = ["EligibilityPredicate", "ReclaimPlan", "ReclaimTargetHandle", "create_reclaim_target"]
@@ -67,15 +68,20 @@ class ReclaimPlan:
     ``final`` is the attempt's result when preparing decided it (not eligible). ``first`` is the
     outcome of the first takeover attempt when preparing made it. A plan with neither is
     attempted in full by
-    :meth:`~ReclaimTargetHandle.complete_workflow_claim_takeover`. ``completed`` is set (under
-    the target's lock) when a completion starts: a plan is completed at most once, so a claim it
-    won is driven at most once.
+    :meth:`~ReclaimTargetHandle.complete_workflow_claim_takeover`. ``confirmed`` says the
+    record of a claim ``first`` won was read after the chunk's commit; ``record`` is what that
+    read found (``None``: no record); both are set before the plan is returned and never
+    change. ``completed`` is set (under the target's lock) when a
+    completion starts: a plan is completed at most once, so a claim it won is driven at most
+    once.
     """
 
     workflow_id: str
     first: TakeoverResult | None = None
     final: ReclaimAttemptResult | None = None
     completed: bool = False
+    confirmed: bool = False
+    record: WorkflowRecord | None = None
 
 
 class ReclaimTargetHandle:
@@ -122,20 +128,13 @@ class ReclaimTargetHandle:
         self._metrics = metrics
         self._on_reclaimed = on_reclaimed
         self._is_eligible = is_eligible
-        # _lock guards _pending_redrive, _disposing, _first_seen, _ineligible and the completed
-        # flag of every plan.
+        self._selection = CandidateSelection(
+            registry, self._discovery, fair_share=fair_share, max_claims=self._max_claims
+        )
+        # _lock guards _pending_redrive, _disposing and the completed flag of every plan.
         self._lock = threading.Lock()
         self._pending_redrive: dict[str, int] = {}
-        # Stranded candidate -> when this engine first saw it stranded (its clock, ms).
-        self._first_seen: dict[str, int] = {}
-        # Candidates whose record the last check found ineligible: still attempted every pass
-        # (a handler may be added), but left out of the fair share they would otherwise use up.
-        self._ineligible: set[str] = set()
         self._disposing = False
-        # Engines the last discovery saw crashed or closed, and whether they kept claims it did
-        # not list.
-        self._dead_engines: frozenset[str] = frozenset()
-        self._dead_left = False
 
     @property
     def disposing(self) -> bool:
@@ -164,7 +163,7 @@ class ReclaimTargetHandle:
             return []
         held = self._registry.list_held_workflow_ids()
         if self._fair_share or self._max_claims is not None or self._custom_discovery:
-            found = self._select_candidates(held)
+            found = self._selection.select(held)
         else:
             found = list_reclaim_candidates(
                 self._storage,
@@ -175,87 +174,16 @@ class ReclaimTargetHandle:
         ids.update(dict.fromkeys(self.pending_redrive_ids()))
         return list(ids)
 
-    def _select_candidates(self, held: list[str]) -> list[str]:
-        """Discovery limited to this pass's takeovers: the fair share, within ``max_claims``."""
-        discovery = self._discovery.discover(held)
-        now = self._registry.clock()
-        window = FAIR_SHARE_WINDOW_INTERVALS * self._registry.claim_renew_interval_ms
-        room = self._capacity_left() != 0
-        with self._lock:
-            self._ineligible.intersection_update(discovery.stranded)
-            known_ineligible = [wid for wid in discovery.stranded if wid in self._ineligible]
-            shared = [wid for wid in discovery.stranded if wid not in self._ineligible]
-            seen = {wid: self._first_seen.get(wid, now) for wid in shared}
-            self._first_seen = seen
-            self._dead_engines = discovery.dead_engines
-            # Another urgent round is worth it only for dead claims this engine may still take:
-            # not known ineligible here, and room left under max_claims.
-            takeable = any(wid not in self._ineligible for wid in discovery.dead_claims)
-            self._dead_left = room and (discovery.dead_left or takeable)
-        dead = set(discovery.dead_claims)
-        if self._fair_share:
-            overdue = {wid for wid, first in seen.items() if now - first >= window}
-            overdue |= discovery.urgent.intersection(seen)
-            # Whatever the discovery: a dead engine's claim waits for its rendezvous taker
-            # only for the dead-share window.
-            overdue.update(
-                wid
-                for wid in discovery.dead_claims
-                if wid in seen and now - seen[wid] >= DEAD_SHARE_WINDOW_MS
-            )
-        else:
-            overdue = set(shared)
-        mine = self._dead_share(discovery, set(shared), overdue)
-        chosen = mine + select_takeovers(
-            engine_id=self._registry.engine_id,
-            stranded=[wid for wid in shared if wid not in dead],
-            overdue=overdue,
-            held=len(held) + len(mine),
-            live_claims=discovery.live_claims,
-            max_claims=self._max_claims,
-        )
-        if discovery.stranded:
-            _log.debug(
-                "reclaim pass takes %d of %d stranded workflows (%d overdue, %d ineligible "
-                "before, %d other engines)",
-                len(chosen),
-                len(shared),
-                len(overdue),
-                len(known_ineligible),
-                len(discovery.live_claims),
-            )
-        stranded = set(discovery.stranded)
-        rest = [wid for wid in discovery.candidates if wid not in stranded]
-        return chosen + known_ineligible + rest
-
-    def _dead_share(
-        self, discovery: EngineDiscovery, shared: set[str], overdue: set[str]
-    ) -> list[str]:
-        """Dead engines' claims this engine takes: its rendezvous share, and the overdue ones."""
-        ids = [wid for wid in discovery.dead_claims if wid in shared]
-        if not self._fair_share:
-            mine = ids
-        else:
-            assigned = set(assigned_to(self._registry.engine_id, discovery.participants, ids))
-            mine = [wid for wid in ids if wid in assigned or wid in overdue]
-        capacity = self._capacity_left()
-        return mine if capacity is None else mine[:capacity]
-
     def dead_engines(self) -> frozenset[str]:
         """Engines the last discovery saw crashed or closed."""
-        with self._lock:
-            return self._dead_engines
+        return self._selection.dead_engines()
 
     def dead_work_left(self) -> bool:
         """Whether the last discovery saw claims of crashed or closed engines."""
-        with self._lock:
-            return self._dead_left
+        return self._selection.dead_work_left()
 
     def _capacity_left(self) -> int | None:
-        """How many more claims ``max_claims`` allows now; ``None`` without a limit."""
-        if self._max_claims is None:
-            return None
-        return max(0, self._max_claims - len(self._registry.list_held_workflow_ids()))
+        return self._selection.capacity_left()
 
     def attempt_workflow_claim_takeover(self, workflow_id: str) -> ReclaimAttemptResult:
         """Reclaim one candidate: redrive our own failed drive, or take over / acquire and drive.
@@ -287,11 +215,12 @@ class ReclaimTargetHandle:
         """Make the first takeover attempt of every candidate this engine does not hold.
 
         One ``get_many`` reads the workflow records when an eligibility predicate is set
-        (ineligible candidates are decided here) and one ``takeover_many`` makes the attempts. A
-        read or a chunk that fails leaves its candidates to be attempted in full by
-        :meth:`complete_workflow_claim_takeover`, as do candidates held here, candidates whose
-        eligibility check raised, and invalid ids. Every returned plan must be completed: it may
-        stand for a claim already taken over.
+        (ineligible candidates are decided here), one ``takeover_many`` makes the attempts, and
+        one more ``get_many`` reads the records of the claims won, for the re-check at
+        completion. A read or a chunk that fails leaves its candidates to be attempted in full by
+        :meth:`complete_workflow_claim_takeover` (a failed re-check read: re-checked there), as
+        do candidates held here, candidates whose eligibility check raised, and invalid ids.
+        Every returned plan must be completed: it may stand for a claim already taken over.
         """
         plans = {wid: ReclaimPlan(wid) for wid in workflow_ids}
         if self._is_disposing():
@@ -342,7 +271,7 @@ class ReclaimTargetHandle:
             return plan.final
         if plan.first is None:
             return self.attempt_workflow_claim_takeover(plan.workflow_id)
-        return self._takeover_loop(plan.workflow_id, plan.first)
+        return self._takeover_loop(plan.workflow_id, plan.first, plan)
 
     def _eligible_or_decide(self, fresh: list[str], plans: dict[str, ReclaimPlan]) -> list[str]:
         """The candidates of ``fresh`` worth a takeover; ineligible ones get a final plan."""
@@ -361,21 +290,12 @@ class ReclaimTargetHandle:
                 # Attempted alone, the candidate asks the predicate again and fails by itself.
                 _log.debug("eligibility check of %r raised %r; attempting alone", wid, exc)
                 continue
-            self._note_eligibility(wid, ok)
+            self._selection.note_eligibility(wid, ok)
             if ok:
                 eligible.append(wid)
             else:
                 plans[wid] = ReclaimPlan(wid, final=_NOT_ELIGIBLE)
         return eligible
-
-    def _note_eligibility(self, workflow_id: str, eligible: bool) -> None:
-        if not self._fair_share and self._max_claims is None:
-            return  # only the limited selection reads it (and prunes it every pass)
-        with self._lock:
-            if eligible:
-                self._ineligible.discard(workflow_id)
-            else:
-                self._ineligible.add(workflow_id)
 
     def _first_attempts(self, eligible: list[str], plans: dict[str, ReclaimPlan]) -> None:
         """Attempt ``eligible`` in one ``takeover_many``; a failed id is attempted alone later."""
@@ -385,6 +305,29 @@ class ReclaimTargetHandle:
                 _log.debug("batched takeover of %r failed (%r); attempting alone", wid, outcome)
                 continue
             plans[wid] = ReclaimPlan(wid, first=outcome)
+        self._confirm_won([plans[wid] for wid in eligible])
+
+    def _confirm_won(self, plans: list[ReclaimPlan]) -> None:
+        """Read the records of the claims ``plans`` won, in one ``get_many``, for the re-check.
+
+        A failed read leaves the plans unconfirmed: their completions read the record alone (and
+        keep the claim for a redrive if that fails too).
+        """
+        won = [plan for plan in plans if plan.first is not None and plan.first.status == "acquired"]
+        if not won:
+            return
+        try:
+            records = self._read_records([plan.workflow_id for plan in won])
+        except Exception as exc:
+            _log.debug(
+                "re-check read of %d reclaimed workflows failed (%r); each is re-read alone",
+                len(won),
+                exc,
+            )
+            return
+        for plan, record in zip(won, records, strict=True):
+            plan.record = record
+            plan.confirmed = True
 
     # -- steps ----------------------------------------------------------------------------------
 
@@ -409,17 +352,21 @@ class ReclaimTargetHandle:
         return self._drive(workflow_id, epoch)
 
     def _takeover_loop(
-        self, workflow_id: str, first: TakeoverResult | None = None
+        self,
+        workflow_id: str,
+        first: TakeoverResult | None = None,
+        plan: ReclaimPlan | None = None,
     ) -> ReclaimAttemptResult:
         """Take over (or acquire, if ownerless) with bounded retries, then re-check and drive.
 
-        ``first`` is a first attempt already made (eligibility was checked before it).
+        ``first`` is a first attempt already made (eligibility was checked before it), by
+        ``plan`` when the record of a claim it won was read already.
         """
         if first is None and self._capacity_left() == 0:
             return _NOT_ELIGIBLE
         if first is None and self._is_eligible is not None:
             eligible = self._check_eligible(self._read_record(workflow_id))
-            self._note_eligibility(workflow_id, eligible)
+            self._selection.note_eligibility(workflow_id, eligible)
             if not eligible:
                 return _NOT_ELIGIBLE
         for attempt in range(TAKEOVER_MAX_ATTEMPTS):
@@ -439,7 +386,8 @@ class ReclaimTargetHandle:
                     delay_ms = self._registry.clock() - result.expires_at
                     self._metrics.observe_takeover_delay(delay_ms / 1000)
                 assert result.epoch is not None
-                return self._after_claim(workflow_id, result.epoch)
+                read = plan if attempt == 0 and plan is not None and plan.confirmed else None
+                return self._after_claim(workflow_id, result.epoch, read)
             if status == "backoff-skipped":
                 self._metrics.record_claim_attempt("backoff_skipped")
                 return _BACKOFF
@@ -465,13 +413,19 @@ class ReclaimTargetHandle:
         assert result.epoch is not None
         return self._after_claim(workflow_id, result.epoch)
 
-    def _after_claim(self, workflow_id: str, epoch: int) -> ReclaimAttemptResult:
-        """Re-check a claim won at ``epoch`` against a fresh read of its record, then drive it."""
+    def _after_claim(
+        self, workflow_id: str, epoch: int, read: ReclaimPlan | None = None
+    ) -> ReclaimAttemptResult:
+        """Re-check a claim won at ``epoch`` against its record read since, then drive it.
+
+        ``read`` is the confirmed plan whose record was read after the claim was won; without
+        it the record is read now.
+        """
         if self._is_disposing():
             self._release_if_epoch(workflow_id, epoch)
             return _NOT_ELIGIBLE
         try:
-            record = self._confirm_still_running_or_release(workflow_id, epoch)
+            record = self._confirm_still_running_or_release(workflow_id, epoch, read)
         except BaseException:
             # The claim is held but its workflow unread: retry it as a redrive on a later pass.
             self._keep_pending(workflow_id, epoch)
@@ -547,10 +501,13 @@ class ReclaimTargetHandle:
         return bool(self._is_eligible(record.type, record.revision))
 
     def _confirm_still_running_or_release(
-        self, workflow_id: str, epoch: int
+        self, workflow_id: str, epoch: int, read: ReclaimPlan | None = None
     ) -> WorkflowRecord | None:
-        """The record if it is still running and eligible; else release the claim, ``None``."""
-        record = self._read_record(workflow_id)
+        """The record if it is still running and eligible; else release the claim, ``None``.
+
+        The record is ``read``'s when given (read after the claim was won), else read now.
+        """
+        record = read.record if read is not None else self._read_record(workflow_id)
         if record is not None and record.status == "running" and self._check_eligible(record):
             return record
         self._release_if_epoch(workflow_id, epoch)

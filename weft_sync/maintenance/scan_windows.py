@@ -6,16 +6,19 @@ short. Every key present for a whole cycle is therefore read within ``ceil(N / l
 calls, whatever ``N`` is, while each call costs one bounded range read.
 
 Each window belongs to one reader (one engine's discovery); its cursor is guarded by the window's
-own lock and lives only in memory.
+own lock and lives only in memory. :func:`read_windows` reads several windows together, in one
+statement where the store can (:func:`~weft_sync.storage.reads.storage_scan_many`).
 """
 
 from __future__ import annotations
 
 import threading
+from collections.abc import Sequence
 
 from ..storage.base import Storage
+from ..storage.reads import ScanRange, storage_scan_many
 
-__all__ = ["RotatingWindow"]
+__all__ = ["RotatingWindow", "read_windows"]
 
 
 class RotatingWindow:
@@ -40,13 +43,33 @@ class RotatingWindow:
 
         :raises StorageError: the scan failed (the cursor does not move then).
         """
+        (rows,) = read_windows(storage, [self])
+        return rows
+
+    def _next_range(self) -> ScanRange:
         with self._lock:
-            cursor = self._cursor
-        rows = storage.scan(self.prefix, gt=cursor, limit=self.limit)
+            return ScanRange(self.prefix, gt=self._cursor, limit=self.limit)
+
+    def _advance(self, rows: list[tuple[str, bytes]]) -> None:
         with self._lock:
             self._cursor = rows[-1][0] if len(rows) >= self.limit else None
-        return rows
 
     def passes_to_cover(self, keys: int) -> int:
         """The reads after which every one of ``keys`` present throughout has been read."""
         return -(-max(keys, 0) // self.limit) + 1
+
+
+def read_windows(
+    storage: Storage, windows: Sequence[RotatingWindow], *, also: Sequence[ScanRange] = ()
+) -> list[list[tuple[str, bytes]]]:
+    """Read the next window of each of ``windows``, and the scans ``also``, together.
+
+    One statement where the store can. Returns the windows' rows, then those of ``also``.
+
+    :raises StorageError: the scan failed (no cursor moves then).
+    """
+    ranges = [window._next_range() for window in windows]
+    rows = storage_scan_many(storage, [*ranges, *also])
+    for window, read in zip(windows, rows, strict=False):
+        window._advance(read)
+    return rows

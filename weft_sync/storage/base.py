@@ -23,6 +23,7 @@ __all__ = [
     "validate_batch",
     "validate_key",
     "validate_operations",
+    "tightest_bounds",
     "validate_scan_args",
     "validate_table_name",
 ]
@@ -258,6 +259,26 @@ def validate_scan_args(
                 raise type(exc)(f"scan bound {name}: {exc}") from None
             comparisons.append((op, bound))
     return comparisons
+
+
+def tightest_bounds(prefix: str, comparisons: list[tuple[str, str]]) -> list[tuple[str, str]]:
+    """The one lower and the at most one upper bound that select what ``key >= prefix`` and
+    ``comparisons`` (from :func:`validate_scan_args`) select together.
+
+    For a planner that bounds an index range by one comparison per side, picked without seeing
+    the values (SQLite): given ``key >= prefix AND key > cursor`` it may start at the prefix
+    and walk every key up to the cursor. Keys compare as ``str`` (code points), which is the
+    UTF-8 byte order the backends sort in.
+    """
+    lower = (">=", prefix)
+    upper: tuple[str, str] | None = None
+    for op, bound in comparisons:
+        if op in (">", ">="):
+            if bound > lower[1] or (bound == lower[1] and op == ">"):
+                lower = (op, bound)
+        elif upper is None or bound < upper[1] or (bound == upper[1] and op == "<"):
+            upper = (op, bound)
+    return [lower] if upper is None else [lower, upper]
 
 
 def _validate_value(key: str, value: object) -> bytes:

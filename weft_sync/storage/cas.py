@@ -12,8 +12,9 @@ falls back to ``conditional_batches`` otherwise, with the same outcome.
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Sequence
-from typing import Protocol, runtime_checkable
+from typing import Final, Protocol, runtime_checkable
 
 from ..errors import StorageCapabilityError, StorageError
 from .base import Batch, Condition, Put, Storage, validate_key
@@ -28,6 +29,13 @@ __all__ = [
 
 CasRow = tuple[str, bytes, bytes]
 """``(key, expected, new)``: set ``key`` to ``new`` if it holds exactly ``expected``."""
+
+_TUPLE: Final = frozenset([tuple])
+_THREE: Final = frozenset([3])
+_BYTES: Final = frozenset([bytes])
+_KEY: Final = operator.itemgetter(0)
+_EXPECTED: Final = operator.itemgetter(1)
+_NEW: Final = operator.itemgetter(2)
 
 
 @runtime_checkable
@@ -79,13 +87,15 @@ def validate_cas_rows(rows: Sequence[CasRow]) -> list[CasRow]:
             f"{type(rows).__name__} {rows!r:.80}"
         )
     checked = rows if type(rows) is list else list(rows)
-    # The common case is checked in bulk; any doubt goes row by row for a precise message.
-    if all(
-        type(row) is tuple and len(row) == 3 and type(row[1]) is bytes and type(row[2]) is bytes
-        for row in checked
+    # The common case is checked in bulk, column by column (the loops run in C); any doubt goes
+    # row by row for a precise message.
+    if (
+        set(map(type, checked)) <= _TUPLE
+        and set(map(len, checked)) <= _THREE
+        and set(map(type, map(_EXPECTED, checked))) | set(map(type, map(_NEW, checked))) <= _BYTES
     ):
         try:
-            text = "".join([row[0] for row in checked])
+            text = "".join(map(_KEY, checked))
             if "\x00" not in text:
                 text.encode("utf-8")
                 return checked
@@ -118,4 +128,4 @@ def storage_compare_and_set_many(storage: Storage, rows: Sequence[CasRow]) -> li
             f"{method}() returned {len(results)} results for {len(rows)} rows; the backend "
             f"breaks the Storage contract"
         )
-    return [bool(ok) for ok in results]
+    return list(map(bool, results))

@@ -50,7 +50,7 @@ from .postgres_settings import (
     merged_options,
 )
 from .postgres_sql import Plan, Queries, advisory_key
-from .reads import validate_keys
+from .reads import ScanRange, validate_keys, validate_scan_ranges
 
 __all__ = ["PostgresStorage"]
 
@@ -408,6 +408,38 @@ class PostgresStorage(ConditionalWrites, IsolatedBatches, PostgresSessionLockMet
         params.append(limit)
         rows = self._read("scan", query, params)
         return [(str(k), bytes(v)) for k, v in rows]
+
+    def scan_many(self, ranges: Sequence[ScanRange]) -> list[list[tuple[str, bytes]]]:
+        """Several scans in one statement: one round trip, one snapshot.
+
+        See :class:`~weft_sync.storage.reads.SupportsScanMany`.
+        """
+        checked = validate_scan_ranges(ranges)
+        self._check_open()
+        if not checked:
+            return []
+        parts: list[sql.Composable] = []
+        params: list[object] = []
+        for index, (scan, comparisons) in enumerate(checked):
+            if scan.prefix:
+                comparisons.insert(0, (">=", scan.prefix))
+            part = sql.SQL("(SELECT {n}::int4, key, value FROM {t}").format(
+                n=sql.Literal(index), t=self._q.table
+            )
+            if comparisons:
+                part += sql.SQL(" WHERE ") + sql.SQL(" AND ").join(
+                    sql.SQL("key {} %s").format(sql.SQL(op)) for op, _ in comparisons
+                )
+            parts.append(part + sql.SQL(" ORDER BY key LIMIT %s)"))
+            params += [bound for _, bound in comparisons]
+            params.append(scan.limit)
+        results: list[list[tuple[str, bytes]]] = [[] for _ in checked]
+        query = sql.SQL(" UNION ALL ").join(parts)
+        if len(parts) > 1:  # one ORDER BY over the union: a lone part is ordered already
+            query += sql.SQL(" ORDER BY 1, 2")
+        for index, key, value in self._read("scan_many", query, params):
+            results[index].append((str(key), bytes(value)))
+        return results
 
     def batch(self, operations: Sequence[Operation]) -> None:
         plan = Plan.build([], validate_operations(operations))

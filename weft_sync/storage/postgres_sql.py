@@ -79,6 +79,7 @@ class Queries:
             "WHERE {t}.key = u.k AND {t}.value = u.e RETURNING {t}.key"
         ).format(t=t)
         self.scan = sql.SQL("SELECT key, value FROM {t}").format(t=t)
+        self.table = t
         # The rows another session holds locked are skipped, not waited for: each comes back
         # with applied = false and locked = true (it exists, but this statement could not lock
         # it). MATERIALIZED keeps the locking CTE from being inlined or run twice.

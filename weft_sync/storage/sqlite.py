@@ -23,6 +23,7 @@ from .base import (
     Put,
     StorageCapabilities,
     check_batch_shape,
+    tightest_bounds,
     validate_batch,
     validate_key,
     validate_operations,
@@ -152,7 +153,7 @@ class SqliteStorage(SqliteSessionLockMethods):
         quoted = f'"{self._table}"'
         self._sql_get = f"SELECT value FROM {quoted} WHERE key = ?"
         self._sql_get_many = f"SELECT key, value FROM {quoted} WHERE key IN "
-        self._sql_scan = f"SELECT key, value FROM {quoted} WHERE key >= ?"
+        self._sql_scan = f"SELECT key, value FROM {quoted} WHERE"
 
         # Guards _closed and _writer, and orders each write's choice (commit on the calling
         # thread, or queue) against other writes, against close() (no request is queued or
@@ -257,6 +258,10 @@ class SqliteStorage(SqliteSessionLockMethods):
         try:
             conn.execute(f"PRAGMA busy_timeout = {self._busy_timeout_ms:d}")
             conn.execute(f"PRAGMA synchronous = {self._synchronous}")
+            # Each write request runs in a savepoint, whose journal keeps the original of every
+            # page it changes; in memory that costs a copy, in a temporary file also the writes
+            # (about a tenth of a large renewal's CPU).
+            conn.execute("PRAGMA temp_store = MEMORY")
         except BaseException:
             conn.close()
             raise
@@ -375,13 +380,11 @@ class SqliteStorage(SqliteSessionLockMethods):
     def _scan_query(
         self, prefix: str, comparisons: list[tuple[str, str]], limit: int | None, reverse: bool
     ) -> tuple[str, list[object]]:
-        # ``key >= ?`` stays for an empty prefix too: it leaves out NULL keys a foreign writer
-        # may have stored.
-        sql = [self._sql_scan]
-        args: list[object] = [prefix]
-        for op, bound in comparisons:
-            sql.append(f" AND key {op} ?")
-            args.append(bound)
+        # A lower bound stays for an empty prefix too: it leaves out NULL keys a foreign writer
+        # may have stored. Only the tightest bound of each side goes in (see tightest_bounds).
+        bounds = tightest_bounds(prefix, comparisons)
+        sql = [self._sql_scan, " AND ".join(f" key {op} ?" for op, _ in bounds)]
+        args: list[object] = [bound for _, bound in bounds]
         sql.append(" ORDER BY key DESC LIMIT ?" if reverse else " ORDER BY key ASC LIMIT ?")
         args.append(-1 if limit is None else limit)
         return "".join(sql), args
