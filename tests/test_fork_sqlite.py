@@ -9,24 +9,20 @@ through their exit code and a traceback file, and leave with ``os._exit``.
 
 from __future__ import annotations
 
-import contextlib
-import faulthandler
 import fcntl
-import gc
 import logging
 import os
-import signal
 import sqlite3
 import threading
 import time
-import traceback
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from tests.claims.gated import WarningSink
+from tests.forking import fork_child, wait_child
 from weft_sync import keys
 from weft_sync.codec import decode_holder
 from weft_sync.errors import ClosedError
@@ -36,7 +32,6 @@ from weft_sync.storage import Condition, Put, SqliteStorage, sqlite_fork
 from weft_sync.storage.sqlite_writer import SqliteWriter, WriteRequest
 
 TABLE = "kv"
-CHILD_DEADLINE_S = 10.0
 
 pytestmark = [
     # Python 3.12+ warns when a process with threads forks; these tests fork on purpose.
@@ -76,73 +71,6 @@ def armed() -> Iterator[threading.Event]:
     _armed.set()
     yield _fork_requested
     _armed.clear()
-
-
-def _stacks_path(report: Path) -> Path:
-    return report.with_suffix(".stacks")
-
-
-def _fork_child(body: Callable[[], None], report: Path) -> int:
-    """Fork, run ``body`` in the child; return its pid.
-
-    The child inherits a SIGUSR1 handler that writes every thread's stack to its stacks file, so
-    that a child hanging before its own code runs (inside the fork handlers) can still be asked
-    for its stacks by :func:`_wait_child`.
-    """
-    signal_stacks = open(_stacks_path(report).with_suffix(".signal"), "w")  # noqa: SIM115
-    faulthandler.register(signal.SIGUSR1, file=signal_stacks, all_threads=True)
-    pid = -1
-    try:
-        pid = os.fork()
-    finally:
-        if pid != 0:
-            faulthandler.unregister(signal.SIGUSR1)
-            signal_stacks.close()
-    if pid == 0:  # pragma: no cover - runs in the child
-        signal.alarm(int(CHILD_DEADLINE_S) * 2)
-        # A child that hangs writes every thread's stack before the parent gives up on it.
-        stacks = open(_stacks_path(report), "w")  # noqa: SIM115 - open until os._exit
-        faulthandler.dump_traceback_later(CHILD_DEADLINE_S * 0.8, file=stacks)
-        code = 0
-        try:
-            body()
-        except BaseException:
-            report.write_text(traceback.format_exc())
-            code = 1
-        finally:
-            os._exit(code)
-    return pid
-
-
-def _wait_child(pid: int, report: Path, deadline_s: float = CHILD_DEADLINE_S) -> None:
-    deadline = time.monotonic() + deadline_s
-    while True:
-        done, status = os.waitpid(pid, os.WNOHANG)
-        if done:
-            break
-        if time.monotonic() > deadline:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGUSR1)  # the inherited faulthandler writes its stacks
-            time.sleep(0.5)
-            os.kill(pid, signal.SIGKILL)
-            os.waitpid(pid, 0)
-            stacks = _stacks_path(report)
-            asked = stacks.with_suffix(".signal")
-            dumped = (
-                "\n".join(
-                    f"{path.name}:\n{path.read_text()}"
-                    for path in (stacks, asked)
-                    if path.exists() and path.read_text()
-                )
-                or "(no stacks were written)"
-            )
-            raise AssertionError(
-                f"the forked child did not finish within {deadline_s} s; its threads:\n{dumped}"
-            )
-        time.sleep(0.005)
-    code = os.waitstatus_to_exitcode(status)
-    details = report.read_text() if report.exists() else ""
-    assert code == 0, f"child failed with exit code {code}:\n{details}"
 
 
 def _child_writes_through_its_own_storage(inherited: SqliteStorage, path: Path) -> None:
@@ -248,8 +176,8 @@ def test_a_fork_during_an_open_write_transaction_leaves_the_child_a_working_stor
     helper = _release_when_fork_requested(armed, paused.release)
     report = tmp_path / "child.txt"
     try:
-        pid = _fork_child(lambda: _child_writes_through_its_own_storage(store, db_path), report)
-        _wait_child(pid, report)
+        pid = fork_child(lambda: _child_writes_through_its_own_storage(store, db_path), report)
+        wait_child(pid, report)
     finally:
         paused.release.set()
         helper.join(timeout=30)
@@ -290,7 +218,7 @@ def test_a_write_that_outlasts_the_fork_wait_is_left_to_the_parent_and_reported_
             assert any("was still running" in r.getMessage() for r in records), records
 
         try:
-            _wait_child(_fork_child(child, report), report)
+            wait_child(fork_child(child, report), report)
         finally:
             paused.release.set()
             writer.join(timeout=30)
@@ -351,13 +279,70 @@ def test_a_fork_during_an_open_read_transaction_leaves_the_child_a_working_store
     helper = _release_when_fork_requested(armed, pausing.release)
     report = tmp_path / "child.txt"
     try:
-        pid = _fork_child(lambda: _child_writes_through_its_own_storage(store, db_path), report)
-        _wait_child(pid, report)
+        pid = fork_child(lambda: _child_writes_through_its_own_storage(store, db_path), report)
+        wait_child(pid, report)
     finally:
         pausing.release.set()
         helper.join(timeout=30)
         thread.join(timeout=30)
     assert reads[1] == [b"v", None]
+    assert store.get("child") == b"2"
+
+
+class _PausingClose:
+    """A read connection whose ``close`` waits until released, then closes."""
+
+    def __init__(self, conn: sqlite3.Connection) -> None:
+        self.conn = conn
+        self.entered = threading.Event()
+        self.release = threading.Event()
+
+    def close(self) -> None:
+        self.entered.set()
+        assert self.release.wait(timeout=30)
+        self.conn.close()
+
+
+def test_a_fork_waits_for_a_read_connection_being_closed(
+    store: SqliteStorage, db_path: Path, tmp_path: Path, armed: threading.Event
+) -> None:
+    # A reader is closed when its thread has ended (or with its storage); a child forked
+    # half-way through that close would inherit SQLite's lock bookkeeping for the file
+    # half-updated, and its own connections could then find the file "locked" for ever.
+    ready = threading.Event()
+    readers: list[Any] = []
+
+    def read() -> None:
+        assert store.get("absent") is None
+        readers.append(store._readers.for_thread())
+        ready.set()
+
+    thread = threading.Thread(target=read, name="reader")
+    thread.start()
+    assert ready.wait(timeout=10)
+    thread.join(timeout=10)
+    reader = readers[0]
+    real = reader.conn
+    pausing = _PausingClose(real)
+    reader.conn = pausing
+    closer = threading.Thread(target=reader.close, name="closer")
+    closer.start()
+    assert pausing.entered.wait(timeout=10)
+    helper = _release_when_fork_requested(armed, pausing.release)
+    report = tmp_path / "child.txt"
+
+    def child() -> None:
+        with pytest.raises(sqlite3.ProgrammingError, match="closed"):
+            real.execute("SELECT 1")  # the fork came after the close, not during it
+        _child_writes_through_its_own_storage(store, db_path)
+
+    try:
+        wait_child(fork_child(child, report), report)
+    finally:
+        pausing.release.set()
+        helper.join(timeout=30)
+        closer.join(timeout=30)
+    assert armed.is_set()
     assert store.get("child") == b"2"
 
 
@@ -390,7 +375,7 @@ def test_two_threads_forking_at_once_each_get_a_child_with_a_working_store(
                 )
 
         barrier.wait(timeout=10)
-        pids[index] = _fork_child(child, report)
+        pids[index] = fork_child(child, report)
 
     writer = threading.Thread(target=keep_writing, name="parent-writer")
     writer.start()
@@ -401,7 +386,7 @@ def test_two_threads_forking_at_once_each_get_a_child_with_a_working_store(
         for thread in forkers:
             thread.join(timeout=30)
         for index, pid in pids.items():
-            _wait_child(pid, tmp_path / f"child-{index}.txt")
+            wait_child(pid, tmp_path / f"child-{index}.txt")
     finally:
         stop.set()
         writer.join(timeout=30)
@@ -423,7 +408,7 @@ def test_the_child_closing_its_inherited_copies_leaves_the_parents_wal_in_place(
     size = wal.stat().st_size
     report = tmp_path / "child.txt"
     # The fork handler closed every inherited connection before this body runs.
-    _wait_child(_fork_child(lambda: None, report), report)
+    wait_child(fork_child(lambda: None, report), report)
     assert wal.exists() and wal.stat().st_size >= size
     store.put("after", b"v")
     raw = sqlite3.connect(db_path, isolation_level=None)
@@ -455,12 +440,12 @@ def test_a_childs_writes_stay_visible_after_the_parent_closes_the_file(
                 own.put(f"child-{i}", b"1")
             assert len(own.scan("child-")) == 5
 
-    pid = _fork_child(child, report)
+    pid = fork_child(child, report)
     try:
         assert os.read(to_parent_r, 1) == b"1"
         store.close()
         os.write(to_child_w, b"1")
-        _wait_child(pid, report)
+        wait_child(pid, report)
     finally:
         for fd in (to_child_r, to_child_w, to_parent_r, to_parent_w):
             os.close(fd)
@@ -489,11 +474,6 @@ def test_two_hundred_children_forked_while_the_parent_writes_each_write_at_once(
     path = tmp_path / "loop.db"
     # NORMAL spares an fsync per commit; the locking under test is the same.
     url = f"sqlite:///{path}?synchronous=NORMAL"
-    # Earlier tests' unreachable sqlite3 connections would otherwise be finalized by whichever
-    # parent thread triggers a collection, possibly inside SQLite's process-wide file mutex
-    # while the loop forks; a child inheriting that mutex held would hang. The library closes
-    # its own connections explicitly; garbage it did not make is collected before the loop.
-    gc.collect()
     sink = WarningSink()
     parent = Ownership.open(url, options=LOOP_OPTIONS, warn=sink, engine_id="parent")
     stop = threading.Event()
@@ -518,18 +498,12 @@ def test_two_hundred_children_forked_while_the_parent_writes_each_write_at_once(
 
         writer = threading.Thread(target=checkpoint, name="parent-checkpoints")
         writer.start()
-        # Nor may a collection start during the loop: garbage that earlier tests leave for
-        # later (cycles through sqlite3 connections) would be finalized on a parent thread.
-        # A child that inherited SQLite's file mutex held that way hangs inside the fork
-        # handlers closing its inherited connections (seen in that child's stacks).
-        gc.disable()
         try:
             for index in range(FORKS):
                 report = tmp_path / f"child-{index}.txt"
-                pid = _fork_child(lambda i=index: _child_start_and_complete(url, i), report)
-                _wait_child(pid, report)
+                pid = fork_child(lambda i=index: _child_start_and_complete(url, i), report)
+                wait_child(pid, report)
         finally:
-            gc.enable()
             stop.set()
             writer.join(timeout=30)
         for exc in errors:
@@ -606,7 +580,7 @@ def test_a_storage_stuck_in_a_write_does_not_stall_later_forks_or_starve_a_busy_
 
         def fork(key: str, left_to_parent: list[SqliteStorage]) -> None:
             report = tmp_path / f"{key}.txt"
-            _wait_child(_fork_child(lambda: child(key, left_to_parent), report), report)
+            wait_child(fork_child(lambda: child(key, left_to_parent), report), report)
 
         # Only the stuck storage is left to the parent; the busy one is paused every time.
         fork("child-0", [stuck])

@@ -51,12 +51,16 @@ class Reader:
         self.gate.release()
 
     def close(self) -> None:
-        """Close the connection once no read runs on it; idempotent."""
+        """Close the connection once no read runs on it; idempotent.
+
+        The close runs under the gate, so a fork waits for it: a child must not inherit SQLite's
+        lock bookkeeping for the file half-way through a close.
+        """
         with self.gate:
             conn, self.conn = self.conn, None
-        if conn is not None:
-            with contextlib.suppress(sqlite3.Error):
-                conn.close()
+            if conn is not None:
+                with contextlib.suppress(sqlite3.Error):
+                    conn.close()
 
 
 class ReaderConnections:

@@ -389,11 +389,12 @@ class SqliteWriter:
             return False
         try:
             conn, self._conn = self._conn, None
+            # Under the lock, so a fork waits for the close (see pause).
+            if conn is not None:
+                with contextlib.suppress(sqlite3.Error):
+                    conn.close()
         finally:
             self._txn_lock.release()
-        if conn is not None:
-            with contextlib.suppress(sqlite3.Error):
-                conn.close()
         return True
 
     # -- fork ----------------------------------------------------------------------------------
