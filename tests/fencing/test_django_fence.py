@@ -139,9 +139,8 @@ def test_nested_in_atomic_is_a_savepoint_that_still_checks(dj: DjangoEnv) -> Non
     assert dj.rows() == {"outer": "1", "inner": "2"}
 
 
+@pytest.mark.parametrize("dj", ["postgres"], indirect=True)
 def test_postgres_block_begins_and_reads_in_one_round_trip(dj: DjangoEnv, tmp_path: Path) -> None:
-    if dj.env.backend != "postgres":
-        pytest.skip("a PostgreSQL round trip")
     own = dj.env.ownership()
     own.registry.acquire("wf-1")
     with fenced_atomic("wf-1", using=dj.alias, ownership=own):  # proves the connection
