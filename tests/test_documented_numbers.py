@@ -157,21 +157,28 @@ def _table_rows(text: str) -> list[list[str]]:
 
 
 def test_fenced_write_numbers_in_the_readme_are_the_measured_ones() -> None:
-    """The README's fence costs are the latest "after" rows of bench/RESULTS.md's section 6."""
+    """The README's fence costs are the ranges of the current table of bench/RESULTS.md's
+    section 6 (two runs per cell, written ``a / b``) and its measured own work per block."""
     readme = re.sub(r"\s+", " ", README)
     times = "\u00d7"  # the multiplication sign the README and RESULTS.md write ratios with
+    dash = "\u2013"  # the en dash of a range
     found = re.search(
-        rf"fenced one-row host `UPDATE`.*?([\d.]+){times} on SQLite and ([\d.]+){times} on "
-        r"PostgreSQL "
-        r"with durable commits in the latest run.*?the fence's own work is ([\d.]+) µs per block",
+        rf"fenced one-row host `UPDATE`.*?([\d.]+){dash}([\d.]+){times} on PostgreSQL with "
+        rf"durable commits and ([\d.]+){dash}([\d.]+){times} on SQLite.*?"
+        r"the fence's own work on SQLite is ([\d.]+) µs per block",
         readme,
     )
     assert found, "the README no longer quotes the fence's measured cost"
-    sqlite_ratio, postgres_ratio, own_work = found.groups()
+    pg_low, pg_high, sqlite_low, sqlite_high, own_work = found.groups()
     results = (ROOT / "bench" / "RESULTS.md").read_text()
-    rows = _table_rows(results[results.index("## 6. Host-data fencing") :])
-    ratios = {row[0]: row[5] for row in rows if len(row) == 7 and row[1] == "after"}
-    assert ratios["SQLite, WAL, `synchronous=FULL`"] == f"{sqlite_ratio}{times}"
-    assert ratios["PostgreSQL, durable"] == f"{postgres_ratio}{times}"
-    overhead = [row[3] for row in rows if len(row) == 4 and row[0] == "after"]
-    assert overhead == [f"{own_work} µs"]
+    section = results[results.index("### One round trip on psycopg 3") :]
+    section = section[: section.index("\n## ")]
+    rows = {row[0]: row for row in _table_rows(section) if len(row) == 6}
+
+    def measured(backend: str) -> tuple[str, str]:
+        runs = sorted(float(v.strip("*").rstrip(times)) for v in rows[backend][4].split(" / "))
+        return f"{runs[0]:.2f}", f"{runs[-1]:.2f}"
+
+    assert measured("PostgreSQL, `fsync=on`, `synchronous_commit=on`") == (pg_low, pg_high)
+    assert measured("SQLite, WAL, `synchronous=FULL`") == (sqlite_low, sqlite_high)
+    assert f"{own_work} µs of its own" in section
