@@ -18,7 +18,12 @@ import pytest
 
 from tests.fencing.hosts import HostEnv, make_env
 from weft_sync import Ownership, keys
-from weft_sync.errors import EngineDeposedError, StorageCapabilityError, WorkflowClaimLostWarning
+from weft_sync.errors import (
+    EngineDeposedError,
+    StorageCapabilityError,
+    StorageError,
+    WorkflowClaimLostWarning,
+)
 
 WID = "wf-1"
 
@@ -190,3 +195,26 @@ def test_changed_epoch_is_seen_through_the_guessed_binding(env: HostEnv) -> None
     finally:
         conn.close()
     assert env.rows() == {"row": "1"}
+
+
+def test_a_file_that_stays_locked_is_a_storage_error(env: HostEnv) -> None:
+    """Both the first block (proving the connection) and a later one (one call) give up on
+    the write lock after the connection's busy timeout as StorageError, nothing begun."""
+    own = _held(env)
+    conn = sqlite3.connect(env.db_url, isolation_level=None, timeout=0.05)
+    blocker = sqlite3.connect(env.db_url, isolation_level=None)
+    try:
+        for proven in (False, True):
+            if proven:
+                _fenced_write(own, conn, env.table, "ok")
+            blocker.execute("BEGIN IMMEDIATE")
+            try:
+                with pytest.raises(StorageError, match="locked"):
+                    _fenced_write(own, conn, env.table, "refused")
+                assert not conn.in_transaction
+            finally:
+                blocker.execute("ROLLBACK")
+    finally:
+        blocker.close()
+        conn.close()
+    assert env.rows() == {"row": "ok"}

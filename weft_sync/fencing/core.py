@@ -322,7 +322,7 @@ class _FencedBlock:
         # (key) is asked for after begin(), since asking may begin a transaction (a Session).
         rows = _begin_reading(fence, host, target, params, wid)
         if rows is None:
-            locked = host.begin()
+            locked = _begin(host, target, wid)
             try:
                 binding = _cached(fence, host, target)
                 observed = _read_epoch(fence, host, target, binding, params, wid, locked=locked)
@@ -378,6 +378,19 @@ def _begin_reading(
         _end_quietly(host, exc)
         raise _fence_failed(wid, target, exc) from exc
     return rows
+
+
+def _begin(host: HostTransaction, target: FenceTarget, wid: str) -> bool:
+    """``host.begin()``, a driver's failure (a SQLite file that stayed locked) as StorageError.
+
+    :raises ValueError: the connection cannot be fenced as configured (SQLAlchemy AUTOCOMMIT).
+    """
+    try:
+        return host.begin()
+    except (StorageCapabilityError, TypeError, ValueError):
+        raise
+    except Exception as exc:
+        raise _fence_failed(wid, target, exc) from exc
 
 
 def _fence_failed(wid: str, target: FenceTarget, exc: BaseException) -> StorageError:
