@@ -118,13 +118,18 @@ def _contend(config: ContenderConfig, journal: Journal) -> None:
                     counts["fenced_committed"] += 1
             except EngineDeposedError:
                 counts["fenced_refused"] += 1
-            except (StorageError, WeftError) as exc:
-                counts[f"error_{type(exc).__name__}"] += 1
-            except (sqlite3.Error, psycopg.Error) as exc:
-                # e.g. the server ended a session frozen inside its transaction: reconnect.
-                counts[f"host_{type(exc).__name__}"] += 1
-                conn.close()
-                conn = _connect(config)
+            except (StorageError, WeftError, sqlite3.Error, psycopg.Error) as exc:
+                # The fence's own statements (BEGIN, the epoch read) raise StorageError with
+                # the driver's error as its cause; the host's statements and COMMIT raise the
+                # driver's error. Either way a connection the server ended (a session frozen
+                # inside its transaction) is replaced.
+                driver = exc if isinstance(exc, (sqlite3.Error, psycopg.Error)) else exc.__cause__
+                if isinstance(driver, (sqlite3.Error, psycopg.Error)):
+                    counts[f"host_{type(driver).__name__}"] += 1
+                    conn.close()
+                    conn = _connect(config)
+                else:
+                    counts[f"error_{type(exc).__name__}"] += 1
         conn.close()
     journal.write({"ev": "summary", "counts": dict(counts)})
 
