@@ -251,3 +251,44 @@ def test_two_stores_fenced_on_one_connection(env: HostEnv, tmp_path: Path) -> No
     finally:
         conn.close()
     assert env.rows() == {"a": "2", "b": "2"}
+
+
+def test_sqlalchemy_connection_on_psycopg_begins_and_reads_in_one_round_trip(
+    postgres_base_url: str, tmp_path: Path
+) -> None:
+    import sqlalchemy
+
+    env = make_env("postgres", "sqlalchemy-connection", tmp_path, postgres_base_url)
+    try:
+        own = _held(env)
+        conn = env.connect()
+        with own.fenced(WID, conn):  # proves the connection
+            env.write(conn, "r", "1")
+        raw = conn.connection.dbapi_connection
+        assert isinstance(raw, psycopg.Connection)
+        with _traced(raw, tmp_path) as sent, own.fenced(WID, conn):
+            env.write(conn, "r", "2")
+        assert _round_trips(sent) == 3, sent  # as unfenced: BEGIN with the read, UPDATE, COMMIT
+        assert "BEGIN" in sent[0] and "EXECUTE weft_sync_fence_" in sent[0], sent
+        with pytest.raises(KeyError), own.fenced(WID, conn):
+            env.write(conn, "r", "lost")
+            raise KeyError("host")
+        assert not conn.in_transaction()
+        with conn.begin():  # inside an open transaction: a savepoint, as before
+            with own.fenced(WID, conn):
+                env.write(conn, "inner", "1")
+            conn.execute(sqlalchemy.text("SELECT 1"))
+        new = env.ownership()
+        env.clock.advance(PAST_EXPIRY_MS)
+        assert new.registry.takeover(WID).status == "acquired"
+        with (
+            pytest.warns(WorkflowClaimLostWarning),
+            pytest.raises(EngineDeposedError),
+            own.fenced(WID, conn),
+        ):
+            env.write(conn, "r", "stale")
+        assert not conn.in_transaction()
+        conn.close()
+        assert env.rows() == {"r": "2", "inner": "1"}
+    finally:
+        env.close()

@@ -10,12 +10,15 @@ with a no-op ``UPDATE`` of the epoch row.
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Sequence
 from typing import Any
 
 from sqlalchemy.engine import Connection, RootTransaction
 from sqlalchemy.engine.base import NestedTransaction
 from sqlalchemy.orm import Session, SessionTransaction
+
+from ..storage.fence_target import FenceBinding
 
 __all__ = ["ConnectionTransaction", "SessionTransactionAdapter"]
 
@@ -77,6 +80,35 @@ class ConnectionTransaction:
             return self.family != "sqlite"
         self._tx = self._conn.begin()
         return self.family != "sqlite" or _begin_immediate(self._conn)
+
+    def begin_reading(
+        self, binding: FenceBinding, params: Sequence[str]
+    ) -> list[tuple[Any, ...]] | None:
+        """On psycopg 3, SQLAlchemy's ``begin()`` with the ``BEGIN`` the driver would send
+        before the fence's read sent together with it (see :mod:`weft_sync.fencing.psycopg`);
+        ``None`` (nothing begun) elsewhere or inside an open transaction."""
+        if self.family != "postgresql" or "psycopg" not in sys.modules:
+            return None
+        import psycopg
+
+        if self._conn.in_transaction():
+            return None
+        dbapi: object = self._conn.connection.dbapi_connection
+        if not isinstance(dbapi, psycopg.Connection) or dbapi.autocommit:
+            return None  # autocommit: refused by begin(), with its message
+        from .psycopg import PsycopgTransaction
+
+        tx = self._conn.begin()  # sends nothing: the driver begins at the first statement
+        try:
+            rows = PsycopgTransaction(dbapi).begin_reading(binding, params)
+        except BaseException:
+            self._tx = tx  # the fence ends the transaction, rolling it back
+            raise
+        if rows is None:
+            tx.rollback()
+            return None
+        self._tx = tx
+        return rows
 
     def query(self, sql: str, params: Sequence[object]) -> list[tuple[Any, ...]]:
         return _query(self._conn, sql, params)
