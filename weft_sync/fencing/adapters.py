@@ -9,11 +9,14 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Callable
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
 
 from .base import HostTransaction
 
-__all__ = ["ACCEPTED", "adapt"]
+if TYPE_CHECKING:
+    from .psycopg import PsycopgTransaction
+
+__all__ = ["ACCEPTED", "adapt", "as_psycopg"]
 
 ACCEPTED: Final = (
     "sqlite3.Connection",
@@ -41,6 +44,20 @@ def adapt(connection: object) -> HostTransaction:
         _BY_TYPE[type(connection)] = _same if adapted is connection else type(adapted)
         return adapted
     return factory(connection)
+
+
+def as_psycopg(connection: object) -> PsycopgTransaction | None:
+    """The psycopg 3 adapter over ``connection`` when it is a psycopg 3 connection (a driver
+    connection a framework wraps), else ``None``; psycopg is imported only if already loaded."""
+    if "psycopg" not in sys.modules:
+        return None
+    import psycopg
+
+    if not isinstance(connection, psycopg.Connection):
+        return None
+    from .psycopg import PsycopgTransaction
+
+    return PsycopgTransaction(connection)
 
 
 def _same(connection: HostTransaction) -> HostTransaction:

@@ -12,7 +12,6 @@ at its start rather than failing with "database is locked" when it upgrades.
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
@@ -20,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 from django.db import connections, transaction
 
 from ..storage.fence_target import FenceBinding
+from .adapters import as_psycopg
 
 if TYPE_CHECKING:
     from ..ownership import Ownership
@@ -57,16 +57,10 @@ class AtomicTransaction:
         """On psycopg 3, the ``BEGIN`` psycopg would send before the fence's read, sent with
         it in one round trip (see :mod:`weft_sync.fencing.psycopg`); ``atomic`` still ends the
         transaction. ``None`` elsewhere, or once the transaction has begun (nested blocks)."""
-        raw = self._wrapper.connection
-        if self.family != "postgresql" or "psycopg" not in sys.modules:
+        if self.family != "postgresql":
             return None
-        import psycopg
-
-        if not isinstance(raw, psycopg.Connection):
-            return None
-        from .psycopg import PsycopgTransaction
-
-        return PsycopgTransaction(raw).begin_reading(binding, params)
+        inner = as_psycopg(self._wrapper.connection)
+        return None if inner is None else inner.begin_reading(binding, params)
 
     def query(self, sql: str, params: Sequence[object]) -> list[tuple[Any, ...]]:
         cursor = self._wrapper.connection.cursor()

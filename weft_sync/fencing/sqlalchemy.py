@@ -10,7 +10,6 @@ with a no-op ``UPDATE`` of the epoch row.
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Sequence
 from typing import Any
 
@@ -19,6 +18,7 @@ from sqlalchemy.engine.base import NestedTransaction
 from sqlalchemy.orm import Session, SessionTransaction
 
 from ..storage.fence_target import FenceBinding
+from .adapters import as_psycopg
 
 __all__ = ["ConnectionTransaction", "SessionTransactionAdapter"]
 
@@ -87,20 +87,14 @@ class ConnectionTransaction:
         """On psycopg 3, SQLAlchemy's ``begin()`` with the ``BEGIN`` the driver would send
         before the fence's read sent together with it (see :mod:`weft_sync.fencing.psycopg`);
         ``None`` (nothing begun) elsewhere or inside an open transaction."""
-        if self.family != "postgresql" or "psycopg" not in sys.modules:
+        if self.family != "postgresql" or self._conn.in_transaction():
             return None
-        import psycopg
-
-        if self._conn.in_transaction():
-            return None
-        dbapi: object = self._conn.connection.dbapi_connection
-        if not isinstance(dbapi, psycopg.Connection) or dbapi.autocommit:
+        inner = as_psycopg(self._conn.connection.dbapi_connection)
+        if inner is None or inner.result.autocommit:
             return None  # autocommit: refused by begin(), with its message
-        from .psycopg import PsycopgTransaction
-
         tx = self._conn.begin()  # sends nothing: the driver begins at the first statement
         try:
-            rows = PsycopgTransaction(dbapi).begin_reading(binding, params)
+            rows = inner.begin_reading(binding, params)
         except BaseException:
             self._tx = tx  # the fence ends the transaction, rolling it back
             raise
