@@ -24,6 +24,7 @@ from weft_sync import keys
 from weft_sync.claims.registry import ClaimRegistry
 from weft_sync.claims.renewals import WarnSink
 from weft_sync.clock import Clock
+from weft_sync.codec import HolderRecord, encode_holder
 from weft_sync.storage.base import Batch, Condition, Operation, Storage, StorageCapabilities
 from weft_sync.storage.cas import CasRow, cas_batches, storage_compare_and_set_many
 
@@ -396,3 +397,21 @@ class WarningSink:
     def lost_ids(self) -> list[str]:
         with self._lock:
             return [getattr(w, "workflow_id", "?") for w in self.received]
+
+
+def hold_folded(reg: ClaimRegistry, storage: Storage, ids: Sequence[str]) -> None:
+    """Acquire many claims in one transaction through folded acquires."""
+    preparations = [reg.prepare_acquire_fragment(wid) for wid in ids]
+    committed = storage.conditional_batches(
+        [(p.fragment.conditions, p.fragment.operations) for p in preparations]
+    )
+    assert all(committed)
+    for wid, prep in zip(ids, preparations, strict=True):
+        reg.record_folded_acquire(wid, prep)
+
+
+def steal_holder(storage: Storage, wid: str) -> bytes:
+    """Replace the holder of ``wid`` with engine B's; return the bytes written."""
+    value = encode_holder(HolderRecord("engine-b", 9, 0, 0))
+    storage.put(keys.workflow_owner_holder(wid), value)
+    return value

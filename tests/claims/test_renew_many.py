@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import tempfile
-from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
@@ -18,9 +17,11 @@ from tests.claims.gated import (
     BatchesOnly,
     GatedStorage,
     WarningSink,
+    hold_folded,
     new_registry,
     pause_in_cas,
     start_until_logged,
+    steal_holder,
     touches,
 )
 from tests.workflows.helpers import expires_at
@@ -28,31 +29,15 @@ from weft_sync import keys
 from weft_sync.claims.registry import DEFAULT_RENEW_CHUNK_SIZE, ClaimRegistry
 from weft_sync.claims.transitions import build_external_rotation_transition
 from weft_sync.clock import ManualClock
-from weft_sync.codec import HolderRecord, encode_holder
 from weft_sync.errors import StorageCapabilityError, StorageError
 from weft_sync.storage import SqliteStorage, Storage
-
-
-def _hold(reg: ClaimRegistry, storage: Storage, ids: Sequence[str]) -> None:
-    """Acquire many claims in one transaction through folded acquires."""
-    preparations = [reg.prepare_acquire_fragment(wid) for wid in ids]
-    committed = storage.conditional_batches(
-        [(p.fragment.conditions, p.fragment.operations) for p in preparations]
-    )
-    assert all(committed)
-    for wid, prep in zip(ids, preparations, strict=True):
-        reg.record_folded_acquire(wid, prep)
-
-
-def _steal(storage: Storage, wid: str) -> None:
-    storage.put(keys.workflow_owner_holder(wid), encode_holder(HolderRecord("engine-b", 9, 0, 0)))
 
 
 def test_each_id_gets_the_outcome_renew_would_give_it(
     reg: ClaimRegistry, storage: Storage, clock: ManualClock, sink: WarningSink
 ) -> None:
-    _hold(reg, storage, ["held", "stolen"])
-    _steal(storage, "stolen")
+    hold_folded(reg, storage, ["held", "stolen"])
+    steal_holder(storage, "stolen")
     clock.advance(3 * RENEW_MS)
     results = reg.renew_many(["held", "stolen", "never"])
     assert [(r.workflow_id, r.status) for r in results] == [
@@ -70,8 +55,8 @@ def test_each_id_gets_the_outcome_renew_would_give_it(
 def test_a_repeated_id_is_renewed_once_and_shares_its_result_object(
     reg: ClaimRegistry, gated: GatedStorage, storage: Storage, sink: WarningSink
 ) -> None:
-    _hold(reg, storage, ["a", "b"])
-    _steal(storage, "b")
+    hold_folded(reg, storage, ["a", "b"])
+    steal_holder(storage, "b")
     before = gated.transactions
     results = reg.renew_many(["a", "b", "a", "b"])
     assert results[0] is results[2]
@@ -85,7 +70,7 @@ def test_renewing_held_claims_takes_one_transaction_per_chunk(
     reg: ClaimRegistry, gated: GatedStorage, storage: Storage, clock: ManualClock
 ) -> None:
     ids = [f"wf-{n:04d}" for n in range(DEFAULT_RENEW_CHUNK_SIZE + 1)]
-    _hold(reg, storage, ids)
+    hold_folded(reg, storage, ids)
     clock.advance(RENEW_MS)
     before = gated.transactions
     results = reg.renew_many(ids)
@@ -103,8 +88,8 @@ def test_renew_many_through_a_store_without_compare_and_set_many_gives_the_same_
 ) -> None:
     plain = BatchesOnly(storage)
     reg = new_registry(plain, clock, "engine-a", warn=sink)  # type: ignore[arg-type]
-    _hold(reg, storage, ["held", "stolen"])
-    _steal(storage, "stolen")
+    hold_folded(reg, storage, ["held", "stolen"])
+    steal_holder(storage, "stolen")
     clock.advance(RENEW_MS)
     results = reg.renew_many(["held", "stolen", "never"])
     assert [r.status for r in results] == ["renewed", "lost", "not-held"]
@@ -117,7 +102,7 @@ def test_a_failing_chunk_fails_only_its_own_ids(
     reg: ClaimRegistry, gated: GatedStorage, storage: Storage, clock: ManualClock, sink: WarningSink
 ) -> None:
     ids = [f"wf-{n}" for n in range(6)]
-    _hold(reg, storage, ids)
+    hold_folded(reg, storage, ids)
     clock.advance(RENEW_MS)
     error = StorageError("chunk two failed")
     gated.raise_on_next_cas(error, match=touches("wf-2"))
@@ -143,7 +128,7 @@ def test_renew_many_raises_the_first_chunk_error_after_attempting_every_chunk(
     reg: ClaimRegistry, gated: GatedStorage, storage: Storage, clock: ManualClock
 ) -> None:
     ids = [f"wf-{n}" for n in range(6)]
-    _hold(reg, storage, ids)
+    hold_folded(reg, storage, ids)
     clock.advance(RENEW_MS)
     gated.raise_on_next_cas(StorageError("first"), match=touches("wf-0"))
     gated.raise_on_next_cas(StorageError("second"), match=touches("wf-2"))
@@ -156,7 +141,7 @@ def test_renew_many_raises_the_first_chunk_error_after_attempting_every_chunk(
 def test_renew_many_waits_for_a_renewal_another_caller_has_in_flight(
     reg: ClaimRegistry, gated: GatedStorage, storage: Storage
 ) -> None:
-    _hold(reg, storage, ["wf-1", "wf-2"])
+    hold_folded(reg, storage, ["wf-1", "wf-2"])
     single_gate, single = pause_in_cas(gated, "wf-1", lambda: reg.renew("wf-1"), "renew")
     # The batch arrives at its own commit only after registering as a waiter on wf-1.
     batch_gate, batch = pause_in_cas(
@@ -174,7 +159,7 @@ def test_renew_many_waits_for_a_renewal_another_caller_has_in_flight(
 def test_renew_shares_a_renewal_that_renew_many_has_in_flight(
     reg: ClaimRegistry, gated: GatedStorage, storage: Storage
 ) -> None:
-    _hold(reg, storage, ["wf-1", "wf-2"])
+    hold_folded(reg, storage, ["wf-1", "wf-2"])
     gate, batch = pause_in_cas(
         gated, "wf-1", lambda: reg.renew_many(["wf-1", "wf-2"]), "renew-many"
     )
@@ -187,7 +172,7 @@ def test_renew_shares_a_renewal_that_renew_many_has_in_flight(
 def test_a_chunk_error_reaches_a_renew_sharing_that_renewal(
     reg: ClaimRegistry, gated: GatedStorage, storage: Storage
 ) -> None:
-    _hold(reg, storage, ["wf-1"])
+    hold_folded(reg, storage, ["wf-1"])
     error = StorageError("batch failed")
     gate, batch = pause_in_cas(
         gated, "wf-1", lambda: reg.renew_many_outcomes(["wf-1"]), "renew-many", error=error
@@ -213,9 +198,9 @@ def test_renew_many_rejects_a_bad_chunk_size(reg: ClaimRegistry, chunk_size: obj
 def test_renew_many_on_a_store_without_compare_and_swap_is_refused(
     reg: ClaimRegistry, storage: Storage, clock: ManualClock
 ) -> None:
-    _hold(reg, storage, ["a"])
+    hold_folded(reg, storage, ["a"])
     refusing = new_registry(GatedStorage(storage, conditional_batch=False), clock, "engine-z")
-    _hold(refusing, storage, ["b"])
+    hold_folded(refusing, storage, ["b"])
     with pytest.raises(StorageCapabilityError, match="conditional_batch"):
         refusing.renew_many(["b"])
     assert refusing.current_epoch("b") == 1
@@ -231,16 +216,16 @@ def test_a_raising_warning_sink_fails_only_the_id_it_was_reporting(
         raise RuntimeError("sink failed")
 
     reg = new_registry(storage, clock, warn=sink)
-    _hold(reg, storage, ["a", "b", "c"])
-    _steal(storage, "a")
-    _steal(storage, "b")
+    hold_folded(reg, storage, ["a", "b", "c"])
+    steal_holder(storage, "a")
+    steal_holder(storage, "b")
     outcomes = reg.renew_many_outcomes(["a", "b", "c"])
     assert heard == ["a", "b"]
     assert isinstance(outcomes[0], RuntimeError)
     assert isinstance(outcomes[1], RuntimeError)
     assert getattr(outcomes[2], "status", None) == "renewed"
     assert reg.list_held_workflow_ids() == ["c"]
-    _steal(storage, "c")
+    steal_holder(storage, "c")
     with pytest.raises(RuntimeError, match="sink failed"):
         reg.renew_many(["a", "c"])
     assert heard == ["a", "b", "c"]

@@ -18,7 +18,9 @@ from tests.claims.gated import (
     TTL_MS,
     GatedStorage,
     WarningSink,
+    hold_folded,
     new_registry,
+    steal_holder,
     touches,
 )
 from tests.claims.index_checks import index_violations
@@ -26,28 +28,10 @@ from tests.workflows.helpers import expires_at
 from weft_sync import keys
 from weft_sync.claims.registry import ClaimRegistry
 from weft_sync.clock import ManualClock
-from weft_sync.codec import HolderRecord, decode_holder, encode_holder
+from weft_sync.codec import decode_holder, encode_holder
 from weft_sync.errors import StorageError
 from weft_sync.storage import Storage
 from weft_sync.storage.cas import CasRow
-
-
-def _hold(reg: ClaimRegistry, storage: Storage, ids: Sequence[str]) -> None:
-    """Acquire many claims in one transaction through folded acquires."""
-    preparations = [reg.prepare_acquire_fragment(wid) for wid in ids]
-    committed = storage.conditional_batches(
-        [(p.fragment.conditions, p.fragment.operations) for p in preparations]
-    )
-    assert all(committed)
-    for wid, prep in zip(ids, preparations, strict=True):
-        reg.record_folded_acquire(wid, prep)
-
-
-def _steal(storage: Storage, wid: str) -> bytes:
-    """Replace the holder of ``wid`` with engine B's; return the bytes written."""
-    value = encode_holder(HolderRecord("engine-b", 9, 0, 0))
-    storage.put(keys.workflow_owner_holder(wid), value)
-    return value
 
 
 def _renewed_from(before: bytes, now: int) -> bytes:
@@ -61,8 +45,8 @@ def test_a_mixed_batch_gets_per_claim_outcomes_and_rewrites_only_the_renewed_hol
     reg: ClaimRegistry, storage: Storage, clock: ManualClock, sink: WarningSink
 ) -> None:
     ids = [f"wf-{n:02d}" for n in range(12)]
-    _hold(reg, storage, ids)
-    stolen = {wid: _steal(storage, wid) for wid in ("wf-03", "wf-07")}
+    hold_folded(reg, storage, ids)
+    stolen = {wid: steal_holder(storage, wid) for wid in ("wf-03", "wf-07")}
     before = dict(storage.scan())
     clock.advance(RENEW_MS)
     # Chunks of 4: wf-00..03 and wf-04..07 each lose a claim, wf-08..11 all renew.
@@ -101,7 +85,7 @@ def test_a_batch_of_held_claims_keeps_the_by_engine_index_exact(
     reg: ClaimRegistry, storage: Storage, clock: ManualClock
 ) -> None:
     ids = [f"wf-{n:02d}" for n in range(10)]
-    _hold(reg, storage, ids)
+    hold_folded(reg, storage, ids)
     entries = dict(storage.scan(keys.workflow_owner_by_engine_prefix("engine-a")))
     assert len(entries) == len(ids)
     for _ in range(3):
@@ -115,7 +99,7 @@ def test_a_chunk_whose_commit_raised_after_landing_is_adopted_by_the_next_pass(
     reg: ClaimRegistry, gated: GatedStorage, storage: Storage, clock: ManualClock, sink: WarningSink
 ) -> None:
     ids = [f"wf-{n}" for n in range(6)]
-    _hold(reg, storage, ids)
+    hold_folded(reg, storage, ids)
     clock.advance(RENEW_MS)
     first = clock()
     error = StorageError("connection lost during COMMIT")
@@ -138,7 +122,7 @@ def test_a_chunk_whose_commit_raised_before_landing_is_renewed_by_the_next_pass(
     reg: ClaimRegistry, gated: GatedStorage, storage: Storage, clock: ManualClock, sink: WarningSink
 ) -> None:
     ids = [f"wf-{n}" for n in range(4)]
-    _hold(reg, storage, ids)
+    hold_folded(reg, storage, ids)
     clock.advance(RENEW_MS)
     error = StorageError("disk I/O error")
     gated.raise_on_next_cas(error, match=touches("wf-2"))
@@ -175,7 +159,7 @@ def test_a_renewal_chunk_keeps_no_collector_tracked_object_per_claim(
     counting = _CollectAtCommit(storage)
     reg = new_registry(counting, clock, "engine-a")
     ids = [f"wf-{n:05d}" for n in range(3_000)]
-    _hold(reg, storage, ids)
+    hold_folded(reg, storage, ids)
     clock.advance(RENEW_MS)
     reg.renew_many(ids, chunk_size=len(ids))  # the first renewal makes each claim's result
     gc.collect()
