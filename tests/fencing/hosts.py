@@ -71,6 +71,14 @@ class HostEnv:
         self._closers.append(own.close)
         return own
 
+    def take_over(self, wid: str) -> Ownership:
+        """A second engine takes ``wid`` over once the clock is past the first owner's expiry."""
+        other = self.ownership()
+        self.clock.advance(PAST_EXPIRY_MS)
+        result = other.registry.takeover(wid)
+        assert result.status == "acquired", result
+        return other
+
     # -- host connections ---------------------------------------------------------------------
 
     def _sa_engine(self, flavour: str) -> sqlalchemy.Engine:

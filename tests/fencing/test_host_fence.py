@@ -9,7 +9,7 @@ from typing import Any
 import psycopg
 import pytest
 
-from tests.fencing.hosts import PAST_EXPIRY_MS, HostEnv
+from tests.fencing.hosts import HostEnv
 from weft_sync import keys
 from weft_sync.errors import (
     EngineDeposedError,
@@ -18,15 +18,6 @@ from weft_sync.errors import (
 )
 from weft_sync.fencing import core
 from weft_sync.storage import open_storage
-
-
-def _take_over(env: HostEnv, wid: str) -> Any:
-    """A second engine takes ``wid`` over once the clock is past the first owner's expiry."""
-    other = env.ownership()
-    env.clock.advance(PAST_EXPIRY_MS)
-    result = other.registry.takeover(wid)
-    assert result.status == "acquired", result
-    return other
 
 
 def test_fenced_block_commits_the_hosts_write(env: HostEnv) -> None:
@@ -56,7 +47,7 @@ def test_deposed_owner_is_refused_and_the_new_owner_lands(env: HostEnv) -> None:
     lost: list[str] = []
     old.on_lost(lost.append)
     assert old.registry.acquire("wf-1").status == "acquired"
-    new = _take_over(env, "wf-1")
+    new = env.take_over("wf-1")
     stale, fresh = env.connect(), env.connect()
     ran = []
     with (
@@ -113,7 +104,7 @@ def test_deposed_inside_a_hosts_open_transaction_keeps_its_earlier_work(raw_env:
     env = raw_env
     own = env.ownership()
     assert own.registry.acquire("wf-1").status == "acquired"
-    _take_over(env, "wf-1")
+    env.take_over("wf-1")
     conn = env.connect()
     if env.backend == "sqlite":
         conn.execute("BEGIN")
@@ -408,7 +399,7 @@ def test_repeatable_read_snapshot_older_than_a_takeover_fails_closed(
         conn = env.connect()
         conn.isolation_level = psycopg.IsolationLevel.REPEATABLE_READ
         env.write(conn, "before", "snapshot taken")  # the transaction's snapshot starts here
-        _take_over(env, "wf-1")
+        env.take_over("wf-1")
         with pytest.raises(StorageError, match="serialize"), own.fenced("wf-1", conn):
             pytest.fail("fenced on a stale snapshot")
         conn.rollback()

@@ -17,7 +17,7 @@ from typing import Any
 import psycopg
 import pytest
 
-from tests.fencing.hosts import PAST_EXPIRY_MS, HostEnv, make_env
+from tests.fencing.hosts import HostEnv, make_env
 from weft_sync import Ownership, OwnershipOptions, keys
 from weft_sync.errors import EngineDeposedError, StorageError, WorkflowClaimLostWarning
 
@@ -124,9 +124,7 @@ def test_deposed_on_a_proven_connection_writes_nothing(env: HostEnv) -> None:
     conn = env.connect()
     with old.fenced(WID, conn):
         env.write(conn, "r0", "old")
-    new = env.ownership()
-    env.clock.advance(PAST_EXPIRY_MS)
-    assert new.registry.takeover(WID).status == "acquired"
+    new = env.take_over(WID)
     with (
         pytest.warns(WorkflowClaimLostWarning),
         pytest.raises(EngineDeposedError),
@@ -278,9 +276,7 @@ def test_sqlalchemy_connection_on_psycopg_begins_and_reads_in_one_round_trip(
             with own.fenced(WID, conn):
                 env.write(conn, "inner", "1")
             conn.execute(sqlalchemy.text("SELECT 1"))
-        new = env.ownership()
-        env.clock.advance(PAST_EXPIRY_MS)
-        assert new.registry.takeover(WID).status == "acquired"
+        env.take_over(WID)
         with (
             pytest.warns(WorkflowClaimLostWarning),
             pytest.raises(EngineDeposedError),
