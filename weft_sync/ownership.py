@@ -114,7 +114,12 @@ class Ownership:
         self._task: RenewalTask = parts.task
         self._metrics: ClaimMetrics = parts.metrics
         self._crash = parts.crash
-        self._fence = HostFence(storage, self._registry, warn=self._on_warning)
+        self._fence = HostFence(
+            storage,
+            self._registry,
+            warn=self._on_warning,
+            epoch_of=self._registry.epoch_lookup(),  # fenced() checks the process itself
+        )
         _LIVE.add(self)
 
     # ----------------------------------------------------------------------------------------

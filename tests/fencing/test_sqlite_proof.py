@@ -2,10 +2,11 @@
 
 The proof of a sqlite3 connection is not cached per connection (it takes no weak reference and
 its ``id()`` can be reused); the binding last proven is only a first guess, re-checked on every
-block against ``PRAGMA database_list``. These tests change the connection's files behind that
-guess — ``DETACH`` and ``ATTACH`` of a copy under the same name, ``deserialize()``, a closed
-connection replaced by one on a copy — with a copy that holds the very epoch the fence expects,
-so only the proof can refuse it.
+block — by asking SQLite which file the schema is on (``sqlite3_db_filename``), or where that is
+not available by ``PRAGMA database_list``; every test runs both ways. These tests change the
+connection's files behind that guess — ``DETACH`` and ``ATTACH`` of a copy under the same name,
+``deserialize()``, a closed connection replaced by one on a copy — with a copy that holds the
+very epoch the fence expects, so only the proof can refuse it.
 """
 
 from __future__ import annotations
@@ -24,12 +25,23 @@ from weft_sync.errors import (
     StorageError,
     WorkflowClaimLostWarning,
 )
+from weft_sync.storage import sqlite_handle
 
 WID = "wf-1"
 
 
+@pytest.fixture(params=("handle", "pragma"))
+def recheck(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """How blocks re-check the proof: asking SQLite (where available), or the pragma."""
+    if request.param == "pragma":
+        monkeypatch.setattr(sqlite_handle, "_found", "turned off for this test")
+    elif sqlite_handle.filename_reader() is None:  # pragma: no cover - off CPython
+        pytest.skip(f"not available here: {sqlite_handle.unavailable_reason()}")
+    return str(request.param)
+
+
 @pytest.fixture
-def env(tmp_path: Path) -> Iterator[HostEnv]:
+def env(tmp_path: Path, recheck: str) -> Iterator[HostEnv]:
     host = make_env("sqlite", "sqlite3", tmp_path, None)
     try:
         yield host
@@ -53,6 +65,16 @@ def _copy(env: HostEnv, tmp_path: Path, name: str = "copy.db") -> str:
         src.close()
         dst.close()
     return str(tmp_path / name)
+
+
+def _image(env: HostEnv, tmp_path: Path) -> bytes:
+    """A serialized copy of the store, ready for ``deserialize()``."""
+    image = sqlite3.connect(_copy(env, tmp_path))
+    try:
+        image.execute("PRAGMA journal_mode = DELETE")  # an in-memory database cannot use WAL
+        return image.serialize()
+    finally:
+        image.close()
 
 
 def _store_table(env: HostEnv) -> str:
@@ -98,10 +120,7 @@ def test_detached_store_is_refused(env: HostEnv, tmp_path: Path) -> None:
 
 def test_deserialized_connection_is_refused(env: HostEnv, tmp_path: Path) -> None:
     own = _held(env)
-    image = sqlite3.connect(_copy(env, tmp_path))
-    image.execute("PRAGMA journal_mode = DELETE")  # an in-memory database cannot use WAL
-    data = image.serialize()
-    image.close()
+    data = _image(env, tmp_path)
     conn = sqlite3.connect(env.db_url, isolation_level=None)
     try:
         _fenced_write(own, conn, env.table, "1")
@@ -112,6 +131,50 @@ def test_deserialized_connection_is_refused(env: HostEnv, tmp_path: Path) -> Non
     finally:
         conn.close()
     assert env.rows() == {"row": "1"}
+
+
+def test_a_deserialized_database_is_refused_whatever_the_directory_holds(
+    env: HostEnv, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A deserialized database reports a bare name (``x``), never a path: a file of that name
+    in the working directory — here a link to the store itself — does not make it the store."""
+    own = _held(env)
+    data = _image(env, tmp_path)
+    conn = sqlite3.connect(env.db_url, isolation_level=None)
+    try:
+        _fenced_write(own, conn, env.table, "1")
+        conn.deserialize(data)
+        bare = conn.execute("PRAGMA database_list").fetchall()[0][2]
+        assert bare and not Path(bare).is_absolute()
+        (tmp_path / "cwd").mkdir()
+        (tmp_path / "cwd" / bare).symlink_to(env.db_url)
+        monkeypatch.chdir(tmp_path / "cwd")
+        with pytest.raises(StorageCapabilityError):
+            _fenced_write(own, conn, env.table, "2")
+    finally:
+        conn.close()
+    assert env.rows() == {"row": "1"}
+
+
+def test_a_proven_block_runs_only_its_own_statements(env: HostEnv, recheck: str) -> None:
+    """After the first block, a block is the host's statements plus BEGIN IMMEDIATE, the
+    epoch read and COMMIT; asking SQLite replaces the pragma, which only the other way runs."""
+    own = _held(env)
+    conn = sqlite3.connect(env.db_url, isolation_level=None)
+    statements: list[str] = []
+    try:
+        _fenced_write(own, conn, env.table, "1")
+        conn.set_trace_callback(statements.append)
+        _fenced_write(own, conn, env.table, "2")
+    finally:
+        conn.close()
+    fence = [sql for sql in statements if "INSERT OR REPLACE" not in sql]
+    assert fence[0] == "BEGIN IMMEDIATE" and fence[-1] == "COMMIT"
+    assert any(sql.startswith("SELECT value FROM") for sql in fence)
+    expected = 3 if recheck == "handle" else 4
+    assert len(fence) == expected, fence
+    assert any("database_list" in sql for sql in fence) is (recheck == "pragma")
+    assert env.rows() == {"row": "2"}
 
 
 def test_new_connection_on_a_copy_is_refused_after_a_proven_one(
@@ -218,3 +281,29 @@ def test_a_file_that_stays_locked_is_a_storage_error(env: HostEnv) -> None:
         blocker.close()
         conn.close()
     assert env.rows() == {"row": "ok"}
+
+
+@pytest.mark.parametrize("driver", ["sqlalchemy-connection", "sqlalchemy-session"])
+def test_sqlalchemy_blocks_recheck_the_same_way(tmp_path: Path, recheck: str, driver: str) -> None:
+    """Through SQLAlchemy the proof is re-checked on the DBAPI ``sqlite3.Connection`` the same
+    way: asking SQLite runs no statement, only the other way runs the pragma."""
+    import sqlalchemy
+
+    host = make_env("sqlite", driver, tmp_path, None)
+    statements: list[str] = []
+    try:
+        engine = host._sa_engine("")
+        sqlalchemy.event.listen(
+            engine, "connect", lambda dbapi, _record: dbapi.set_trace_callback(statements.append)
+        )
+        own = host.ownership()
+        own.registry.acquire(WID)
+        conn = host.connect()
+        for value in ("1", "2", "3"):
+            with own.fenced(WID, conn) as yielded:
+                host.write(yielded, "row", value)
+        pragmas = sum("database_list" in sql for sql in statements)
+        assert pragmas == (1 if recheck == "handle" else 3), statements  # 1: the first proof
+        assert host.rows() == {"row": "3"}
+    finally:
+        host.close()

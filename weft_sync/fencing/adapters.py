@@ -11,12 +11,12 @@ import sys
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Final
 
-from .base import HostTransaction
+from .base import FastBlockFactory, HostTransaction
 
 if TYPE_CHECKING:
     from .psycopg import PsycopgTransaction
 
-__all__ = ["ACCEPTED", "adapt", "as_psycopg"]
+__all__ = ["ACCEPTED", "FAST_BLOCKS", "adapt", "as_psycopg"]
 
 ACCEPTED: Final = (
     "sqlite3.Connection",
@@ -30,6 +30,9 @@ ACCEPTED: Final = (
 # Exact connection type -> adapter class, filled as types are first seen (a dict lookup per
 # block instead of the isinstance chain below). Guarded by the GIL: entries are only added.
 _BY_TYPE: dict[type, Callable[[Any], HostTransaction]] = {}
+# Exact connection type -> its family's fast block (an adapter's ``fast_block``), filled the
+# same way: a type's first block is generic. Guarded by the GIL: entries are only added.
+FAST_BLOCKS: dict[type, FastBlockFactory] = {}
 
 
 def adapt(connection: object) -> HostTransaction:
@@ -42,6 +45,9 @@ def adapt(connection: object) -> HostTransaction:
     if factory is None:
         adapted = _adapt_new(connection)
         _BY_TYPE[type(connection)] = _same if adapted is connection else type(adapted)
+        fast: FastBlockFactory | None = getattr(type(adapted), "fast_block", None)
+        if fast is not None and adapted is not connection:
+            FAST_BLOCKS[type(connection)] = fast
         return adapted
     return factory(connection)
 

@@ -9,14 +9,21 @@ implements it, and imports its driver only when the host has already imported it
 from __future__ import annotations
 
 import itertools
-from collections.abc import Sequence
-from typing import Any, Protocol, runtime_checkable
+import sys
+from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager
+from typing import Any, NoReturn, Protocol, runtime_checkable
 
+from ..errors import StorageError
 from ..storage.fence_target import FenceBinding
 
 __all__ = [
+    "FastBlockFactory",
+    "FenceContext",
     "HostTransaction",
     "SupportsBeginReading",
+    "SupportsSqliteConnection",
+    "sqlite3_of",
     "as_value",
     "inline_literal",
     "savepoint_name",
@@ -41,6 +48,13 @@ def inline_literal(parts: Sequence[str], params: Sequence[str]) -> str | None:
         pieces.append("'" + value.replace("'", "''") + "'")
         pieces.append(part)
     return "".join(pieces)
+
+
+def sqlite3_of(dbapi: object) -> object | None:
+    """``dbapi`` when it is a ``sqlite3.Connection`` (what a framework wraps), else ``None``."""
+    module = sys.modules.get("sqlite3")
+    connection_type: type = getattr(module, "Connection", type(None))
+    return dbapi if isinstance(dbapi, connection_type) and dbapi is not None else None
 
 
 def as_value(raw: object) -> bytes | None:
@@ -97,6 +111,17 @@ class HostTransaction(Protocol):
         ...
 
 
+class SupportsSqliteConnection(Protocol):
+    """A :class:`HostTransaction` on SQLite that can hand over the ``sqlite3.Connection`` it
+    runs on, so that a block re-checks its proof without a statement
+    (``FenceBinding.opened_on``)."""
+
+    @property
+    def sqlite_connection(self) -> Any:
+        """The driver's ``sqlite3.Connection``, or ``None`` (another driver, another family)."""
+        ...
+
+
 class SupportsBeginReading(Protocol):
     """A :class:`HostTransaction` that can begin and run the fence's epoch read in one call,
     given a binding proven before (PostgreSQL drivers: ``BEGIN`` and the read in one simple
@@ -115,3 +140,44 @@ class SupportsBeginReading(Protocol):
             open (or aborted) and the fence ends it through ``end``.
         """
         ...
+
+
+class FenceContext(Protocol):
+    """What a connection family's own fast block gets from the engine's fence
+    (:class:`~weft_sync.fencing.core.HostFence`): the shared state and the fence's rules, so
+    that the block decides nothing the generic block would decide otherwise."""
+
+    @property
+    def hint(self) -> FenceBinding | None:
+        """The binding last proven on a connection that keeps no proof of its own."""
+        ...
+
+    @property
+    def epoch_of(self) -> Callable[[str], bytes | None]:
+        """This engine's epoch bytes for a workflow, ``None`` when it holds no claim on it.
+
+        :raises TypeError: the id is not a ``str``.
+        :raises ValueError: the id cannot name a workflow.
+        """
+        ...
+
+    def read_params(self, workflow_id: str) -> tuple[str, ...]:
+        """The epoch read's parameters for ``workflow_id``."""
+        ...
+
+    def deposed(self, workflow_id: str) -> NoReturn:
+        """Report the deposition (log, warning) and raise ``EngineDeposedError``."""
+        ...
+
+    def failed(self, workflow_id: str, exc: BaseException) -> StorageError:
+        """The error for a statement of the fence that failed with ``exc``."""
+        ...
+
+    def generic_block(self, workflow_id: str, connection: object) -> AbstractContextManager[object]:
+        """The block every connection gets: where the fast block does not apply."""
+        ...
+
+
+FastBlockFactory = Callable[[FenceContext, str, Any], AbstractContextManager[object]]
+"""A family's fast block for one connection type: ``factory(fence, workflow_id, connection)``,
+which handles the usual case itself and hands any other to ``fence.generic_block``."""

@@ -61,7 +61,7 @@ import weakref
 from collections.abc import Callable
 from contextlib import AbstractContextManager
 from types import TracebackType
-from typing import Any, NoReturn
+from typing import NoReturn
 
 from .. import keys
 from ..claims.registry import ClaimRegistry
@@ -73,7 +73,7 @@ from ..errors import (
 )
 from ..storage.base import Storage
 from ..storage.fence_target import FenceBinding, FenceTarget
-from .adapters import adapt
+from .adapters import FAST_BLOCKS, adapt
 from .base import HostTransaction, as_value
 
 __all__ = ["FEATURE", "ForeignDatabaseError", "HostFence", "fenced_transaction"]
@@ -245,9 +245,14 @@ class HostFence:
     :param warn: receives :class:`~weft_sync.errors.WorkflowClaimLostWarning` on deposition.
     :param lock_timeout_ms: see :func:`fenced_transaction`.
     :param idle_timeout_ms: see :func:`fenced_transaction`.
+    :param epoch_of: how a block reads the registry's epoch bytes; default
+        ``registry.current_epoch_bytes`` (``Ownership``, which checks the calling process
+        itself, passes ``registry.epoch_lookup()``).
+
+    It is the :class:`~weft_sync.fencing.base.FenceContext` of a family's fast block.
     """
 
-    __slots__ = ("_registry", "_settings", "_storage", "_target", "_warn", "hint")
+    __slots__ = ("_extra", "_settings", "_storage", "_target", "_warn", "epoch_of", "hint")
 
     def __init__(
         self,
@@ -257,21 +262,44 @@ class HostFence:
         warn: Callable[[Warning], None],
         lock_timeout_ms: int | None = None,
         idle_timeout_ms: int | None = None,
+        epoch_of: Callable[[str], bytes | None] | None = None,
     ) -> None:
         self._storage = storage
-        self._registry = registry
+        self.epoch_of = registry.current_epoch_bytes if epoch_of is None else epoch_of
         self._warn = warn
         lock_ms = registry.claim_renew_interval_ms if lock_timeout_ms is None else lock_timeout_ms
         idle_ms = registry.claim_ttl_ms if idle_timeout_ms is None else idle_timeout_ms
         self._settings = (f"{lock_ms:d}ms", f"{idle_ms:d}ms")
         self._target: FenceTarget | None = None
+        # What the epoch read takes after the key: the settings on PostgreSQL (set with target).
+        self._extra: tuple[str, ...] = ()
         # The binding last proven on a connection that keeps no proof of its own (sqlite3):
         # only a guess, confirmed by every block. Set whole; read without a lock.
         self.hint: FenceBinding | None = None
 
     def block(self, workflow_id: str, connection: object) -> AbstractContextManager[object]:
-        """The fenced block for ``workflow_id`` on ``connection`` (:func:`fenced_transaction`)."""
+        """The fenced block for ``workflow_id`` on ``connection`` (:func:`fenced_transaction`):
+        the connection family's fast block where it has one, else the generic block."""
+        fast = FAST_BLOCKS.get(type(connection))
+        if fast is not None:
+            return fast(self, workflow_id, connection)
         return _FencedBlock(self, workflow_id, connection)
+
+    def generic_block(self, workflow_id: str, connection: object) -> AbstractContextManager[object]:
+        """The generic fenced block, for any accepted connection."""
+        return _FencedBlock(self, workflow_id, connection)
+
+    def read_params(self, workflow_id: str) -> tuple[str, ...]:
+        """The epoch read's parameters for ``workflow_id``, once :meth:`target` was fetched."""
+        return (_epoch_key(workflow_id), *self._extra)
+
+    def deposed(self, workflow_id: str) -> NoReturn:
+        """Log the deposition, warn, and raise :class:`~weft_sync.errors.EngineDeposedError`."""
+        _deposed(workflow_id, self._warn)
+
+    def failed(self, workflow_id: str, exc: BaseException) -> StorageError:
+        """The ``StorageError`` for one of the fence's own statements that failed with ``exc``."""
+        return _fence_failed(workflow_id, self.target(), exc)
 
     def target(self) -> FenceTarget:
         """The store's fence target, fetched on first use.
@@ -280,15 +308,10 @@ class HostFence:
         """
         target = self._target
         if target is None:
-            target = self._target = _target(self._storage)
+            target = _target(self._storage)
+            self._extra = self._settings if target.family == "postgresql" else ()
+            self._target = target
         return target
-
-    def params(self, target: FenceTarget, wid: str) -> tuple[str, ...]:
-        """The epoch read's parameters for ``wid`` (on PostgreSQL also the transaction's
-        ``lock_timeout`` and ``idle_in_transaction_session_timeout``)."""
-        if target.family == "postgresql":
-            return (_epoch_key(wid), *self._settings)
-        return (_epoch_key(wid),)
 
 
 class _FencedBlock:
@@ -310,27 +333,33 @@ class _FencedBlock:
         fence = self._fence
         wid = self._wid
         host = adapt(self._connection)
-        target = fence.target()
+        target = fence._target or fence.target()
         if host.family != target.family:
             _refuse(host, target, f"a {host.family!r} database")
-        expected = fence._registry.current_epoch_bytes(wid)  # validates the id
+        expected = fence.epoch_of(wid)  # validates the id
         if expected is None:
             _deposed(wid, fence._warn)
-        params = fence.params(target, wid)
+        params = (_epoch_key(wid), *fence._extra)
+        rows = None
+        # Only for a host that can begin and read in one call: elsewhere the connection (key)
+        # is asked for after begin(), since asking may begin a transaction (a Session).
+        begin_reading = getattr(host, "begin_reading", None)
+        if begin_reading is not None:
+            # (_cached(), inline: a sqlite3 connection keeps no proof, its fence keeps a hint)
+            conn_key = host.connection_key
+            binding = fence.hint if conn_key is None else _cached(fence, host, target)
+            if binding is not None:
+                try:
+                    rows = begin_reading(binding, params)
+                except Exception as exc:
+                    _end_quietly(host, exc)
+                    raise _fence_failed(wid, target, exc) from exc
         observed: bytes | None
-        # Only for a host that can begin and read in one round trip: elsewhere the connection
-        # (key) is asked for after begin(), since asking may begin a transaction (a Session).
-        rows = _begin_reading(fence, host, target, params, wid)
         if rows is None:
-            locked = _begin(host, target, wid)
-            try:
-                binding = _cached(fence, host, target)
-                observed = _read_epoch(fence, host, target, binding, params, wid, locked=locked)
-            except BaseException as exc:
-                _end_quietly(host, exc)
-                raise
+            observed = _begin_and_read(fence, host, target, params, wid)
         else:
-            observed = as_value(rows[0][0]) if rows else None
+            raw = rows[0][0] if rows else None
+            observed = raw if raw is None or type(raw) is bytes else as_value(raw)
         if observed != expected:
             error = EngineDeposedError(wid)
             _end_quietly(host, error)
@@ -353,31 +382,24 @@ class _FencedBlock:
             _end_quietly(host, exc)
 
 
-def _begin_reading(
+def _begin_and_read(
     fence: HostFence,
     host: HostTransaction,
     target: FenceTarget,
     params: tuple[str, ...],
     wid: str,
-) -> list[tuple[Any, ...]] | None:
-    """Begin and read the epoch in one call where ``host`` can with the binding already proven
-    (see :class:`~weft_sync.fencing.base.SupportsBeginReading`); ``None`` otherwise, having
-    begun nothing.
+) -> bytes | None:
+    """Begin, prove the connection where its proof is not known to hold, and read the epoch.
 
-    :raises StorageError: the begin or the read failed (the transaction was rolled back).
+    :raises StorageError: the begin or a statement of the fence failed (rolled back).
     """
-    begin_reading = getattr(host, "begin_reading", None)
-    if begin_reading is None:
-        return None
-    binding = _cached(fence, host, target)
-    if binding is None:
-        return None
+    locked = _begin(host, target, wid)
     try:
-        rows: list[tuple[Any, ...]] | None = begin_reading(binding, params)
-    except Exception as exc:
+        binding = _cached(fence, host, target)
+        return _read_epoch(fence, host, target, binding, params, wid, locked=locked)
+    except BaseException as exc:
         _end_quietly(host, exc)
-        raise _fence_failed(wid, target, exc) from exc
-    return rows
+        raise
 
 
 def _begin(host: HostTransaction, target: FenceTarget, wid: str) -> bool:
@@ -427,7 +449,13 @@ def _read_epoch(
 
 
 def _still_holds(host: HostTransaction, binding: FenceBinding) -> bool:
-    """Whether a cached binding still fits ``host``'s connection (see ``FenceBinding.recheck``)."""
+    """Whether a cached binding still fits ``host``'s connection (see ``FenceBinding.recheck``),
+    asked without a statement where the host hands over its ``sqlite3.Connection``."""
     if binding.recheck is None or binding.confirm is None:
         return True  # proven for this connection's lifetime
+    opened_on = binding.opened_on
+    if opened_on is not None:
+        raw = getattr(host, "sqlite_connection", None)
+        if raw is not None:
+            return opened_on(raw)
     return binding.confirm(host.query(binding.recheck, ()))

@@ -20,6 +20,7 @@ from django.db import connections, transaction
 
 from ..storage.fence_target import FenceBinding
 from .adapters import as_psycopg
+from .base import sqlite3_of
 
 if TYPE_CHECKING:
     from ..ownership import Ownership
@@ -46,6 +47,10 @@ class AtomicTransaction:
     @property
     def result(self) -> Any:
         return self._wrapper
+
+    @property
+    def sqlite_connection(self) -> object | None:
+        return sqlite3_of(self._wrapper.connection) if self.family == "sqlite" else None
 
     def begin(self) -> bool:
         # Whatever mode the transaction began in, SQLite's write lock is taken by the fence.

@@ -19,6 +19,7 @@ from sqlalchemy.orm import Session, SessionTransaction
 
 from ..storage.fence_target import FenceBinding
 from .adapters import as_psycopg
+from .base import sqlite3_of
 
 __all__ = ["ConnectionTransaction", "SessionTransactionAdapter"]
 
@@ -71,6 +72,12 @@ class ConnectionTransaction:
     @property
     def result(self) -> Connection:
         return self._conn
+
+    @property
+    def sqlite_connection(self) -> object | None:
+        if self.family != "sqlite":
+            return None
+        return sqlite3_of(self._conn.connection.dbapi_connection)
 
     def begin(self) -> bool:
         if self.family == "postgresql":
@@ -131,6 +138,12 @@ class SessionTransactionAdapter:
     @property
     def result(self) -> Session:
         return self._session
+
+    @property
+    def sqlite_connection(self) -> object | None:
+        if self.family != "sqlite":
+            return None
+        return sqlite3_of(self._session.connection().connection.dbapi_connection)
 
     def begin(self) -> bool:
         nested = self._session.in_transaction()

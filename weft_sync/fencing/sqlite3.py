@@ -16,23 +16,113 @@ The host must not commit or roll back the connection inside the block.
 
 from __future__ import annotations
 
+import logging
 import sqlite3
 from collections.abc import Sequence
+from contextlib import AbstractContextManager
+from types import TracebackType
 from typing import Any
 
 from ..storage.fence_target import FenceBinding
-from .base import savepoint_name
+from .base import FenceContext, as_value, savepoint_name
 
-__all__ = ["Sqlite3Transaction"]
+__all__ = ["Sqlite3Block", "Sqlite3Transaction"]
+
+_log = logging.getLogger(__name__)
 
 # Python 3.12+ only; before it every connection is in the legacy transaction mode.
 _HAS_AUTOCOMMIT = hasattr(sqlite3.Connection, "autocommit")
 
 
+class Sqlite3Block:
+    """The fenced block on a ``sqlite3.Connection`` in its usual case, with nothing in between.
+
+    The usual case: no transaction open, the module not managing transactions, and a binding
+    proven before that can be re-checked without a statement (``FenceBinding.opened_on``).
+    Then the block is ``BEGIN IMMEDIATE``, the re-check, the epoch read and the comparison on
+    entry, and ``COMMIT`` (``ROLLBACK`` on an exception) on exit — the generic block's steps
+    for this case, in one frame. Every other case, and a re-check that fails, is handed to the
+    generic block before anything of the block ran, which proves the connection afresh.
+    """
+
+    __slots__ = ("_conn", "_cursor", "_fence", "_generic", "_wid")
+
+    def __init__(self, fence: FenceContext, workflow_id: str, connection: sqlite3.Connection):
+        self._fence = fence
+        self._wid = workflow_id
+        self._conn = connection
+        self._cursor: sqlite3.Cursor | None = None
+        self._generic: AbstractContextManager[object] | None = None
+
+    def __enter__(self) -> sqlite3.Connection:
+        fence, wid, conn = self._fence, self._wid, self._conn
+        binding = fence.hint
+        opened_on = None if binding is None else binding.opened_on
+        if opened_on is None or conn.in_transaction or (_HAS_AUTOCOMMIT and _managed(conn)):
+            return self._hand_over()
+        assert binding is not None
+        expected = fence.epoch_of(wid)  # validates the id
+        if expected is None:
+            fence.deposed(wid)
+        cursor = conn.cursor()
+        try:
+            cursor.execute("BEGIN IMMEDIATE")
+        except Exception as exc:
+            raise fence.failed(wid, exc) from exc
+        try:
+            still = opened_on(conn)
+            row = (
+                cursor.execute(binding.read_epoch, fence.read_params(wid)).fetchone()
+                if still
+                else None
+            )
+        except Exception as exc:
+            _rollback_quietly(conn, cursor)
+            raise fence.failed(wid, exc) from exc
+        if not still:
+            _rollback_quietly(conn, cursor)
+            return self._hand_over()
+        raw = None if row is None else row[0]
+        if (raw if raw is None or type(raw) is bytes else as_value(raw)) != expected:
+            _rollback_quietly(conn, cursor)
+            fence.deposed(wid)
+        self._cursor = cursor
+        return conn
+
+    def _hand_over(self) -> sqlite3.Connection:
+        generic = self._generic = self._fence.generic_block(self._wid, self._conn)
+        generic.__enter__()
+        return self._conn
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        generic, self._generic = self._generic, None
+        if generic is not None:
+            generic.__exit__(exc_type, exc, tb)
+            return
+        cursor, self._cursor = self._cursor, None
+        if cursor is None:
+            return
+        conn = self._conn
+        if exc is not None:
+            _rollback_quietly(conn, cursor)
+        elif conn.in_transaction:
+            cursor.execute("COMMIT")
+        else:
+            raise _ended_inside()
+
+
 class Sqlite3Transaction:
     """A :class:`~weft_sync.fencing.base.HostTransaction` over a ``sqlite3.Connection``."""
 
+    __slots__ = ("_conn", "_cursor", "_savepoint")
+
     family = "sqlite"
+    fast_block = Sqlite3Block
     # sqlite3.Connection takes no weak references: the last proof is only a guess, re-checked
     # by every block (FenceBinding.recheck).
     connection_key = None
@@ -40,6 +130,8 @@ class Sqlite3Transaction:
     def __init__(self, connection: sqlite3.Connection) -> None:
         self._conn = connection
         self._savepoint: str | None = None
+        # Set by begin_reading(): the cursor that began the transaction, and ends it.
+        self._cursor: sqlite3.Cursor | None = None
 
     @property
     def result(self) -> sqlite3.Connection:
@@ -47,7 +139,11 @@ class Sqlite3Transaction:
 
     def _module_managed(self) -> bool:
         # Python 3.12+: autocommit False means the module owns BEGIN/COMMIT on this connection.
-        return _HAS_AUTOCOMMIT and getattr(self._conn, "autocommit", None) is False
+        return _HAS_AUTOCOMMIT and _managed(self._conn)
+
+    @property
+    def sqlite_connection(self) -> sqlite3.Connection:
+        return self._conn
 
     def begin_reading(
         self, binding: FenceBinding, params: Sequence[str]
@@ -56,18 +152,25 @@ class Sqlite3Transaction:
         (nothing begun) inside an open transaction, where the module owns the transaction, or
         when the re-check finds the connection no longer on the proven file."""
         conn = self._conn
-        if conn.in_transaction or self._module_managed():
+        if conn.in_transaction or (_HAS_AUTOCOMMIT and self._module_managed()):
             return None
-        conn.execute("BEGIN IMMEDIATE")
-        recheck, confirm = binding.recheck, binding.confirm
-        if (
-            recheck is not None
-            and confirm is not None
-            and not confirm(conn.execute(recheck).fetchall())
-        ):
-            conn.execute("ROLLBACK")
+        # One cursor for the block's own statements: conn.execute() makes one per statement.
+        cursor = conn.cursor()
+        cursor.execute("BEGIN IMMEDIATE")
+        self._cursor = cursor
+        opened_on = binding.opened_on
+        if opened_on is not None:
+            still = opened_on(conn)
+        elif binding.recheck is not None and binding.confirm is not None:
+            still = binding.confirm(cursor.execute(binding.recheck).fetchall())
+        else:
+            still = True
+        if not still:
+            self._cursor = None
+            cursor.execute("ROLLBACK")
             return None
-        return conn.execute(binding.read_epoch, params).fetchall()
+        row = cursor.execute(binding.read_epoch, params).fetchone()
+        return [] if row is None else [row]
 
     def begin(self) -> bool:
         conn = self._conn
@@ -85,6 +188,13 @@ class Sqlite3Transaction:
 
     def end(self, error: BaseException | None) -> None:
         conn = self._conn
+        cursor = self._cursor
+        if cursor is not None:
+            if conn.in_transaction:
+                cursor.execute("COMMIT" if error is None else "ROLLBACK")
+            elif error is None:
+                raise _ended_inside()
+            return
         if self._savepoint is not None:
             if not conn.in_transaction:
                 return  # SQLite rolled the whole transaction back (e.g. SQLITE_FULL)
@@ -99,7 +209,24 @@ class Sqlite3Transaction:
         elif conn.in_transaction:
             conn.execute("COMMIT" if error is None else "ROLLBACK")
         elif error is None:
-            raise sqlite3.OperationalError(
-                "the fenced transaction was ended inside the block (commit() or rollback() on "
-                "the connection); nothing after that point was fenced"
-            )
+            raise _ended_inside()
+
+
+def _ended_inside() -> sqlite3.OperationalError:
+    return sqlite3.OperationalError(
+        "the fenced transaction was ended inside the block (commit() or rollback() on the "
+        "connection); nothing after that point was fenced"
+    )
+
+
+def _managed(conn: sqlite3.Connection) -> bool:
+    return getattr(conn, "autocommit", None) is False
+
+
+def _rollback_quietly(conn: sqlite3.Connection, cursor: sqlite3.Cursor) -> None:
+    try:
+        if conn.in_transaction:
+            cursor.execute("ROLLBACK")
+    except Exception:
+        # The error that ended the block is the one the host needs to see.
+        _log.warning("could not roll back a fenced host transaction", exc_info=True)

@@ -53,7 +53,9 @@ import time
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Final
+from typing import TYPE_CHECKING, Final
+
+from .sqlite_library import open_library
 
 if TYPE_CHECKING:
     import ctypes
@@ -127,31 +129,22 @@ class SqliteLibrary:
             self.leave(mutex)
 
 
-def _bind(dll: ctypes.PyDLL, expected_version: str) -> SqliteLibrary | str:
-    """Bind the functions of ``dll``; a reason (text) when it is not the usable library."""
+def _bind(dll: ctypes.PyDLL) -> SqliteLibrary | str:
+    """Bind the mutex functions of ``dll``; a reason (text) when one is not exported."""
     import ctypes
 
     try:
-        libversion = dll.sqlite3_libversion
         threadsafe = dll.sqlite3_threadsafe
         alloc = dll.sqlite3_mutex_alloc
         try_enter = dll.sqlite3_mutex_try
         enter = dll.sqlite3_mutex_enter
         leave = dll.sqlite3_mutex_leave
-        memory_used = dll.sqlite3_memory_used
     except AttributeError as exc:
         return f"a SQLite function is not exported ({exc})"
-    libversion.restype = ctypes.c_char_p
     alloc.restype, alloc.argtypes = ctypes.c_void_p, [ctypes.c_int]
     try_enter.restype, try_enter.argtypes = ctypes.c_int, [ctypes.c_void_p]
     enter.restype, enter.argtypes = None, [ctypes.c_void_p]
     leave.restype, leave.argtypes = None, [ctypes.c_void_p]
-    memory_used.restype = ctypes.c_int64
-    version = (libversion() or b"").decode("ascii", "replace")
-    if version != expected_version:
-        return f"the library found is SQLite {version}, the sqlite3 module uses {expected_version}"
-    if not _same_instance(memory_used):
-        return "the library found is another copy than the one the sqlite3 module uses"
 
     def static(ids: dict[str, int]) -> tuple[int, ...]:
         if threadsafe() == 0:
@@ -159,45 +152,23 @@ def _bind(dll: ctypes.PyDLL, expected_version: str) -> SqliteLibrary | str:
         return tuple(m for m in (alloc(i) for i in ids.values()) if m)
 
     return SqliteLibrary(
-        version, static(HELD_ACROSS_FORK), static(FREED_IN_CHILD), try_enter, enter, leave
+        sqlite3.sqlite_version,
+        static(HELD_ACROSS_FORK),
+        static(FREED_IN_CHILD),
+        try_enter,
+        enter,
+        leave,
     )
 
 
-def _same_instance(memory_used: Callable[[], Any]) -> bool:
-    """Whether opening a connection through ``sqlite3`` moves this library's memory counter.
-
-    Without memory statistics the counter stays at zero and nothing can be told: ``True``.
-    """
-    before = int(memory_used())
-    conn = sqlite3.connect(":memory:")
-    try:
-        conn.execute("CREATE TABLE t (x)")
-        during = int(memory_used())
-    finally:
-        conn.close()
-    return during != before or during == 0
-
-
 def load(path: str | None = None, *, expected_version: str | None = None) -> SqliteLibrary | str:
-    """Find the SQLite library of ``path`` (default: the one of the ``_sqlite3`` module).
+    """Find the SQLite library of ``path`` (default: the one of the ``_sqlite3`` module) and
+    bind its mutexes (see :func:`~weft_sync.storage.sqlite_library.open_library`).
 
     :returns: the library, or the reason it cannot be used (text).
     """
-    if path is None:
-        import _sqlite3
-
-        # dlsym on the module's handle searches the libraries it is linked with; a module built
-        # into the interpreter has no file, and the interpreter's own symbols are searched.
-        path = getattr(_sqlite3, "__file__", None)
-    try:
-        import ctypes  # not in every build of Python; imported only here, where it is needed
-
-        dll = ctypes.PyDLL(path)
-    except ImportError as exc:
-        return f"ctypes is not available ({exc})"
-    except OSError as exc:
-        return f"the SQLite library could not be loaded ({exc})"
-    return _bind(dll, sqlite3.sqlite_version if expected_version is None else expected_version)
+    dll = open_library(path, expected_version=expected_version)
+    return dll if isinstance(dll, str) else _bind(dll)
 
 
 # Guards the setting of _loaded and _warned (binding once, warning once).
