@@ -157,9 +157,9 @@ def _table_rows(text: str) -> list[list[str]]:
 
 
 def test_fenced_write_numbers_in_the_readme_are_the_measured_ones() -> None:
-    """The README's fence costs are the ranges (one value when the runs agree) of the table in the subsection of
-    bench/RESULTS.md's section 6 marked "(current)" (two runs per cell, written ``a / b``) and
-    its measured own work per block."""
+    """The README's fence costs are the ranges (one value where the runs agree) of the table
+    in the subsection of bench/RESULTS.md's section 6 marked "(current)" (two runs per cell,
+    written ``a / b``) and its measured own work per block."""
     readme = re.sub(r"\s+", " ", README)
     times = "\u00d7"  # the multiplication sign the README and RESULTS.md write ratios with
     dash = "\u2013"  # the en dash of a range

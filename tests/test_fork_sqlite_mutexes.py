@@ -299,7 +299,9 @@ def test_another_sqlite_version_than_the_sqlite3_modules_is_refused_naming_both(
 def test_forks_without_the_library_warn_once_and_go_on_as_before(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(sqlite_mutexes, "_loaded", "a SQLite function is not exported (test)")
+    monkeypatch.setattr(
+        sqlite_mutexes._library, "value", "a SQLite function is not exported (test)"
+    )
     monkeypatch.setattr(sqlite_mutexes, "_warned", False)
     with pytest.warns(RuntimeWarning, match=r"cannot take SQLite's process-wide mutexes.*test"):
         first = SqliteStorage(tmp_path / "a.db", table=TABLE)

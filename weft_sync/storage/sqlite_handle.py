@@ -22,12 +22,11 @@ from __future__ import annotations
 import os
 import sqlite3
 import sys
-import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from .sqlite_library import open_library
+from .sqlite_library import Lazy, open_library
 
 __all__ = ["FilenameReader", "file_check", "filename_reader", "unavailable_reason"]
 
@@ -37,10 +36,6 @@ an in-memory or temporary database), ``None`` for a schema it does not have or a
 connection. The connection must be a ``sqlite3.Connection`` (or a subclass)."""
 
 _CHECKED_VERSIONS = frozenset({(3, 10), (3, 11), (3, 12), (3, 13), (3, 14)})
-
-# Guards the setting of _found (binding once).
-_lock = threading.Lock()
-_found: _Bound | str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -94,17 +89,7 @@ def unavailable_reason() -> str | None:
 
 
 def _load() -> _Bound | str:
-    global _found
-    found = _found
-    if found is None:
-        # Bound outside the lock (the self-test opens a connection); a racing first caller
-        # binds the same reader, and the first result is kept.
-        found = _bind()
-        with _lock:
-            if _found is None:
-                _found = found
-            found = _found
-    return found
+    return _found.get()
 
 
 def _bind() -> _Bound | str:
@@ -180,3 +165,6 @@ def _self_test(
     finally:
         conn.close()
     return handle_of(conn) is None
+
+
+_found: Lazy[_Bound | str] = Lazy(_bind)

@@ -12,13 +12,47 @@ instance before handing it out.
 from __future__ import annotations
 
 import sqlite3
+import threading
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 if TYPE_CHECKING:
     import ctypes
 
-__all__ = ["open_library"]
+__all__ = ["Lazy", "open_library"]
+
+_T = TypeVar("_T")
+
+
+class Lazy(Generic[_T]):
+    """A value made by ``make()`` on first use and kept for the process.
+
+    It is made outside the lock (making one may open a connection, which must not happen under
+    a lock); two first callers that race both make one, and the first kept is the one both get.
+
+    :param make: makes the value (never ``None``); called with no lock held.
+    """
+
+    def __init__(self, make: Callable[[], _T]) -> None:
+        self._make = make
+        # Guards the setting of value (once).
+        self._lock = threading.Lock()
+        self.value: _T | None = None
+
+    def get(self) -> _T:
+        """The value, made now if it was not yet."""
+        found = self.value
+        if found is None:
+            made = self._make()
+            with self._lock:
+                if self.value is None:
+                    self.value = made
+                found = self.value
+        return found
+
+    def after_fork_in_child(self) -> None:
+        """Replace the lock, which a thread the child does not have may have held."""
+        self._lock = threading.Lock()
 
 
 def open_library(

@@ -55,7 +55,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Final
 
-from .sqlite_library import open_library
+from .sqlite_library import Lazy, open_library
 
 if TYPE_CHECKING:
     import ctypes
@@ -171,25 +171,15 @@ def load(path: str | None = None, *, expected_version: str | None = None) -> Sql
     return dll if isinstance(dll, str) else _bind(dll)
 
 
-# Guards the setting of _loaded and _warned (binding once, warning once).
-_load_lock = threading.Lock()
-_loaded: SqliteLibrary | str | None = None
+_library: Lazy[SqliteLibrary | str] = Lazy(load)
+# Guards _warned (warning once).
+_warn_lock = threading.Lock()
 _warned = False
 
 
 def library() -> SqliteLibrary | str:
     """The library of the ``sqlite3`` module, bound on first use; or why it cannot be used."""
-    global _loaded
-    found = _loaded
-    if found is None:
-        # Loaded outside the lock (it opens an in-memory connection); a racing first caller
-        # loads the same library, and the first result is kept.
-        found = load()
-        with _load_lock:
-            if _loaded is None:
-                _loaded = found
-            found = _loaded
-    return found
+    return _library.get()
 
 
 def ensure_supported() -> None:
@@ -203,7 +193,7 @@ def ensure_supported() -> None:
     found = library()
     if not isinstance(found, str):
         return
-    with _load_lock:
+    with _warn_lock:
         first, _warned = not _warned, True
     if first:
         warnings.warn(
@@ -286,13 +276,14 @@ def after_fork_in_parent() -> None:
 
 def after_fork_in_child() -> None:
     """Let go of what the fork took, and of :data:`FREED_IN_CHILD` if another thread held them."""
-    global _gc_pauses, _gc_lock, _load_lock
-    _gc_lock, _load_lock = threading.Lock(), threading.Lock()  # a parent thread may hold them
+    global _gc_pauses, _gc_lock, _warn_lock
+    _gc_lock, _warn_lock = threading.Lock(), threading.Lock()  # a parent thread may hold them
+    _library.after_fork_in_child()
     lib: SqliteLibrary | None = getattr(_held, "lib", None)
     _held.lib = None
     if lib is not None:
         lib.leave_all()
-    found = _loaded
+    found = _library.value
     if isinstance(found, SqliteLibrary):
         for mutex in found.freed_in_child:
             # The child has one thread: a busy one was held by a thread it does not have.
