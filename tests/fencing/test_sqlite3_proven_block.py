@@ -178,3 +178,16 @@ def test_a_connection_that_left_the_proven_file_is_handed_over_and_proven_again(
     finally:
         other.close()
     assert env.rows() == {"row": "attached"}
+
+
+def test_a_closed_connection_is_a_storage_error_as_in_its_first_block(
+    env: HostEnv, own: Ownership, conn: sqlite3.Connection, caplog: pytest.LogCaptureFixture
+) -> None:
+    conn.close()
+    with pytest.raises(StorageError, match="closed database"), own.fenced(WID, conn):
+        pytest.fail("the block ran on a closed connection")
+    fresh = env.connect()
+    fresh.close()
+    with pytest.raises(StorageError, match="closed database"), own.fenced(WID, fresh):
+        pytest.fail("the block ran on a closed connection")
+    assert [r.getMessage() for r in caplog.records if r.levelname == "WARNING"] == []

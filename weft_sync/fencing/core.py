@@ -50,6 +50,11 @@ PostgreSQL the epoch row's share lock when it is for the same workflow — and f
 
 The same-database proof and the lock statements come from the store
 (:class:`~weft_sync.storage.fence_target.FenceTarget`); this module never looks inside a backend.
+
+A connection family may bring a fast block of its own for its usual case (an adapter's
+``fast_block``; sqlite3's :class:`~weft_sync.fencing.sqlite3.Sqlite3Block`): the same steps for
+that case with nothing in between, through :class:`HostFence` as its
+:class:`~weft_sync.fencing.base.FenceContext`, and any other case handed to the generic block.
 """
 
 from __future__ import annotations

@@ -58,7 +58,11 @@ class Sqlite3Block:
         fence, wid, conn = self._fence, self._wid, self._conn
         binding = fence.hint
         opened_on = None if binding is None else binding.opened_on
-        if opened_on is None or conn.in_transaction or (_HAS_AUTOCOMMIT and _managed(conn)):
+        try:
+            usual = opened_on is not None and not conn.in_transaction
+        except sqlite3.ProgrammingError:
+            usual = False  # closed: the generic block reports it as the first block would
+        if opened_on is None or not usual or (_HAS_AUTOCOMMIT and _managed(conn)):
             return self._hand_over()
         assert binding is not None
         expected = fence.epoch_of(wid)  # validates the id
@@ -188,15 +192,21 @@ class Sqlite3Transaction:
 
     def end(self, error: BaseException | None) -> None:
         conn = self._conn
+        try:
+            open_now = conn.in_transaction
+        except sqlite3.ProgrammingError:
+            if error is None:
+                raise
+            return  # closed: SQLite rolled back whatever was open
         cursor = self._cursor
         if cursor is not None:
-            if conn.in_transaction:
+            if open_now:
                 cursor.execute("COMMIT" if error is None else "ROLLBACK")
             elif error is None:
                 raise _ended_inside()
             return
         if self._savepoint is not None:
-            if not conn.in_transaction:
+            if not open_now:
                 return  # SQLite rolled the whole transaction back (e.g. SQLITE_FULL)
             if error is not None:
                 conn.execute(f"ROLLBACK TO {self._savepoint}")
@@ -206,7 +216,7 @@ class Sqlite3Transaction:
                 conn.commit()
             else:
                 conn.rollback()
-        elif conn.in_transaction:
+        elif open_now:
             conn.execute("COMMIT" if error is None else "ROLLBACK")
         elif error is None:
             raise _ended_inside()
