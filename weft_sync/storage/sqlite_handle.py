@@ -168,3 +168,5 @@ def _self_test(
 
 
 _found: Lazy[_Bound | str] = Lazy(_bind)
+if hasattr(os, "register_at_fork"):  # a parent thread may hold its lock at fork time
+    os.register_at_fork(after_in_child=_found.after_fork_in_child)
