@@ -288,3 +288,50 @@ def test_sqlalchemy_connection_on_psycopg_begins_and_reads_in_one_round_trip(
         assert env.rows() == {"r": "2", "inner": "1"}
     finally:
         env.close()
+
+
+def test_sqlalchemy_session_on_psycopg_begins_and_reads_in_one_round_trip(
+    postgres_base_url: str, tmp_path: Path
+) -> None:
+    """An ORM ``Session`` on psycopg 3 gets its connection only once it began, and then sends
+    the ``BEGIN`` with the read as a ``Connection`` does; the first block, which proves that
+    connection, goes on with the session transaction it began."""
+    import sqlalchemy
+    from sqlalchemy import orm
+
+    env = make_env("postgres", "sqlalchemy-session", tmp_path, postgres_base_url)
+    try:
+        engine = sqlalchemy.create_engine(
+            env.db_url.replace("postgresql://", "postgresql+psycopg://", 1), pool_size=1
+        )
+        traced: list[str] = []
+        session = orm.Session(engine)
+        own = _held(env)
+        with own.fenced(WID, session):  # proves the pooled connection
+            env.write(session, "r", "1")
+        assert env.rows() == {"r": "1"}
+        raw = session.connection().connection.dbapi_connection
+        session.rollback()  # back to the pool: the next block checks out the same connection
+        assert isinstance(raw, psycopg.Connection)
+        with _traced(raw, tmp_path) as sent, own.fenced(WID, session):
+            env.write(session, "r", "2")
+        traced.extend(sent)
+        assert _round_trips(traced) == 3, traced  # as unfenced: BEGIN with the read, the write,
+        assert "BEGIN" in traced[0] and "EXECUTE weft_sync_fence_" in traced[0], traced  # COMMIT
+        with pytest.raises(KeyError), own.fenced(WID, session):
+            env.write(session, "r", "lost")
+            raise KeyError("host")
+        assert not session.in_transaction()
+        env.take_over(WID)
+        with (
+            pytest.warns(WorkflowClaimLostWarning),
+            pytest.raises(EngineDeposedError),
+            own.fenced(WID, session),
+        ):
+            env.write(session, "r", "stale")
+        assert not session.in_transaction()
+        session.close()
+        engine.dispose()
+        assert env.rows() == {"r": "2"}
+    finally:
+        env.close()

@@ -20,6 +20,7 @@ from ..storage.fence_target import FenceBinding
 __all__ = [
     "FastBlockFactory",
     "FenceContext",
+    "FindBinding",
     "HostTransaction",
     "SupportsBeginReading",
     "SupportsSqliteConnection",
@@ -122,19 +123,26 @@ class SupportsSqliteConnection(Protocol):
         ...
 
 
+FindBinding = Callable[[object], "FenceBinding | None"]
+"""``find(connection_key)``: the binding proven for the connection a
+:attr:`HostTransaction.connection_key` stands for, ``None`` when it was not proven yet."""
+
+
 class SupportsBeginReading(Protocol):
-    """A :class:`HostTransaction` that can begin and run the fence's epoch read in one call,
-    given a binding proven before (PostgreSQL drivers: ``BEGIN`` and the read in one simple
-    query, one round trip; sqlite3: ``BEGIN IMMEDIATE``, the binding's re-check and the read
-    without the fence's generic steps in between)."""
+    """A :class:`HostTransaction` that can begin and run the fence's epoch read in one call on
+    a connection proven before (PostgreSQL drivers: ``BEGIN`` and the read in one simple query,
+    one round trip; sqlite3: ``BEGIN IMMEDIATE``, the binding's re-check and the read without
+    the fence's generic steps in between)."""
 
     def begin_reading(
-        self, binding: FenceBinding, params: Sequence[str]
+        self, find: FindBinding, params: Sequence[str]
     ) -> list[tuple[Any, ...]] | None:
-        """Begin the transaction and run ``binding``'s epoch read with ``params``, returning
-        its rows; ``None`` when it cannot (a transaction is already open, the binding's
-        re-check fails, the binding has no form it can use), having begun nothing: the fence
-        then calls ``begin`` and ``query`` and proves the connection again.
+        """Begin the transaction and run the epoch read of ``find(connection_key)`` with
+        ``params``, returning its rows; ``None`` when it cannot (the connection was not proven
+        yet, a transaction is already open, the binding's re-check fails, the binding has no
+        form it can use), having sent nothing: the fence then calls ``begin`` and ``query``
+        and proves the connection. An adapter whose connection is known only once its
+        transaction began (a SQLAlchemy ``Session``) calls ``find`` after that.
 
         :raises Exception: the driver's error when a statement failed; the transaction is then
             open (or aborted) and the fence ends it through ``end``.

@@ -146,11 +146,17 @@ def _refuse(host: HostTransaction, target: FenceTarget, where: str) -> NoReturn:
 def _cached(fence: HostFence, host: HostTransaction, target: FenceTarget) -> FenceBinding | None:
     """The binding last proven for ``host``'s connection, or (without a weak-referenceable one)
     the binding ``fence`` last proved on any connection, which must then be confirmed."""
-    conn_key = _weakly_referenceable(host.connection_key)
-    if conn_key is None:
+    return _proof_for(fence, host.connection_key, target)
+
+
+def _proof_for(
+    fence: HostFence, connection_key: object | None, target: FenceTarget
+) -> FenceBinding | None:
+    key = _weakly_referenceable(connection_key)
+    if key is None:
         return fence.hint
     with _proofs_lock:
-        return _PROOFS.get(conn_key, {}).get(target)
+        return _PROOFS.get(key, {}).get(target)
 
 
 def _prove(fence: HostFence, host: HostTransaction, target: FenceTarget) -> FenceBinding:
@@ -294,6 +300,13 @@ class HostFence:
         """The generic fenced block, for any accepted connection."""
         return _FencedBlock(self, workflow_id, connection)
 
+    def proof_for(self, connection_key: object | None) -> FenceBinding | None:
+        """The binding proven for the connection ``connection_key`` stands for, or for one
+        that keeps no proof of its own the last one proven (a guess to re-check); ``None`` when
+        there is none yet. Once :meth:`target` was fetched."""
+        target = self._target
+        return None if target is None else _proof_for(self, connection_key, target)
+
     def read_params(self, workflow_id: str) -> tuple[str, ...]:
         """The epoch read's parameters for ``workflow_id``, once :meth:`target` was fetched."""
         return (_epoch_key(workflow_id), *self._extra)
@@ -346,19 +359,15 @@ class _FencedBlock:
             _deposed(wid, fence._warn)
         params = (_epoch_key(wid), *fence._extra)
         rows = None
-        # Only for a host that can begin and read in one call: elsewhere the connection (key)
-        # is asked for after begin(), since asking may begin a transaction (a Session).
+        # A host that can begin and read in one call finds its proof itself: asking for the
+        # connection (key) may begin a transaction (a Session), so only it knows when to ask.
         begin_reading = getattr(host, "begin_reading", None)
         if begin_reading is not None:
-            # (_cached(), inline: a sqlite3 connection keeps no proof, its fence keeps a hint)
-            conn_key = host.connection_key
-            binding = fence.hint if conn_key is None else _cached(fence, host, target)
-            if binding is not None:
-                try:
-                    rows = begin_reading(binding, params)
-                except Exception as exc:
-                    _end_quietly(host, exc)
-                    raise _fence_failed(wid, target, exc) from exc
+            try:
+                rows = begin_reading(fence.proof_for, params)
+            except Exception as exc:
+                _end_quietly(host, exc)
+                raise _fence_failed(wid, target, exc) from exc
         observed: bytes | None
         if rows is None:
             observed = _begin_and_read(fence, host, target, params, wid)

@@ -18,9 +18,8 @@ from typing import TYPE_CHECKING, Any
 
 from django.db import connections, transaction
 
-from ..storage.fence_target import FenceBinding
 from .adapters import as_psycopg
-from .base import sqlite3_of
+from .base import FindBinding, sqlite3_of
 
 if TYPE_CHECKING:
     from ..ownership import Ownership
@@ -57,7 +56,7 @@ class AtomicTransaction:
         return self.family != "sqlite"
 
     def begin_reading(
-        self, binding: FenceBinding, params: Sequence[str]
+        self, find: FindBinding, params: Sequence[str]
     ) -> list[tuple[Any, ...]] | None:
         """On psycopg 3, the ``BEGIN`` psycopg would send before the fence's read, sent with
         it in one round trip (see :mod:`weft_sync.fencing.psycopg`); ``atomic`` still ends the
@@ -65,7 +64,7 @@ class AtomicTransaction:
         if self.family != "postgresql":
             return None
         inner = as_psycopg(self._wrapper.connection)
-        return None if inner is None else inner.begin_reading(binding, params)
+        return None if inner is None else inner.begin_reading(find, params)
 
     def query(self, sql: str, params: Sequence[object]) -> list[tuple[Any, ...]]:
         cursor = self._wrapper.connection.cursor()

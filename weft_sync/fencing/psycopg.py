@@ -28,8 +28,8 @@ import psycopg
 from psycopg import errors, pq
 from psycopg.rows import tuple_row
 
-from ..storage.fence_target import PG_FENCE_MARK, FenceBinding
-from .base import inline_literal
+from ..storage.fence_target import PG_FENCE_MARK
+from .base import FindBinding, inline_literal
 
 __all__ = ["PsycopgTransaction"]
 
@@ -138,11 +138,15 @@ class PsycopgTransaction:
         return True
 
     def begin_reading(
-        self, binding: FenceBinding, params: Sequence[str]
+        self, find: FindBinding, params: Sequence[str]
     ) -> list[tuple[Any, ...]] | None:
         """``BEGIN`` and the read in one round trip, or ``None`` (then :meth:`begin` is used)
-        when a transaction is already open or the connection is in pipeline mode."""
+        when the connection is not proven yet, a transaction is already open or the
+        connection is in pipeline mode."""
         conn = self._conn
+        binding = find(conn)
+        if binding is None:
+            return None
         pgconn = conn.pgconn
         parts = binding.read_epoch_parts
         if (

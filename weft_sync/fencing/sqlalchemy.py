@@ -17,9 +17,8 @@ from sqlalchemy.engine import Connection, RootTransaction
 from sqlalchemy.engine.base import NestedTransaction
 from sqlalchemy.orm import Session, SessionTransaction
 
-from ..storage.fence_target import FenceBinding
 from .adapters import as_psycopg
-from .base import sqlite3_of
+from .base import FindBinding, sqlite3_of
 
 __all__ = ["ConnectionTransaction", "SessionTransactionAdapter"]
 
@@ -89,7 +88,7 @@ class ConnectionTransaction:
         return self.family != "sqlite" or _begin_immediate(self._conn)
 
     def begin_reading(
-        self, binding: FenceBinding, params: Sequence[str]
+        self, find: FindBinding, params: Sequence[str]
     ) -> list[tuple[Any, ...]] | None:
         """On psycopg 3, SQLAlchemy's ``begin()`` with the ``BEGIN`` the driver would send
         before the fence's read sent together with it (see :mod:`weft_sync.fencing.psycopg`);
@@ -97,11 +96,11 @@ class ConnectionTransaction:
         if self.family != "postgresql" or self._conn.in_transaction():
             return None
         inner = as_psycopg(self._conn.connection.dbapi_connection)
-        if inner is None or inner.result.autocommit:
+        if inner is None or inner.result.autocommit or find(inner.result) is None:
             return None  # autocommit: refused by begin(), with its message
         tx = self._conn.begin()  # sends nothing: the driver begins at the first statement
         try:
-            rows = inner.begin_reading(binding, params)
+            rows = inner.begin_reading(find, params)
         except BaseException:
             self._tx = tx  # the fence ends the transaction, rolling it back
             raise
@@ -128,6 +127,8 @@ class SessionTransactionAdapter:
     def __init__(self, session: Session) -> None:
         self._session = session
         self._tx: SessionTransaction | None = None
+        # A session transaction begin_reading() began without sending anything.
+        self._begun: SessionTransaction | None = None
         # get_bind(), not connection(): that would begin the session's transaction already.
         self.family = str(session.get_bind().dialect.name)
 
@@ -145,9 +146,38 @@ class SessionTransactionAdapter:
             return None
         return sqlite3_of(self._session.connection().connection.dbapi_connection)
 
+    def begin_reading(
+        self, find: FindBinding, params: Sequence[str]
+    ) -> list[tuple[Any, ...]] | None:
+        """On psycopg 3, the session's ``begin()`` with the ``BEGIN`` the driver would send
+        before the fence's read sent together with it (see :mod:`weft_sync.fencing.psycopg`).
+        The session has a connection only once it began, so the proof is looked up then; when
+        there is none (or another driver, or autocommit), the session transaction begun
+        without a statement is kept for :meth:`begin`, and ``None`` returned."""
+        if self.family != "postgresql" or self._session.in_transaction():
+            return None
+        tx = self._session.begin()
+        try:
+            inner = as_psycopg(self._session.connection().connection.dbapi_connection)
+            usable = inner is not None and not inner.result.autocommit
+            rows = inner.begin_reading(find, params) if inner is not None and usable else None
+        except BaseException:
+            self._tx = tx  # the fence ends the transaction, rolling it back
+            raise
+        if rows is None:
+            self._begun = tx  # nothing of the block ran: begin() goes on with it
+            return None
+        self._tx = tx
+        return rows
+
     def begin(self) -> bool:
-        nested = self._session.in_transaction()
-        tx = self._session.begin_nested() if nested else self._session.begin()
+        begun, self._begun = self._begun, None
+        if begun is not None and begun.is_active:
+            tx = begun
+            nested = False
+        else:
+            nested = self._session.in_transaction()
+            tx = self._session.begin_nested() if nested else self._session.begin()
         if self.family == "postgresql":
             try:
                 _refuse_autocommit(self._session.connection())

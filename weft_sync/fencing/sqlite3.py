@@ -23,8 +23,7 @@ from contextlib import AbstractContextManager
 from types import TracebackType
 from typing import Any
 
-from ..storage.fence_target import FenceBinding
-from .base import FenceContext, as_value, savepoint_name
+from .base import FenceContext, FindBinding, as_value, savepoint_name
 
 __all__ = ["Sqlite3Block", "Sqlite3Transaction"]
 
@@ -150,13 +149,14 @@ class Sqlite3Transaction:
         return self._conn
 
     def begin_reading(
-        self, binding: FenceBinding, params: Sequence[str]
+        self, find: FindBinding, params: Sequence[str]
     ) -> list[tuple[Any, ...]] | None:
         """``BEGIN IMMEDIATE``, the binding's re-check and the epoch read in one call; ``None``
         (nothing begun) inside an open transaction, where the module owns the transaction, or
         when the re-check finds the connection no longer on the proven file."""
         conn = self._conn
-        if conn.in_transaction or (_HAS_AUTOCOMMIT and self._module_managed()):
+        binding = find(None)
+        if binding is None or conn.in_transaction or (_HAS_AUTOCOMMIT and self._module_managed()):
             return None
         # One cursor for the block's own statements: conn.execute() makes one per statement.
         cursor = conn.cursor()
