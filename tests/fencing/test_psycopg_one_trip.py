@@ -9,7 +9,7 @@ transaction or in pipeline mode.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -251,6 +251,25 @@ def test_two_stores_fenced_on_one_connection(env: HostEnv, tmp_path: Path) -> No
     assert env.rows() == {"a": "2", "b": "2"}
 
 
+def _rolls_back_then_is_refused(
+    env: HostEnv, own: Ownership, host: Any, in_transaction: Callable[[], bool]
+) -> None:
+    """On a proven SQLAlchemy host: an exception rolls the block back, and after a takeover
+    the block is refused; neither leaves a transaction open."""
+    with pytest.raises(KeyError), own.fenced(WID, host):
+        env.write(host, "r", "lost")
+        raise KeyError("host")
+    assert not in_transaction()
+    env.take_over(WID)
+    with (
+        pytest.warns(WorkflowClaimLostWarning),
+        pytest.raises(EngineDeposedError),
+        own.fenced(WID, host),
+    ):
+        env.write(host, "r", "stale")
+    assert not in_transaction()
+
+
 def test_sqlalchemy_connection_on_psycopg_begins_and_reads_in_one_round_trip(
     postgres_base_url: str, tmp_path: Path
 ) -> None:
@@ -268,22 +287,11 @@ def test_sqlalchemy_connection_on_psycopg_begins_and_reads_in_one_round_trip(
             env.write(conn, "r", "2")
         assert _round_trips(sent) == 3, sent  # as unfenced: BEGIN with the read, UPDATE, COMMIT
         assert "BEGIN" in sent[0] and "EXECUTE weft_sync_fence_" in sent[0], sent
-        with pytest.raises(KeyError), own.fenced(WID, conn):
-            env.write(conn, "r", "lost")
-            raise KeyError("host")
-        assert not conn.in_transaction()
         with conn.begin():  # inside an open transaction: a savepoint, as before
             with own.fenced(WID, conn):
                 env.write(conn, "inner", "1")
             conn.execute(sqlalchemy.text("SELECT 1"))
-        env.take_over(WID)
-        with (
-            pytest.warns(WorkflowClaimLostWarning),
-            pytest.raises(EngineDeposedError),
-            own.fenced(WID, conn),
-        ):
-            env.write(conn, "r", "stale")
-        assert not conn.in_transaction()
+        _rolls_back_then_is_refused(env, own, conn, conn.in_transaction)
         conn.close()
         assert env.rows() == {"r": "2", "inner": "1"}
     finally:
@@ -304,7 +312,6 @@ def test_sqlalchemy_session_on_psycopg_begins_and_reads_in_one_round_trip(
         engine = sqlalchemy.create_engine(
             env.db_url.replace("postgresql://", "postgresql+psycopg://", 1), pool_size=1
         )
-        traced: list[str] = []
         session = orm.Session(engine)
         own = _held(env)
         with own.fenced(WID, session):  # proves the pooled connection
@@ -315,21 +322,9 @@ def test_sqlalchemy_session_on_psycopg_begins_and_reads_in_one_round_trip(
         assert isinstance(raw, psycopg.Connection)
         with _traced(raw, tmp_path) as sent, own.fenced(WID, session):
             env.write(session, "r", "2")
-        traced.extend(sent)
-        assert _round_trips(traced) == 3, traced  # as unfenced: BEGIN with the read, the write,
-        assert "BEGIN" in traced[0] and "EXECUTE weft_sync_fence_" in traced[0], traced  # COMMIT
-        with pytest.raises(KeyError), own.fenced(WID, session):
-            env.write(session, "r", "lost")
-            raise KeyError("host")
-        assert not session.in_transaction()
-        env.take_over(WID)
-        with (
-            pytest.warns(WorkflowClaimLostWarning),
-            pytest.raises(EngineDeposedError),
-            own.fenced(WID, session),
-        ):
-            env.write(session, "r", "stale")
-        assert not session.in_transaction()
+        assert _round_trips(sent) == 3, sent  # as unfenced: BEGIN with the read, UPDATE, COMMIT
+        assert "BEGIN" in sent[0] and "EXECUTE weft_sync_fence_" in sent[0], sent
+        _rolls_back_then_is_refused(env, own, session, session.in_transaction)
         session.close()
         engine.dispose()
         assert env.rows() == {"r": "2"}
