@@ -57,13 +57,8 @@ class Sqlite3Block:
         fence, wid, conn = self._fence, self._wid, self._conn
         binding = fence.hint
         opened_on = None if binding is None else binding.opened_on
-        try:
-            usual = opened_on is not None and not conn.in_transaction
-        except sqlite3.ProgrammingError:
-            usual = False  # closed: the generic block reports it as the first block would
-        if opened_on is None or not usual or (_HAS_AUTOCOMMIT and _managed(conn)):
+        if binding is None or opened_on is None or not _can_begin(conn):
             return self._hand_over()
-        assert binding is not None
         expected = fence.epoch_of(wid)  # validates the id
         if expected is None:
             fence.deposed(wid)
@@ -227,6 +222,15 @@ def _ended_inside() -> sqlite3.OperationalError:
         "the fenced transaction was ended inside the block (commit() or rollback() on the "
         "connection); nothing after that point was fenced"
     )
+
+
+def _can_begin(conn: sqlite3.Connection) -> bool:
+    """Whether a block may begin its own transaction on ``conn``: none open, and the module not
+    managing them. ``False`` for a closed connection: the generic block reports that."""
+    try:
+        return not conn.in_transaction and not (_HAS_AUTOCOMMIT and _managed(conn))
+    except sqlite3.ProgrammingError:
+        return False
 
 
 def _managed(conn: sqlite3.Connection) -> bool:
