@@ -12,14 +12,43 @@ import contextlib
 import faulthandler
 import os
 import signal
+import threading
 import time
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
-__all__ = ["CHILD_DEADLINE_S", "fork_child", "stacks_path", "wait_child"]
+import weft_sync.storage.sqlite_fork  # noqa: F401 - registers its fork handlers first
+
+__all__ = ["CHILD_DEADLINE_S", "armed_fork", "fork_child", "stacks_path", "wait_child"]
 
 CHILD_DEADLINE_S = 10.0
+
+# Set by the before-fork hook below while armed_fork() is active. Before-fork hooks run in the
+# reverse order of registration: the library's storages register theirs on import, which is
+# made to happen first, so this one runs before them.
+_fork_requested = threading.Event()
+_armed = threading.Event()
+
+
+def _on_fork_requested() -> None:
+    if _armed.is_set():
+        _fork_requested.set()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(before=_on_fork_requested)
+
+
+@contextlib.contextmanager
+def armed_fork() -> Iterator[threading.Event]:
+    """The event the next fork sets before the library's own fork handlers run."""
+    _fork_requested.clear()
+    _armed.set()
+    try:
+        yield _fork_requested
+    finally:
+        _armed.clear()
 
 
 def stacks_path(report: Path) -> Path:

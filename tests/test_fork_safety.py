@@ -11,7 +11,6 @@ import multiprocessing
 import os
 import subprocess
 import sys
-import time
 import traceback
 import uuid
 from collections.abc import Callable, Iterator
@@ -20,6 +19,7 @@ from pathlib import Path
 import pytest
 
 from tests.claims.gated import WarningSink
+from tests.forking import fork_child, wait_child
 from weft_sync import keys
 from weft_sync.clock import ManualClock
 from weft_sync.codec import decode_holder
@@ -117,29 +117,6 @@ def _open_own_and_check_the_parents_claim(store: str | Storage) -> None:
             handle.assert_held()
 
 
-def _run_child(body: Callable[[], None], report: Path) -> int:
-    """Run ``body`` in a forked child; return its exit code (0: every check passed)."""
-    pid = os.fork()
-    if pid == 0:
-        code = 0
-        try:
-            body()
-        except BaseException:
-            report.write_text(traceback.format_exc())
-            code = 1
-        finally:
-            os._exit(code)
-    deadline = time.monotonic() + CHILD_TIMEOUT_S
-    while time.monotonic() < deadline:
-        done, status = os.waitpid(pid, os.WNOHANG)
-        if done:
-            return os.waitstatus_to_exitcode(status)
-        time.sleep(0.01)
-    os.kill(pid, 9)
-    os.waitpid(pid, 0)
-    raise AssertionError(f"the forked child did not finish within {CHILD_TIMEOUT_S} s")
-
-
 def _assert_child_passed(code: int | None, report: Path) -> None:
     details = report.read_text() if report.exists() else ""
     assert code == 0, f"child failed with exit code {code}:\n{details}"
@@ -171,7 +148,7 @@ def test_os_fork_child_holds_nothing_and_the_parent_keeps_renewing(
             raise AssertionError("leaving the inherited claim block did not report the loss")
         _open_own_and_check_the_parents_claim(storage_url)
 
-    _assert_child_passed(_run_child(child, report), report)
+    wait_child(fork_child(child, report, CHILD_TIMEOUT_S), report, CHILD_TIMEOUT_S)
 
     assert _holder(storage, "wf-parent") == before
     assert _holder(storage, "wf-child") is None
@@ -260,7 +237,7 @@ def test_every_inherited_object_refuses_every_method_in_the_child_and_writes_not
         parent.storage.close()
         parent.close()
 
-    _assert_child_passed(_run_child(child, report), report)
+    wait_child(fork_child(child, report, CHILD_TIMEOUT_S), report, CHILD_TIMEOUT_S)
 
     assert storage.scan() == before
     assert parent.workflows.load_checkpoint("wf-parent") == b"parent"

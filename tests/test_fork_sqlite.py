@@ -22,7 +22,7 @@ from typing import Any
 import pytest
 
 from tests.claims.gated import WarningSink
-from tests.forking import fork_child, wait_child
+from tests.forking import armed_fork, fork_child, wait_child
 from weft_sync import keys
 from weft_sync.codec import decode_holder
 from weft_sync.errors import ClosedError
@@ -39,19 +39,6 @@ pytestmark = [
     pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork()"),
 ]
 
-# Set by the before-fork hook below while a test has armed it.
-_fork_requested = threading.Event()
-_armed = threading.Event()
-
-
-def _on_fork_requested() -> None:
-    if _armed.is_set():
-        _fork_requested.set()
-
-
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(before=_on_fork_requested)
-
 
 @pytest.fixture
 def db_path(tmp_path: Path) -> Path:
@@ -66,11 +53,9 @@ def store(db_path: Path) -> Iterator[SqliteStorage]:
 
 @pytest.fixture
 def armed() -> Iterator[threading.Event]:
-    """The event the next fork sets before the library's own fork handler runs."""
-    _fork_requested.clear()
-    _armed.set()
-    yield _fork_requested
-    _armed.clear()
+    """The event the next fork sets before the library's own fork handlers run."""
+    with armed_fork() as requested:
+        yield requested
 
 
 def _child_writes_through_its_own_storage(inherited: SqliteStorage, path: Path) -> None:

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.forking import fork_child, wait_child
+from tests.forking import armed_fork, fork_child, wait_child
 from weft_sync.storage import SqliteStorage, sqlite_fork, sqlite_mutexes
 from weft_sync.storage.sqlite_mutexes import SqliteLibrary
 
@@ -36,19 +36,6 @@ pytestmark = [
     pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork()"),
 ]
 
-# Set by the before-fork hook below (run before the library's) while a test has armed it.
-_fork_requested = threading.Event()
-_armed = threading.Event()
-
-
-def _on_fork_requested() -> None:
-    if _armed.is_set():
-        _fork_requested.set()
-
-
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(before=_on_fork_requested)
-
 
 @pytest.fixture
 def lib() -> SqliteLibrary:
@@ -60,10 +47,9 @@ def lib() -> SqliteLibrary:
 
 @pytest.fixture
 def armed() -> Iterator[threading.Event]:
-    _fork_requested.clear()
-    _armed.set()
-    yield _fork_requested
-    _armed.clear()
+    """The event the next fork sets before the library's own fork handlers run."""
+    with armed_fork() as requested:
+        yield requested
 
 
 @pytest.fixture

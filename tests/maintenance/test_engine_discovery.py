@@ -10,6 +10,7 @@ counts idle survivors.
 from __future__ import annotations
 
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 
@@ -59,6 +60,15 @@ def clock() -> ManualClock:
 def make(storage: Storage, clock: ManualClock) -> Iterator[MakeOwnership]:
     with opened_engines(storage, clock, OPTIONS) as factory:
         yield factory
+
+
+def _discovery(
+    store: Storage, clock: ManualClock, *, engine_id: str = "engine-judge", **kwargs: Any
+) -> EngineIndexDiscovery:
+    """The discovery of a judging engine that takes claims past expiry for dead."""
+    return EngineIndexDiscovery(
+        store, engine_id=engine_id, clock=clock, judge=expiry_judge(clock, RENEW_MS), **kwargs
+    )
 
 
 def _start(ownership: Ownership, count: int, prefix: str = "job") -> list[str]:
@@ -202,13 +212,7 @@ def test_a_live_engines_expired_claim_is_found_by_the_holder_window_within_its_b
     live = make("engine-live")
     ids = _start(live, 13)
     index_store(storage)
-    discovery = EngineIndexDiscovery(
-        storage,
-        engine_id="engine-judge",
-        clock=clock,
-        judge=expiry_judge(clock, RENEW_MS),
-        window=4,  # 13 holders: more than three windows
-    )
+    discovery = _discovery(storage, clock, window=4)  # 13 holders: more than three windows
     for _ in range(2):  # move the window's cursor past the start
         assert discovery.discover(()).candidates == []
     lapsed = ids[1]  # read by the first window: found only after a wrap
@@ -274,12 +278,7 @@ def test_a_holder_read_by_the_holder_window_is_not_read_again_in_the_same_pass(
     ids = _start(live, 5)
     index_store(storage)
     counting = ReadCounting(storage)
-    discovery = EngineIndexDiscovery(
-        counting,  # type: ignore[arg-type]
-        engine_id="engine-judge",
-        clock=clock,
-        judge=expiry_judge(clock, RENEW_MS),
-    )
+    discovery = _discovery(counting, clock)  # type: ignore[arg-type]
 
     assert discovery.discover(()).candidates == []
 
@@ -296,13 +295,7 @@ def test_a_workflow_released_after_its_holder_was_read_is_found_within_the_windo
     live = make("engine-live")
     ids = _start(live, 10)
     index_store(storage)
-    discovery = EngineIndexDiscovery(
-        storage,
-        engine_id="engine-judge",
-        clock=clock,
-        judge=expiry_judge(clock, RENEW_MS),
-        window=4,
-    )
+    discovery = _discovery(storage, clock, window=4)
     assert discovery.discover(()).candidates == []  # the windows read ids[0:4], holders too
     released = ids[1]
     assert live.registry.release(released).status == "released"  # still running, now ownerless
@@ -348,13 +341,7 @@ def test_a_store_without_the_marker_is_scanned_in_full_until_the_backfill_marks_
     _old_holders(storage, "engine-old", 3, expires_at=START + TTL_MS)
     assert not index_marker_present(storage)
     counting = ReadCounting(storage)
-    discovery = EngineIndexDiscovery(
-        counting,  # type: ignore[arg-type]
-        engine_id="engine-b",
-        clock=clock,
-        judge=expiry_judge(clock, RENEW_MS),
-        window=1,
-    )
+    discovery = _discovery(counting, clock, engine_id="engine-b", window=1)  # type: ignore[arg-type]
 
     first = discovery.discover(())  # the full scan reads every holder, however many
 
@@ -436,12 +423,7 @@ def test_a_pass_reads_a_bound_set_of_rows_whatever_the_live_claims(
     _seed_live_engines(storage, claims, engines=10, now=clock())
     index_store(storage)
     counting = ReadCounting(storage)
-    discovery = EngineIndexDiscovery(
-        counting,  # type: ignore[arg-type]
-        engine_id="engine-judge",
-        clock=clock,
-        judge=expiry_judge(clock, RENEW_MS),
-    )
+    discovery = _discovery(counting, clock)  # type: ignore[arg-type]
 
     result = discovery.discover(())
 

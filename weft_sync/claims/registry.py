@@ -129,6 +129,7 @@ class ClaimRegistry:
         # The table's lock is the registry's one lock (see the module docstring); the gate's
         # and the losses' own locks guard only their own state.
         self._table = ClaimTable(self._renew_interval_ms)
+        self._epoch_of = _epoch_lookup(self._table)  # reads the table as it is at each call
         self._gate = OperationGate(engine_id)
         sink = warn if warn is not None else default_warn
         self._losses = LocalLosses(
@@ -226,25 +227,13 @@ class ClaimRegistry:
         :raises TypeError: ``workflow_id`` is not a ``str``.
         :raises ValueError: ``workflow_id`` cannot name a workflow.
         """
-        return _epoch_bytes(self._table, workflow_id)
+        return self._epoch_of(workflow_id)
 
     def epoch_lookup(self) -> Callable[[str], bytes | None]:
         """:meth:`current_epoch_bytes` as a function that does not check the calling process,
         for a caller that checks it itself on every call (``Ownership.fenced``): on the path of
         every fenced host write, that saves a system call."""
-        table = self._table
-
-        def lookup(workflow_id: str) -> bytes | None:
-            # _epoch_bytes() inline, and without table.lock: one dict lookup is atomic, and an
-            # entry's epoch_bytes never changes (a takeover installs a new entry).
-            if type(workflow_id) is str:
-                entry = table.claims.get(workflow_id)
-                if entry is not None:
-                    return entry.epoch_bytes
-            validate_workflow_id(workflow_id)
-            return None
-
-        return lookup
+        return self._epoch_of
 
     def tracked_expires_at(self, workflow_id: str) -> int | None:
         """The expiry of the holder record this engine last confirmed for ``workflow_id``.
@@ -578,12 +567,18 @@ class ClaimRegistry:
         return f"ClaimRegistry(engine_id={self._engine_id!r}, held={held})"
 
 
-def _epoch_bytes(table: ClaimTable, workflow_id: str) -> bytes | None:
-    # An id found tracked was validated when it was claimed: on the path of every fenced host
-    # write, only an id not found is validated (and refused when it is bad).
-    entry = table.get(workflow_id) if type(workflow_id) is str else None
-    if entry is None:
+def _epoch_lookup(table: ClaimTable) -> Callable[[str], bytes | None]:
+    """The lookup of :meth:`ClaimRegistry.current_epoch_bytes` in ``table``."""
+
+    def lookup(workflow_id: str) -> bytes | None:
+        # Without table.lock: one dict lookup is atomic, and an entry's epoch_bytes never
+        # changes (a takeover installs a new entry). An id found tracked was validated when it
+        # was claimed, so only an id not found is validated (and refused when it is bad).
+        if type(workflow_id) is str:
+            entry = table.claims.get(workflow_id)
+            if entry is not None:
+                return entry.epoch_bytes
         validate_workflow_id(workflow_id)
         return None
-    # bytes are immutable, so handing out the cached object cannot alter the cache.
-    return entry.epoch_bytes
+
+    return lookup

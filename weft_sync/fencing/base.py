@@ -55,7 +55,7 @@ def sqlite3_of(dbapi: object) -> object | None:
     """``dbapi`` when it is a ``sqlite3.Connection`` (what a framework wraps), else ``None``."""
     module = sys.modules.get("sqlite3")
     connection_type: type = getattr(module, "Connection", type(None))
-    return dbapi if isinstance(dbapi, connection_type) and dbapi is not None else None
+    return dbapi if isinstance(dbapi, connection_type) else None
 
 
 def as_value(raw: object) -> bytes | None:

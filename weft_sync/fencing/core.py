@@ -143,22 +143,6 @@ def _refuse(host: HostTransaction, target: FenceTarget, where: str) -> NoReturn:
     raise ForeignDatabaseError(type(host.result).__name__, where, target.location)
 
 
-def _cached(fence: HostFence, host: HostTransaction, target: FenceTarget) -> FenceBinding | None:
-    """The binding last proven for ``host``'s connection, or (without a weak-referenceable one)
-    the binding ``fence`` last proved on any connection, which must then be confirmed."""
-    return _proof_for(fence, host.connection_key, target)
-
-
-def _proof_for(
-    fence: HostFence, connection_key: object | None, target: FenceTarget
-) -> FenceBinding | None:
-    key = _weakly_referenceable(connection_key)
-    if key is None:
-        return fence.hint
-    with _proofs_lock:
-        return _PROOFS.get(key, {}).get(target)
-
-
 def _prove(fence: HostFence, host: HostTransaction, target: FenceTarget) -> FenceBinding:
     """Prove ``host`` reaches ``target``'s table and remember how (per connection, or as
     ``fence``'s next first guess when the connection cannot be weakly referenced)."""
@@ -305,7 +289,13 @@ class HostFence:
         that keeps no proof of its own the last one proven (a guess to re-check); ``None`` when
         there is none yet. Once :meth:`target` was fetched."""
         target = self._target
-        return None if target is None else _proof_for(self, connection_key, target)
+        if target is None:
+            return None
+        key = _weakly_referenceable(connection_key)
+        if key is None:
+            return self.hint
+        with _proofs_lock:
+            return _PROOFS.get(key, {}).get(target)
 
     def read_params(self, workflow_id: str) -> tuple[str, ...]:
         """The epoch read's parameters for ``workflow_id``, once :meth:`target` was fetched."""
@@ -357,7 +347,7 @@ class _FencedBlock:
         expected = fence.epoch_of(wid)  # validates the id
         if expected is None:
             _deposed(wid, fence._warn)
-        params = (_epoch_key(wid), *fence._extra)
+        params = fence.read_params(wid)
         rows = None
         # A host that can begin and read in one call finds its proof itself: asking for the
         # connection (key) may begin a transaction (a Session), so only it knows when to ask.
@@ -409,7 +399,7 @@ def _begin_and_read(
     """
     locked = _begin(host, target, wid)
     try:
-        binding = _cached(fence, host, target)
+        binding = fence.proof_for(host.connection_key)
         return _read_epoch(fence, host, target, binding, params, wid, locked=locked)
     except BaseException as exc:
         _end_quietly(host, exc)
