@@ -18,14 +18,8 @@ from tests.fencing.hosts import HostEnv, make_env
 from weft_sync import Ownership, keys
 from weft_sync.errors import EngineDeposedError, StorageError, WorkflowClaimLostWarning
 from weft_sync.fencing.sqlite3 import Sqlite3Block
-from weft_sync.storage import sqlite_handle
 
 WID = "wf-1"
-
-pytestmark = pytest.mark.skipif(
-    sqlite_handle.filename_reader() is None,
-    reason=f"the short path needs {sqlite_handle.__name__}: {sqlite_handle.unavailable_reason()}",
-)
 
 
 @pytest.fixture

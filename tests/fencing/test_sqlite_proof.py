@@ -2,8 +2,7 @@
 
 The proof of a sqlite3 connection is not cached per connection (it takes no weak reference and
 its ``id()`` can be reused); the binding last proven is only a first guess, re-checked on every
-block — by asking SQLite which file the schema is on (``sqlite3_db_filename``), or where that is
-not available by ``PRAGMA database_list``; every test runs both ways. These tests change the
+block by ``PRAGMA database_list``. These tests change the
 connection's files behind that guess — ``DETACH`` and ``ATTACH`` of a copy under the same name,
 ``deserialize()``, a closed connection replaced by one on a copy — with a copy that holds the
 very epoch the fence expects, so only the proof can refuse it.
@@ -25,23 +24,12 @@ from weft_sync.errors import (
     StorageError,
     WorkflowClaimLostWarning,
 )
-from weft_sync.storage import sqlite_handle
 
 WID = "wf-1"
 
 
-@pytest.fixture(params=("handle", "pragma"))
-def recheck(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
-    """How blocks re-check the proof: asking SQLite (where available), or the pragma."""
-    if request.param == "pragma":
-        monkeypatch.setattr(sqlite_handle._found, "value", "turned off for this test")
-    elif sqlite_handle.filename_reader() is None:  # pragma: no cover - off CPython
-        pytest.skip(f"not available here: {sqlite_handle.unavailable_reason()}")
-    return str(request.param)
-
-
 @pytest.fixture
-def env(tmp_path: Path, recheck: str) -> Iterator[HostEnv]:
+def env(tmp_path: Path) -> Iterator[HostEnv]:
     host = make_env("sqlite", "sqlite3", tmp_path, None)
     try:
         yield host
@@ -144,9 +132,9 @@ def test_deserialized_connection_is_refused(
     assert env.rows() == {"row": "1"}
 
 
-def test_a_proven_block_runs_only_its_own_statements(env: HostEnv, recheck: str) -> None:
+def test_a_proven_block_runs_only_its_own_statements(env: HostEnv) -> None:
     """After the first block, a block is the host's statements plus BEGIN IMMEDIATE, the
-    epoch read and COMMIT; asking SQLite replaces the pragma, which only the other way runs."""
+    re-check pragma, the epoch read and COMMIT."""
     own = _held(env)
     conn = sqlite3.connect(env.db_url, isolation_level=None)
     statements: list[str] = []
@@ -159,9 +147,8 @@ def test_a_proven_block_runs_only_its_own_statements(env: HostEnv, recheck: str)
     fence = [sql for sql in statements if "INSERT OR REPLACE" not in sql]
     assert fence[0] == "BEGIN IMMEDIATE" and fence[-1] == "COMMIT"
     assert any(sql.startswith("SELECT value FROM") for sql in fence)
-    expected = 3 if recheck == "handle" else 4
-    assert len(fence) == expected, fence
-    assert any("database_list" in sql for sql in fence) is (recheck == "pragma")
+    assert len(fence) == 4, fence
+    assert fence[1] == "PRAGMA database_list", fence
     assert env.rows() == {"row": "2"}
 
 
@@ -272,9 +259,9 @@ def test_a_file_that_stays_locked_is_a_storage_error(env: HostEnv) -> None:
 
 
 @pytest.mark.parametrize("driver", ["sqlalchemy-connection", "sqlalchemy-session"])
-def test_sqlalchemy_blocks_recheck_the_same_way(tmp_path: Path, recheck: str, driver: str) -> None:
+def test_sqlalchemy_blocks_recheck_the_same_way(tmp_path: Path, driver: str) -> None:
     """Through SQLAlchemy the proof is re-checked on the DBAPI ``sqlite3.Connection`` the same
-    way: asking SQLite runs no statement, only the other way runs the pragma."""
+    way: one pragma per block."""
     import sqlalchemy
 
     host = make_env("sqlite", driver, tmp_path, None)
@@ -291,7 +278,8 @@ def test_sqlalchemy_blocks_recheck_the_same_way(tmp_path: Path, recheck: str, dr
             with own.fenced(WID, conn) as yielded:
                 host.write(yielded, "row", value)
         pragmas = sum("database_list" in sql for sql in statements)
-        assert pragmas == (1 if recheck == "handle" else 3), statements  # 1: the first proof
+        # The first block proves (one pragma) and the two after it re-check (one each).
+        assert pragmas == 3, statements
         assert host.rows() == {"row": "3"}
     finally:
         host.close()

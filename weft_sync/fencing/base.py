@@ -9,7 +9,6 @@ implements it, and imports its driver only when the host has already imported it
 from __future__ import annotations
 
 import itertools
-import sys
 from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager
 from typing import Any, NoReturn, Protocol, runtime_checkable
@@ -23,8 +22,6 @@ __all__ = [
     "FindBinding",
     "HostTransaction",
     "SupportsBeginReading",
-    "SupportsSqliteConnection",
-    "sqlite3_of",
     "as_value",
     "inline_literal",
     "savepoint_name",
@@ -49,13 +46,6 @@ def inline_literal(parts: Sequence[str], params: Sequence[str]) -> str | None:
         pieces.append("'" + value.replace("'", "''") + "'")
         pieces.append(part)
     return "".join(pieces)
-
-
-def sqlite3_of(dbapi: object) -> object | None:
-    """``dbapi`` when it is a ``sqlite3.Connection`` (what a framework wraps), else ``None``."""
-    module = sys.modules.get("sqlite3")
-    connection_type: type = getattr(module, "Connection", type(None))
-    return dbapi if isinstance(dbapi, connection_type) else None
 
 
 def as_value(raw: object) -> bytes | None:
@@ -109,17 +99,6 @@ class HostTransaction(Protocol):
 
     def end(self, error: BaseException | None) -> None:
         """Commit what :meth:`begin` began, or roll it back when ``error`` is not ``None``."""
-        ...
-
-
-class SupportsSqliteConnection(Protocol):
-    """A :class:`HostTransaction` on SQLite that can hand over the ``sqlite3.Connection`` it
-    runs on, so that a block re-checks its proof without a statement
-    (``FenceBinding.opened_on``)."""
-
-    @property
-    def sqlite_connection(self) -> Any:
-        """The driver's ``sqlite3.Connection``, or ``None`` (another driver, another family)."""
         ...
 
 

@@ -453,13 +453,7 @@ def _read_epoch(
 
 
 def _still_holds(host: HostTransaction, binding: FenceBinding) -> bool:
-    """Whether a cached binding still fits ``host``'s connection (see ``FenceBinding.recheck``),
-    asked without a statement where the host hands over its ``sqlite3.Connection``."""
+    """Whether a cached binding still fits ``host``'s connection (see ``FenceBinding.recheck``)."""
     if binding.recheck is None or binding.confirm is None:
         return True  # proven for this connection's lifetime
-    opened_on = binding.opened_on
-    if opened_on is not None:
-        raw = getattr(host, "sqlite_connection", None)
-        if raw is not None:
-            return opened_on(raw)
     return binding.confirm(host.query(binding.recheck, ()))

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 from django.db import connections, transaction
 
 from .adapters import as_psycopg
-from .base import FindBinding, sqlite3_of
+from .base import FindBinding
 
 if TYPE_CHECKING:
     from ..ownership import Ownership
@@ -46,10 +46,6 @@ class AtomicTransaction:
     @property
     def result(self) -> Any:
         return self._wrapper
-
-    @property
-    def sqlite_connection(self) -> object | None:
-        return sqlite3_of(self._wrapper.connection) if self.family == "sqlite" else None
 
     def begin(self) -> bool:
         # Whatever mode the transaction began in, SQLite's write lock is taken by the fence.

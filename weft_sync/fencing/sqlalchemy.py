@@ -18,7 +18,7 @@ from sqlalchemy.engine.base import NestedTransaction
 from sqlalchemy.orm import Session, SessionTransaction
 
 from .adapters import as_psycopg
-from .base import FindBinding, sqlite3_of
+from .base import FindBinding
 
 __all__ = ["ConnectionTransaction", "SessionTransactionAdapter"]
 
@@ -71,12 +71,6 @@ class ConnectionTransaction:
     @property
     def result(self) -> Connection:
         return self._conn
-
-    @property
-    def sqlite_connection(self) -> object | None:
-        if self.family != "sqlite":
-            return None
-        return sqlite3_of(self._conn.connection.dbapi_connection)
 
     def begin(self) -> bool:
         if self.family == "postgresql":
@@ -139,12 +133,6 @@ class SessionTransactionAdapter:
     @property
     def result(self) -> Session:
         return self._session
-
-    @property
-    def sqlite_connection(self) -> object | None:
-        if self.family != "sqlite":
-            return None
-        return sqlite3_of(self._session.connection().connection.dbapi_connection)
 
     def begin_reading(
         self, find: FindBinding, params: Sequence[str]

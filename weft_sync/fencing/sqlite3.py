@@ -37,8 +37,8 @@ class Sqlite3Block:
     """The fenced block on a ``sqlite3.Connection`` in its usual case, with nothing in between.
 
     The usual case: no transaction open, the module not managing transactions, and a binding
-    proven before that can be re-checked without a statement (``FenceBinding.opened_on``).
-    Then the block is ``BEGIN IMMEDIATE``, the re-check, the epoch read and the comparison on
+    proven before. Then the block is ``BEGIN IMMEDIATE``, the re-check
+    (``FenceBinding.recheck``, ``PRAGMA database_list``), the epoch read and the comparison on
     entry, and ``COMMIT`` (``ROLLBACK`` on an exception) on exit — the generic block's steps
     for this case, in one frame. Every other case, and a re-check that fails, is handed to the
     generic block before anything of the block ran, which proves the connection afresh.
@@ -56,8 +56,9 @@ class Sqlite3Block:
     def __enter__(self) -> sqlite3.Connection:
         fence, wid, conn = self._fence, self._wid, self._conn
         binding = fence.hint
-        opened_on = None if binding is None else binding.opened_on
-        if binding is None or opened_on is None or not _can_begin(conn):
+        if binding is None or binding.recheck is None or binding.confirm is None:
+            return self._hand_over()
+        if not _can_begin(conn):
             return self._hand_over()
         expected = fence.epoch_of(wid)  # validates the id
         if expected is None:
@@ -68,7 +69,7 @@ class Sqlite3Block:
         except Exception as exc:
             raise fence.failed(wid, exc) from exc
         try:
-            still = opened_on(conn)
+            still = binding.confirm(cursor.execute(binding.recheck).fetchall())
             row = (
                 cursor.execute(binding.read_epoch, fence.read_params(wid)).fetchone()
                 if still
@@ -139,10 +140,6 @@ class Sqlite3Transaction:
         # Python 3.12+: autocommit False means the module owns BEGIN/COMMIT on this connection.
         return _HAS_AUTOCOMMIT and _managed(self._conn)
 
-    @property
-    def sqlite_connection(self) -> sqlite3.Connection:
-        return self._conn
-
     def begin_reading(
         self, find: FindBinding, params: Sequence[str]
     ) -> list[tuple[Any, ...]] | None:
@@ -157,10 +154,7 @@ class Sqlite3Transaction:
         cursor = conn.cursor()
         cursor.execute("BEGIN IMMEDIATE")
         self._cursor = cursor
-        opened_on = binding.opened_on
-        if opened_on is not None:
-            still = opened_on(conn)
-        elif binding.recheck is not None and binding.confirm is not None:
+        if binding.recheck is not None and binding.confirm is not None:
             still = binding.confirm(cursor.execute(binding.recheck).fetchall())
         else:
             still = True

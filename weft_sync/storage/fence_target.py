@@ -14,8 +14,6 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol, runtime_checkable
 
-from .sqlite_handle import file_check
-
 __all__ = [
     "PG_FENCE_MARK",
     "FenceBinding",
@@ -52,10 +50,6 @@ class FenceBinding:
         file open under the schema ``read_epoch`` names. ``None`` where the proof holds for the
         connection's lifetime (PostgreSQL: a connection never changes its database).
     :param confirm: see ``recheck``.
-    :param opened_on: on SQLite where this process can ask SQLite directly
-        (:mod:`~weft_sync.storage.sqlite_handle`): the same judgement as ``recheck`` and
-        ``confirm``, made without a statement, given the host's ``sqlite3.Connection``. A host
-        that can hand over its ``sqlite3.Connection`` uses it instead of ``recheck``.
     :param read_epoch_parts: ``read_epoch`` split around its parameters, for a connection that
         can send the statement with its parameters inlined as literals together with its
         ``BEGIN`` (one round trip instead of two); ``None`` where the family has no use for it.
@@ -65,7 +59,6 @@ class FenceBinding:
     write_lock: str | None = None
     recheck: str | None = None
     confirm: Callable[[Sequence[tuple[Any, ...]]], bool] | None = None
-    opened_on: Callable[[Any], bool] | None = None
     read_epoch_parts: tuple[str, ...] | None = None
 
 
@@ -112,10 +105,10 @@ class SqliteFenceTarget:
     cached per connection: every block re-checks that the proven schema is still on the store's
     file — by name when SQLite reports the store's own resolved path (the same string names the
     same file), else by device and inode of an absolute path (a deserialized database reports a
-    bare name, never a path) — and proves afresh when it is not. The check asks SQLite through
-    :func:`~weft_sync.storage.sqlite_handle.file_check` where that is available, else reads
-    ``PRAGMA database_list``. (Not the ``pragma_database_list`` table-valued function in the
-    epoch read: a connection that prepared one crashes SQLite 3.40 after ``deserialize()``.)
+    bare name, never a path) — and proves afresh when it is not. The check reads
+    ``PRAGMA database_list``, SQLite's documented way to ask a connection which files it has
+    open. (Not the ``pragma_database_list`` table-valued function in the epoch read: a
+    connection that prepared one crashes SQLite 3.40 after ``deserialize()``.)
     """
 
     family: Family = "sqlite"
@@ -171,11 +164,7 @@ class SqliteFenceTarget:
             write_lock=f"UPDATE {table} SET value = value WHERE key = ?",
             recheck="PRAGMA database_list",
             confirm=confirm,
-            opened_on=self._opened_on(schema),
         )
-
-    def _opened_on(self, schema: str) -> Callable[[Any], bool] | None:
-        return file_check(schema, self._real, self._is_store)
 
 
 @dataclass(frozen=True, slots=True)
