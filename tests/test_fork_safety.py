@@ -41,8 +41,6 @@ OPTIONS = OwnershipOptions(claim_ttl=TTL_MS, claim_renew_interval=RENEW_MS)
 CHILD_TIMEOUT_S = 30.0
 
 pytestmark = [
-    # Python 3.12+ warns when a process with threads forks; these tests fork on purpose.
-    pytest.mark.filterwarnings("ignore::DeprecationWarning"),
     pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork()"),
 ]
 

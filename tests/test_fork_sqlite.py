@@ -1,10 +1,11 @@
-"""Fork safety on SQLite: a child's own store works whatever the parent was doing at fork time.
+"""Fork safety on SQLite: a fork never waits, and the child's own store works when it can.
 
-The parent is paused at a chosen point of a write or read when the fork is requested: a test
-before-fork hook, registered after the library's and so run before it, tells a helper thread
-that the fork has been requested, and only then does the helper let the parent's transaction
-go on. The library's hook then waits for the transaction and the fork proceeds. Children report
-through their exit code and a traceback file, and leave with ``os._exit``.
+A fork never waits for the library. In the child, the inherited storage raises ``ClosedError``;
+when no thread of the library was inside SQLite at the fork, the child closes the connections it
+inherited, so its own storage on the same file starts from clean lock bookkeeping and holds real
+operating-system locks. When one was (a write or read in flight), the child leaves every
+inherited connection untouched and logs why. Children report through their exit code and a
+traceback file, and leave with ``os._exit``.
 """
 
 from __future__ import annotations
@@ -22,20 +23,18 @@ from typing import Any
 import pytest
 
 from tests.claims.gated import WarningSink
-from tests.forking import armed_fork, fork_child, wait_child
-from weft_sync import keys
+from tests.forking import CHILD_DEADLINE_S, fork_child, wait_child
+from weft_sync import _fork, keys
 from weft_sync.codec import decode_holder
 from weft_sync.errors import ClosedError
 from weft_sync.options import OwnershipOptions
 from weft_sync.ownership import Ownership
-from weft_sync.storage import Condition, Put, SqliteStorage, sqlite_fork
+from weft_sync.storage import Condition, Put, SqliteStorage
 from weft_sync.storage.sqlite_writer import SqliteWriter, WriteRequest
 
 TABLE = "kv"
 
 pytestmark = [
-    # Python 3.12+ warns when a process with threads forks; these tests fork on purpose.
-    pytest.mark.filterwarnings("ignore::DeprecationWarning"),
     pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork()"),
 ]
 
@@ -52,10 +51,17 @@ def store(db_path: Path) -> Iterator[SqliteStorage]:
 
 
 @pytest.fixture
-def armed() -> Iterator[threading.Event]:
-    """The event the next fork sets before the library's own fork handlers run."""
-    with armed_fork() as requested:
-        yield requested
+def sqlite_log() -> Iterator[list[logging.LogRecord]]:
+    """The records the SQLite backend logs (in the child too: a forked copy of the list)."""
+    records: list[logging.LogRecord] = []
+    handler = logging.Handler()
+    handler.emit = records.append  # type: ignore[method-assign]
+    logger = logging.getLogger("weft_sync.storage.sqlite")
+    logger.addHandler(handler)
+    try:
+        yield records
+    finally:
+        logger.removeHandler(handler)
 
 
 def _child_writes_through_its_own_storage(inherited: SqliteStorage, path: Path) -> None:
@@ -94,14 +100,6 @@ class _PausedWrite:
         monkeypatch.setattr(writer, "_apply_request", apply)
 
 
-def _release_when_fork_requested(armed: threading.Event, release: threading.Event) -> Any:
-    helper = threading.Thread(
-        target=lambda: (armed.wait(timeout=30), release.set()), name="fork-release"
-    )
-    helper.start()
-    return helper
-
-
 def _assert_flock_held(path: Path) -> None:
     fd = os.open(f"{path}.lock", os.O_RDWR)
     try:
@@ -124,96 +122,79 @@ def _integrity(path: Path) -> str:
         raw.close()
 
 
-@pytest.mark.parametrize("contended", [False, True], ids=["own-commit", "group-commit"])
-def test_a_fork_during_an_open_write_transaction_leaves_the_child_a_working_store(
-    store: SqliteStorage,
-    db_path: Path,
-    tmp_path: Path,
-    armed: threading.Event,
-    monkeypatch: pytest.MonkeyPatch,
-    contended: bool,
+def _refuses_inherited(inherited: SqliteStorage) -> None:
+    for use in (lambda: inherited.get("k"), lambda: inherited.put("k", b"v")):
+        with pytest.raises(ClosedError, match=r"inherited across os\.fork\(\)"):
+            use()
+
+
+def _busy_warnings(records: list[logging.LogRecord]) -> list[str]:
+    return [r.getMessage() for r in records if "inside SQLite" in r.getMessage()]
+
+
+def test_an_idle_storage_is_closed_in_the_child_which_writes_through_its_own(
+    store: SqliteStorage, db_path: Path, tmp_path: Path, sqlite_log: list[logging.LogRecord]
 ) -> None:
-    store.put("before", b"v")  # the parent has its write connection
-    paused = _PausedWrite(_writer(store), monkeypatch)
-    results: list[object] = []
-
-    def write(key: str) -> None:
-        try:
-            results.append(store.conditional_batch([Condition(key, None)], [Put(key, b"p")]))
-        except BaseException as exc:
-            results.append(exc)
-
-    writers = [threading.Thread(target=write, args=("parent-0",), name="w0")]
-    writers[0].start()
-    assert paused.entered.wait(timeout=10)  # flock and write lock held, transaction open
-    _assert_flock_held(db_path)
-    if contended:
-        # Queued behind the open transaction: the writer thread commits them as one group.
-        writers += [
-            threading.Thread(target=write, args=(f"parent-{i}",), name=f"w{i}") for i in range(1, 4)
-        ]
-        for thread in writers[1:]:
-            thread.start()
-        deadline = time.monotonic() + 10
-        while store._queue.qsize() < 3:
-            assert time.monotonic() < deadline, "the requests were not queued"
-            time.sleep(0.001)
-    helper = _release_when_fork_requested(armed, paused.release)
+    store.put("before", b"v")  # the parent has its write connection and a reader
+    assert store.get("before") == b"v"
     report = tmp_path / "child.txt"
-    try:
-        pid = fork_child(lambda: _child_writes_through_its_own_storage(store, db_path), report)
-        wait_child(pid, report)
-    finally:
-        paused.release.set()
-        helper.join(timeout=30)
-        for thread in writers:
-            thread.join(timeout=30)
 
-    assert armed.is_set()
-    assert results == [True] * len(writers)
+    inherited = _writer(store)._conn
+    assert inherited is not None
+
+    def child() -> None:
+        assert _busy_warnings(sqlite_log) == []  # nothing was in use: the copies were closed
+        with pytest.raises(sqlite3.ProgrammingError, match="closed"):
+            inherited.execute("SELECT 1")
+        _child_writes_through_its_own_storage(store, db_path)
+
+    wait_child(fork_child(child, report), report)
     assert store.get("child") == b"2"
-    assert [k for k, _ in store.scan("parent-")] == [f"parent-{i}" for i in range(len(writers))]
+    store.put("after", b"v")
     assert _integrity(db_path) == "ok"
 
 
-def test_a_write_that_outlasts_the_fork_wait_is_left_to_the_parent_and_reported_in_the_child(
-    db_path: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+def test_a_fork_during_a_write_does_not_wait_for_it_and_the_child_leaves_the_copies_alone(
+    store: SqliteStorage,
+    db_path: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    sqlite_log: list[logging.LogRecord],
 ) -> None:
-    monkeypatch.setattr(sqlite_fork, "FORK_GRACE_S", 0.05)
-    records: list[logging.LogRecord] = []
-    handler = logging.Handler()
-    handler.emit = records.append  # type: ignore[method-assign]
-    logger = logging.getLogger("weft_sync.storage.sqlite")
-    logger.addHandler(handler)
-    store = SqliteStorage(db_path, table=TABLE, busy_timeout_ms=50)
+    store.put("before", b"v")
+    paused = _PausedWrite(_writer(store), monkeypatch)
+    results: list[object] = []
+    writer = threading.Thread(
+        target=lambda: results.append(store.put("parent", b"p")), name="paused-writer"
+    )
+    writer.start()
+    assert paused.entered.wait(timeout=10)  # flock and write lock held, transaction open
+    _assert_flock_held(db_path)
+    report = tmp_path / "child.txt"
+    inherited = _writer(store)._conn
+
+    def child() -> None:
+        _refuses_inherited(store)
+        assert len(_busy_warnings(sqlite_log)) == 1, sqlite_log
+        # Left as it was (pinned): no SQLite call runs on a connection a thread was inside.
+        assert any(kept is inherited for kept in _fork._PINNED)
+
     try:
-        store.put("before", b"v")
-        paused = _PausedWrite(_writer(store), monkeypatch)
-        results: list[object] = []
-        writer = threading.Thread(
-            target=lambda: results.append(store.put("parent", b"p")), name="stuck-writer"
-        )
-        writer.start()
-        assert paused.entered.wait(timeout=10)
-        report = tmp_path / "child.txt"
-
-        def child() -> None:
-            with pytest.raises(ClosedError, match=r"inherited across os\.fork\(\)"):
-                store.get("before")
-            assert any("was still running" in r.getMessage() for r in records), records
-
-        try:
-            wait_child(fork_child(child, report), report)
-        finally:
-            paused.release.set()
-            writer.join(timeout=30)
-        assert results == [None]
-        assert store.get("parent") == b"p"
-        store.put("after", b"v")
-        assert [k for k, _ in store.scan()] == ["after", "before", "parent"]
+        began = time.monotonic()
+        pid = fork_child(child, report)
+        forked_in = time.monotonic() - began
+        wait_child(pid, report)
+        # The write stays paused until after the child is done: the fork did not wait for it.
+        assert not paused.release.is_set() and writer.is_alive()
+        assert forked_in < 1.0
     finally:
-        store.close()
-        logger.removeHandler(handler)
+        paused.release.set()
+        writer.join(timeout=30)
+    assert results == [None]
+    assert store.get("parent") == b"p"
+    store.put("after", b"v")
+    assert [k for k, _ in store.scan()] == ["after", "before", "parent"]
+    assert _integrity(db_path) == "ok"
 
 
 class _PausingConnection:
@@ -239,8 +220,8 @@ class _PausingConnection:
         self.conn.close()
 
 
-def test_a_fork_during_an_open_read_transaction_leaves_the_child_a_working_store(
-    store: SqliteStorage, db_path: Path, tmp_path: Path, armed: threading.Event
+def test_a_fork_during_a_read_leaves_the_copies_alone_and_the_child_still_writes(
+    store: SqliteStorage, db_path: Path, tmp_path: Path, sqlite_log: list[logging.LogRecord]
 ) -> None:
     store.put("k", b"v")
     reads: list[object] = []
@@ -261,92 +242,28 @@ def test_a_fork_during_an_open_read_transaction_leaves_the_child_a_working_store
     pausing = reads[0]
     assert isinstance(pausing, _PausingConnection)
     assert pausing.entered.wait(timeout=10)  # a read transaction is open in the parent
-    helper = _release_when_fork_requested(armed, pausing.release)
-    report = tmp_path / "child.txt"
-    try:
-        pid = fork_child(lambda: _child_writes_through_its_own_storage(store, db_path), report)
-        wait_child(pid, report)
-    finally:
-        pausing.release.set()
-        helper.join(timeout=30)
-        thread.join(timeout=30)
-    assert reads[1] == [b"v", None]
-    assert store.get("child") == b"2"
-
-
-class _PausingClose:
-    """A read connection whose ``close`` waits until released, then closes."""
-
-    def __init__(self, conn: sqlite3.Connection) -> None:
-        self.conn = conn
-        self.entered = threading.Event()
-        self.release = threading.Event()
-
-    def close(self) -> None:
-        self.entered.set()
-        assert self.release.wait(timeout=30)
-        self.conn.close()
-
-
-def test_a_fork_waits_for_a_read_connection_being_closed(
-    store: SqliteStorage, db_path: Path, tmp_path: Path, armed: threading.Event
-) -> None:
-    # A reader is closed when its thread has ended (or with its storage); a child forked
-    # half-way through that close would inherit SQLite's lock bookkeeping for the file
-    # half-updated, and its own connections could then find the file "locked" for ever.
-    ready = threading.Event()
-    readers: list[Any] = []
-
-    def read() -> None:
-        assert store.get("absent") is None
-        readers.append(store._readers.for_thread())
-        ready.set()
-
-    thread = threading.Thread(target=read, name="reader")
-    thread.start()
-    assert ready.wait(timeout=10)
-    thread.join(timeout=10)
-    reader = readers[0]
-    real = reader.conn
-    pausing = _PausingClose(real)
-    reader.conn = pausing
-    closer = threading.Thread(target=reader.close, name="closer")
-    closer.start()
-    assert pausing.entered.wait(timeout=10)
-    helper = _release_when_fork_requested(armed, pausing.release)
     report = tmp_path / "child.txt"
 
     def child() -> None:
-        with pytest.raises(sqlite3.ProgrammingError, match="closed"):
-            real.execute("SELECT 1")  # the fork came after the close, not during it
+        assert len(_busy_warnings(sqlite_log)) == 1, sqlite_log
+        # A read holds no write lock: the child's own storage can still write.
         _child_writes_through_its_own_storage(store, db_path)
 
     try:
         wait_child(fork_child(child, report), report)
+        assert not pausing.release.is_set()  # the read stayed open across the whole fork
     finally:
         pausing.release.set()
-        helper.join(timeout=30)
-        closer.join(timeout=30)
-    assert armed.is_set()
+        thread.join(timeout=30)
+    assert reads[1] == [b"v", None]
     assert store.get("child") == b"2"
+    assert _integrity(db_path) == "ok"
 
 
 def test_two_threads_forking_at_once_each_get_a_child_with_a_working_store(
     store: SqliteStorage, db_path: Path, tmp_path: Path
 ) -> None:
     store.put("before", b"v")
-    stop = threading.Event()
-    errors: list[BaseException] = []
-
-    def keep_writing() -> None:
-        try:
-            n = 0
-            while not stop.wait(0.001):
-                store.put(f"parent-{n % 10}", b"p")
-                n += 1
-        except BaseException as exc:
-            errors.append(exc)
-
     barrier = threading.Barrier(2)
     pids: dict[int, int] = {}
 
@@ -362,21 +279,13 @@ def test_two_threads_forking_at_once_each_get_a_child_with_a_working_store(
         barrier.wait(timeout=10)
         pids[index] = fork_child(child, report)
 
-    writer = threading.Thread(target=keep_writing, name="parent-writer")
-    writer.start()
     forkers = [threading.Thread(target=fork, args=(i,), name=f"forker-{i}") for i in range(2)]
-    try:
-        for thread in forkers:
-            thread.start()
-        for thread in forkers:
-            thread.join(timeout=30)
-        for index, pid in pids.items():
-            wait_child(pid, tmp_path / f"child-{index}.txt")
-    finally:
-        stop.set()
-        writer.join(timeout=30)
-    for exc in errors:
-        raise exc
+    for thread in forkers:
+        thread.start()
+    for thread in forkers:
+        thread.join(timeout=30)
+    for index, pid in pids.items():
+        wait_child(pid, tmp_path / f"child-{index}.txt")
     assert sorted(pids) == [0, 1]
     assert (store.get("c0"), store.get("c1")) == (b"1", b"1")
     store.put("after", b"v")
@@ -456,43 +365,38 @@ def _child_start_and_complete(url: str, index: int) -> None:
 def test_two_hundred_children_forked_while_the_parent_writes_each_write_at_once(
     tmp_path: Path,
 ) -> None:
+    # The parent forks from its writing thread and runs its own maintenance (manual): no thread
+    # of the library is inside SQLite at any fork, and the parent writes and renews while every
+    # child runs (see bench/fork_loop.py).
     path = tmp_path / "loop.db"
     # NORMAL spares an fsync per commit; the locking under test is the same.
     url = f"sqlite:///{path}?synchronous=NORMAL"
     sink = WarningSink()
-    parent = Ownership.open(url, options=LOOP_OPTIONS, warn=sink, engine_id="parent")
-    stop = threading.Event()
-    errors: list[BaseException] = []
-    checkpoints = [0]
+    parent = Ownership.open(
+        url, options=LOOP_OPTIONS, warn=sink, engine_id="parent", background="manual"
+    )
+    checkpoints = 0
     try:
         ids = [f"parent-{i}" for i in range(PARENT_WORKFLOWS)]
         for wid in ids:
             parent.workflows.start(wid, "job")
         first = {wid: _expires_at(parent, wid) for wid in ids}
-
-        def checkpoint() -> None:
-            try:
-                # A round of checkpoints every few milliseconds: writes are always in flight,
-                # and the loop stays fast (bench/fork_loop.py writes without pause).
-                while not stop.wait(0.003):
-                    for wid in ids:
-                        parent.workflows.save_checkpoint(wid, str(checkpoints[0]).encode())
-                        checkpoints[0] += 1
-            except BaseException as exc:
-                errors.append(exc)
-
-        writer = threading.Thread(target=checkpoint, name="parent-checkpoints")
-        writer.start()
-        try:
-            for index in range(FORKS):
-                report = tmp_path / f"child-{index}.txt"
-                pid = fork_child(lambda i=index: _child_start_and_complete(url, i), report)
-                wait_child(pid, report)
-        finally:
-            stop.set()
-            writer.join(timeout=30)
-        for exc in errors:
-            raise exc
+        renewed_at = time.monotonic()
+        for index in range(FORKS):
+            report = tmp_path / f"child-{index}.txt"
+            pid = fork_child(lambda i=index: _child_start_and_complete(url, i), report)
+            deadline = time.monotonic() + CHILD_DEADLINE_S
+            while (done := os.waitpid(pid, os.WNOHANG))[0] == 0:
+                if time.monotonic() > deadline:
+                    wait_child(pid, report, deadline_s=0.0)  # kills it, failing with its stacks
+                for wid in ids:
+                    parent.workflows.save_checkpoint(wid, str(checkpoints).encode())
+                    checkpoints += 1
+                if time.monotonic() - renewed_at >= LOOP_OPTIONS.claim_renew_interval_ms / 1000:
+                    parent.run_maintenance()
+                    renewed_at = time.monotonic()
+            details = report.read_text() if report.exists() else ""
+            assert os.waitstatus_to_exitcode(done[1]) == 0, details
 
         assert sink.received == []
         assert parent.metrics.snapshot().renewal_failures == 0
@@ -501,11 +405,10 @@ def test_two_hundred_children_forked_while_the_parent_writes_each_write_at_once(
             # Still ours, renewed while the children came and went.
             assert _holder_engine(parent, wid) == "parent"
             assert _expires_at(parent, wid) > first[wid]
-        assert checkpoints[0] > FORKS
+        assert checkpoints > FORKS
         done = parent.workflows.list(status="completed")
         assert sorted(r.workflow_id for r in done) == sorted(f"child-{i}" for i in range(FORKS))
     finally:
-        stop.set()
         parent.close()
 
 
@@ -518,76 +421,3 @@ def _expires_at(ownership: Ownership, wid: str) -> int:
     holder = decode_holder(ownership.storage.get(keys.workflow_owner_holder(wid)))
     assert holder is not None
     return holder.expires_at
-
-
-@pytest.mark.timeout(60)  # a fork that waited the full time for the stuck storage would hang
-def test_a_storage_stuck_in_a_write_does_not_stall_later_forks_or_starve_a_busy_storage(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    # The first fork waits the stuck storage's whole (shortened) wait; the second would wait
-    # ten minutes for it if a storage stuck at the previous fork got its full wait again.
-    monkeypatch.setattr(sqlite_fork, "FORK_GRACE_S", 0.05)
-    records: list[logging.LogRecord] = []
-    handler = logging.Handler()
-    handler.emit = records.append  # type: ignore[method-assign]
-    logger = logging.getLogger("weft_sync.storage.sqlite")
-    logger.addHandler(handler)
-    stuck_path, busy_path = tmp_path / "stuck.db", tmp_path / "busy.db"
-    # The busy storage's own wait is shorter than the stuck one's: waited for one after the
-    # other from the start of the fork, the busy one would be tried only once its wait was over.
-    stuck = SqliteStorage(stuck_path, table=TABLE, busy_timeout_ms=500)
-    busy = SqliteStorage(busy_path, table=TABLE, busy_timeout_ms=200)
-    stop = threading.Event()
-    writes = [0]
-    paused: _PausedWrite | None = None
-    threads: list[threading.Thread] = []
-    try:
-        stuck.put("before", b"v")
-        paused = _PausedWrite(_writer(stuck), monkeypatch)
-        threads.append(threading.Thread(target=stuck.put, args=("stuck", b"s"), name="stuck"))
-        threads[0].start()
-        assert paused.entered.wait(timeout=10)
-
-        def write_continuously() -> None:
-            while not stop.is_set():
-                busy.put(f"parent-{writes[0] % 10}", str(writes[0]).encode())
-                writes[0] += 1
-
-        threads.append(threading.Thread(target=write_continuously, name="busy-writes"))
-        threads[1].start()
-
-        def child(key: str, left_to_parent: list[SqliteStorage]) -> None:
-            not_paused = [r.args[1] for r in records if "was still running" in r.getMessage()]
-            assert not_paused == left_to_parent, not_paused
-            with SqliteStorage(busy_path, table=TABLE, busy_timeout_ms=2000) as own:
-                assert own.conditional_batch([Condition(key, None)], [Put(key, b"1")])
-                assert own.get(key) == b"1"
-
-        def fork(key: str, left_to_parent: list[SqliteStorage]) -> None:
-            report = tmp_path / f"{key}.txt"
-            wait_child(fork_child(lambda: child(key, left_to_parent), report), report)
-
-        # Only the stuck storage is left to the parent; the busy one is paused every time.
-        fork("child-0", [stuck])
-        assert stuck._fork_stuck
-        monkeypatch.setattr(sqlite_fork, "FORK_GRACE_S", 600.0)
-        for index in (1, 2):
-            fork(f"child-{index}", [stuck])
-            assert stuck._fork_stuck
-        # Once its write has finished, the stuck storage is paused again.
-        paused.release.set()
-        threads[0].join(timeout=30)
-        assert stuck.get("stuck") == b"s"
-        fork("child-3", [])
-        assert not stuck._fork_stuck
-        assert writes[0] > 0
-        assert [k for k, _ in busy.scan("child-")] == [f"child-{i}" for i in range(4)]
-    finally:
-        stop.set()
-        if paused is not None:
-            paused.release.set()
-        for thread in threads:
-            thread.join(timeout=30)
-        logger.removeHandler(handler)
-        stuck.close()
-        busy.close()

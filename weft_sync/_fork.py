@@ -9,30 +9,53 @@ guards itself with :func:`process_bound_class`: its public methods raise
 for every call). The child opens fresh objects instead.
 
 Inherited resources that cannot be released without disturbing the parent (a psycopg session's
-socket, a SQLite handle a parent thread was using) are kept referenced with :func:`pin` so that
+socket, a SQLite connection a parent thread was using) are kept referenced with :func:`pin` so that
 their finalisers never run in the child.
+
+What a child must do with inherited state (close its copy of a lock file's descriptor, forget
+the parent's claims, replace a lock a vanished thread may hold) runs from one
+``os.register_at_fork(after_in_child=...)`` hook. Importing the library registers nothing: the
+hook is registered when the first object that needs it opens (:func:`track`), and since Python
+offers no way to unregister a fork hook, it stays registered after the last one closes, then
+doing nothing but a check of an empty set. Nothing runs before a fork or in the parent after it:
+a fork never waits for the library, and the library does not pause its threads for it.
+
+What no library can make safe is a fork while another thread of the process is inside a C
+library that keeps process-wide state (SQLite, libpq, OpenSSL): the child gets that library's
+locks and bookkeeping as the vanished thread left them. As psycopg and SQLAlchemy advise for
+their connections, a process that forks should open the library's objects after the fork (a
+pre-forking server: in each worker), or fork only while none of them is in use, and a child
+must never use an object it inherited: it opens its own.
 """
 
 from __future__ import annotations
 
 import functools
 import inspect
+import itertools
+import logging
 import os
-import time
-from collections.abc import Callable, Sequence
+import weakref
+from collections.abc import Callable
 from typing import Concatenate, ParamSpec, Protocol, TypeVar
 
 from .errors import ClosedError
 
 __all__ = [
+    "ForkAware",
     "ProcessBound",
+    "hook_registered",
     "inherited_error",
-    "pause_in_turns",
     "pin",
     "process_bound",
     "process_bound_class",
-    "register_at_fork",
+    "reset_in_child",
+    "track",
+    "tracked",
+    "untrack",
 ]
+
+_log = logging.getLogger(__name__)
 
 _P = ParamSpec("_P")
 _R = TypeVar("_R")
@@ -96,52 +119,81 @@ def pin(*resources: object) -> None:
     _PINNED.extend(resources)
 
 
-def pause_in_turns(
-    items: Sequence[_T],
-    deadline: Callable[[_T], float],
-    pause: Callable[[_T, float], bool],
-    poll_s: float,
-) -> tuple[list[_T], list[_T]]:
-    """Before a fork: pause each of ``items`` by its own ``deadline`` (a monotonic time).
+class ForkAware(Protocol):
+    """An open object with something to let go of in a forked child (see :func:`track`)."""
 
-    ``pause(item, until)`` tries until ``until`` and returns whether the item is paused (on
-    ``False`` it holds nothing). Attempts take turns, each waiting at most ``poll_s`` seconds, so
-    an item that stays busy for long (or for ever, when the thread holding its lock is stuck)
-    neither uses up the wait of the items after it nor keeps them from being paused as soon as
-    they can be: the fork takes no longer than the latest deadline.
+    def _after_fork_in_child(self) -> None:
+        """Make the inherited copy inert: touch nothing the parent still uses."""
+        ...
 
-    :returns: the items paused and the items given up on, each in the order of ``items``.
+
+# Every tracked object of this process; weak, so an abandoned one can still be collected.
+_OPEN: weakref.WeakSet[ForkAware] = weakref.WeakSet()
+# Module-level resets (a lock a vanished thread may hold), run before the objects' own.
+_RESETS: list[Callable[[], object]] = []
+# The first caller of next() gets 0 and registers the hook: one registration per process
+# without a lock that a thread could hold across a fork.
+_registrations = itertools.count()
+_registered = False
+
+
+def track(obj: ForkAware) -> None:
+    """Run ``obj._after_fork_in_child()`` in every child forked while ``obj`` is tracked.
+
+    The first call of the process registers the one fork hook (see the module docstring).
     """
-    waiting = [(item, deadline(item)) for item in items]
-    paused: list[_T] = []
-    given_up: list[_T] = []
-    while waiting:
-        still: list[tuple[_T, float]] = []
-        for item, until in waiting:
-            if pause(item, min(until, time.monotonic() + poll_s)):
-                paused.append(item)
-            elif time.monotonic() < until:
-                still.append((item, until))
-            else:
-                given_up.append(item)
-        waiting = still
-    return paused, given_up
+    if not _registered:
+        _register_hook()
+    _OPEN.add(obj)
 
 
-def register_at_fork(
-    *,
-    before: Callable[[], object] | None = None,
-    after_in_parent: Callable[[], object] | None = None,
-    after_in_child: Callable[[], object] | None = None,
-) -> None:
-    """Register fork handlers where the platform has them (a no-op elsewhere)."""
-    if not hasattr(os, "register_at_fork"):  # pragma: no cover - Windows
+def untrack(obj: ForkAware) -> None:
+    """Stop tracking ``obj`` (it was closed); a no-op when it is not tracked."""
+    _OPEN.discard(obj)
+
+
+def tracked() -> list[ForkAware]:
+    """The objects a fork would reset now."""
+    return list(_OPEN)
+
+
+def hook_registered() -> bool:
+    """Whether this process registered the library's fork hook (something was opened)."""
+    return _registered
+
+
+def reset_in_child(reset: Callable[[], object]) -> None:
+    """Run ``reset`` in a forked child before the tracked objects', whenever one is tracked.
+
+    For module-level state, e.g. a lock that a thread of the parent may hold at fork time.
+    Registering it registers no fork hook; :func:`track` does, when something opens.
+    """
+    if reset not in _RESETS:
+        _RESETS.append(reset)
+
+
+def _register_hook() -> None:
+    global _registered
+    if next(_registrations) == 0 and hasattr(os, "register_at_fork"):
+        os.register_at_fork(after_in_child=_after_fork_in_child)
+    _registered = True
+
+
+def _after_fork_in_child() -> None:
+    objects = list(_OPEN)
+    if not objects:
         return
-    handlers: dict[str, Callable[[], object]] = {}
-    if before is not None:
-        handlers["before"] = before
-    if after_in_parent is not None:
-        handlers["after_in_parent"] = after_in_parent
-    if after_in_child is not None:
-        handlers["after_in_child"] = after_in_child
-    os.register_at_fork(**handlers)
+    for reset in list(_RESETS):
+        _run_in_child(reset, reset)
+    for obj in objects:
+        _run_in_child(obj._after_fork_in_child, obj)
+    # Every inherited object is inert now; the child's own objects track themselves.
+    _OPEN.clear()
+
+
+def _run_in_child(step: Callable[[], object], what: object) -> None:
+    # One failure must not leave the other objects live in the child.
+    try:
+        step()
+    except Exception:
+        _log.exception("could not reset %r in a forked child", what)

@@ -58,6 +58,7 @@ except ImportError as exc:  # pragma: no cover - exercised in a subprocess witho
         'weft_sync.flask needs Flask, which is not installed: pip install "weft_sync[flask]"'
     ) from exc
 
+from . import _fork
 from .errors import ClosedError
 from .ledger.records import validate_name
 from .options import BACKGROUND_MODES, OwnershipOptions
@@ -228,7 +229,6 @@ class _AppState:
         self._opening: threading.Event | None = None
         self._closed = False
         self._pid = os.getpid()
-        _STATES.add(self)
 
     def ownership(self) -> Ownership:
         """This process's ``Ownership`` of the app: the open one, or one opened now."""
@@ -245,6 +245,8 @@ class _AppState:
                 opener = self._opening is None
                 if opener:
                     self._opening = threading.Event()
+                    # From the first open on, a forked child resets this state (see below).
+                    _fork.track(self)
                 event = self._opening
             assert event is not None
             if opener:
@@ -258,6 +260,7 @@ class _AppState:
         except BaseException:
             with self._lock:
                 self._opening = None
+                _fork.untrack(self)
             event.set()
             raise
         with self._lock:
@@ -265,7 +268,7 @@ class _AppState:
             keep = not self._closed and self._pid == os.getpid()
             if keep:
                 self._ownership = ownership
-                _OPEN.add(self)
+                _opened(self)
                 # Handlers registered while it was opening.
                 self._sync_handlers(ownership)
         event.set()
@@ -321,12 +324,14 @@ class _AppState:
             self._adopt_process()
             ownership, self._ownership = self._ownership, None
             self._closed = True
-            _OPEN.discard(self)
+            _fork.untrack(self)
+        _closed(self)
         if ownership is not None:
             ownership.close()
 
     def _adopt_process(self) -> None:
-        # Covers forks that bypass os.register_at_fork; called with _lock held.
+        # Covers a child forked before this state first opened, or by a fork that bypasses
+        # os.register_at_fork; called with _lock held.
         if self._pid != os.getpid():
             self._reset_for_child()
 
@@ -337,7 +342,7 @@ class _AppState:
         self._closed = False
         self._pid = os.getpid()
 
-    def after_fork_in_child(self) -> None:
+    def _after_fork_in_child(self) -> None:
         # A parent thread may have held the lock at fork time; only this thread exists now.
         self._lock = threading.Lock()
         self._reset_for_child()
@@ -475,17 +480,33 @@ def _delegating_command(name: str, help_text: str) -> click.Command:
 # ----------------------------------------------------------------------------------------
 
 
-# Every app state of this process; weak, so an app that is gone can be collected.
-_STATES: weakref.WeakSet[_AppState] = weakref.WeakSet()
 # The states with an Ownership open in this process: held strongly, so one is closed at exit
-# even when its app is gone. Single set operations (add, discard, copy) are atomic.
+# even when its app is gone. _exit_lock guards it and the atexit registration, which is there
+# exactly while the set is not empty; replaced in a forked child.
 _OPEN: set[_AppState] = set()
+_exit_lock = threading.Lock()
+
+
+def _opened(state: _AppState) -> None:
+    with _exit_lock:
+        if not _OPEN:
+            atexit.register(close_all)
+        _OPEN.add(state)
+
+
+def _closed(state: _AppState) -> None:
+    with _exit_lock:
+        if state in _OPEN:
+            _OPEN.discard(state)
+            if not _OPEN:
+                atexit.unregister(close_all)
 
 
 def close_all() -> None:
     """Close every ``Ownership`` this module opened in this process; idempotent.
 
-    Registered with :mod:`atexit`; call it from a server's worker-exit hook too.
+    Registered with :mod:`atexit` while one is open (from the first open to the last close);
+    call it from a server's worker-exit hook too.
     """
     for state in list(_OPEN):
         try:
@@ -499,13 +520,14 @@ def gunicorn_worker_exit(server: object, worker: object) -> None:
     close_all()
 
 
-def _after_fork_in_child() -> None:
-    # The parent's Ownerships are inert here; the parent closes them.
-    _OPEN.clear()
-    for state in list(_STATES):
-        state.after_fork_in_child()
+def _forget_open_in_child() -> None:
+    # The parent's Ownerships are inert here and the parent closes them; the child's atexit
+    # list is the parent's copy, so close_all stays registered only if the child opens one.
+    global _exit_lock
+    _exit_lock = threading.Lock()
+    if _OPEN:
+        _OPEN.clear()
+        atexit.unregister(close_all)
 
 
-atexit.register(close_all)
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_after_fork_in_child)
+_fork.reset_in_child(_forget_open_in_child)

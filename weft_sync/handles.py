@@ -48,6 +48,13 @@ class ClaimHandle:
         """Set once the claim is known to be lost; wait on it or poll ``lost.is_set()``."""
         return self._lost
 
+    def _lose_in_child(self) -> None:
+        # In a forked child the claim is the parent's: ``lost`` reads set there. A new Event,
+        # since a parent thread may have held the inherited one's lock at fork time.
+        lost = threading.Event()
+        lost.set()
+        self._lost = lost
+
     def assert_held(self) -> None:
         """Return if this process still holds the claim at this epoch; call before side effects.
 

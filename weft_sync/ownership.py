@@ -15,11 +15,12 @@ Threading model:
   runs on whichever thread found the loss (usually a maintenance thread), marks the matching
   handle lost, calls the ``on_lost`` callbacks (their exceptions are logged, never raised into
   that thread) and then forwards the warning.
-- Fork safety: a handler registered once per process with :func:`os.register_at_fork` resets
-  every live ``Ownership`` in a forked child. The child forgets the parent's claims without
-  touching the store (the parent still owns them), has no timer or worker pool, and can no longer
-  use the inherited object: it opens its own ``Ownership``. Every public method also compares the
-  process id, for forks that bypass the handlers (the ledger, registry and storages too).
+- Fork safety: the library's one fork hook (:mod:`weft_sync._fork`, registered when the first
+  store or ``Ownership`` opens, never at import) resets every live ``Ownership`` in a child.
+  The child forgets the parent's claims without touching the store (the parent still owns
+  them), has no timer or worker pool, and can no longer use the inherited object: it opens its
+  own ``Ownership``. Every public method also compares the process id, for forks that bypass
+  the hook (the ledger, registry and storages too).
 """
 
 from __future__ import annotations
@@ -29,12 +30,12 @@ import logging
 import os
 import threading
 import warnings
-import weakref
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import AbstractContextManager, contextmanager
 from types import TracebackType
 from typing import Any, Literal, TypeVar
 
+from . import _fork
 from .claiming import ClaimAttempt, attempt_claim, claim_is_gone, claim_with_wait, validate_wait
 from .claims.registry import ClaimRegistry, WarnSink
 from .claims.results import ReleaseStatus
@@ -120,7 +121,7 @@ class Ownership:
             warn=self._on_warning,
             epoch_of=self._registry.epoch_lookup(),  # fenced() checks the process itself
         )
-        _LIVE.add(self)
+        _fork.track(self)
 
     # ----------------------------------------------------------------------------------------
     # Opening
@@ -334,7 +335,7 @@ class Ownership:
             with self._lock:
                 self._state = _State.CLOSED
                 self._handles.clear()
-            _LIVE.discard(self)
+            _fork.untrack(self)
             _log.info("closed ownership of engine %s", self._registry.engine_id)
 
     def __enter__(self) -> Ownership:
@@ -560,9 +561,8 @@ class Ownership:
         if callable(reset_ledger):
             reset_ledger()
         for handle in handles:
-            _reinit_event(handle.lost)
-            handle.lost.set()
-        _LIVE.discard(self)
+            handle._lose_in_child()
+        _fork.untrack(self)
 
     def __repr__(self) -> str:
         return (
@@ -574,26 +574,3 @@ class Ownership:
 def _warnings_warn(warning: Warning) -> None:
     # Points into the library code that found the loss rather than at this sink.
     warnings.warn(warning, stacklevel=4)
-
-
-def _reinit_event(event: threading.Event) -> None:
-    # A waiter in a parent thread may have held the event's internal lock at fork time.
-    reinit = getattr(event, "_at_fork_reinit", None)
-    if callable(reinit):
-        reinit()
-
-
-# Every open Ownership of this process; weak, so an abandoned one can still be collected.
-_LIVE: weakref.WeakSet[Ownership] = weakref.WeakSet()
-
-
-def _after_fork_in_child() -> None:
-    for ownership in list(_LIVE):
-        try:
-            ownership._after_fork_in_child()
-        except Exception:
-            _log.exception("could not reset %r in a forked child", ownership)
-
-
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_after_fork_in_child)

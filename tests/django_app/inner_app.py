@@ -32,6 +32,7 @@ from django.test import Client, override_settings  # noqa: E402
 
 from tests.django_app import site_handlers  # noqa: E402
 from tests.examples.helpers import abandon  # noqa: E402
+from tests.forking import expected_fork_warning  # noqa: E402
 from tests.workflows.helpers import stored_epoch  # noqa: E402
 from weft_sync.django import close_ownership, get_ownership  # noqa: E402
 from weft_sync.django.conf import load_config  # noqa: E402
@@ -274,7 +275,8 @@ def test_a_forked_child_opens_its_own_ownership_and_leaves_the_parents_alone() -
     parent = get_ownership()
     parent.workflows.start("report-3", "report")
     read, write = os.pipe()
-    pid = os.fork()
+    with expected_fork_warning():
+        pid = os.fork()
     if pid == 0:  # pragma: no cover - runs in the child
         code = 1
         try:

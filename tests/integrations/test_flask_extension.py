@@ -15,6 +15,7 @@ import pytest
 from flask import Flask, current_app
 
 from tests.examples.helpers import REPO_ROOT, abandon
+from tests.forking import expected_fork_warning
 from tests.workflows.helpers import holder_engine
 from weft_sync import Ownership, OwnershipOptions, ReclaimedWorkflow
 from weft_sync.errors import ClosedError
@@ -235,18 +236,19 @@ def test_handlers_are_validated_when_registered(weft: WeftSync) -> None:
     assert WeftSync(handlers={"report": resume}).handlers() == {"report": resume}
 
 
-@pytest.mark.filterwarnings("ignore::DeprecationWarning")
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork()")
 def test_a_forked_child_opens_its_own_ownership(
     weft: WeftSync, storage_url: str, storage: Storage, tmp_path: Path
 ) -> None:
-    app = make_app(storage_url, WEFT_SYNC_OPTIONS=FAST)
+    # Manual maintenance: no thread of the library is inside the store when the test forks.
+    app = make_app(storage_url, WEFT_SYNC_OPTIONS=FAST, WEFT_SYNC_BACKGROUND="manual")
     weft.init_app(app)
     parent = weft.get_ownership(app)
     parent.workflows.start("parent-job", "report")
     report = tmp_path / "child.txt"
 
-    pid = os.fork()
+    with expected_fork_warning():
+        pid = os.fork()
     if pid == 0:  # pragma: no cover - runs in the child
         code = 1
         try:

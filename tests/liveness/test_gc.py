@@ -66,7 +66,7 @@ def test_sqlite_forgetting_a_crashed_engine_removes_its_lock_file(tmp_path: Path
     with SqliteStorage(path) as store:
         lock = store.acquire_session_lock("crashed")
         # A crashed holder leaves its file behind; simulate that by closing without unlinking.
-        lock._close_in_child()
+        lock._after_fork_in_child()
         store.put(keys.engine_liveness("crashed"), encode_engine_record(_record("crashed")))
         assert os.listdir(lock_directory(path)) == ["crashed.lock"]
         status = _only(store)

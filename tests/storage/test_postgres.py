@@ -8,13 +8,13 @@ import os
 import threading
 import time
 import uuid
-import warnings
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any, Protocol
 
 import psycopg
 import pytest
 
+from tests.forking import expected_fork_warning
 from tests.pgcluster import PostgresCluster
 from weft_sync.errors import ClosedError, StorageError
 from weft_sync.storage import Condition, Delete, Operation, Put, open_storage
@@ -767,8 +767,7 @@ def test_forked_child_refuses_the_inherited_pool_and_leaves_the_parents_sessions
         while len(_backend_pids(raw, app)) < 2 and time.monotonic() < deadline:
             time.sleep(0.01)
         parents = _backend_pids(raw, app)
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", DeprecationWarning)
+        with expected_fork_warning():
             pid = os.fork()
         if pid == 0:  # pragma: no cover - runs in the child
             code = 1
@@ -806,8 +805,7 @@ def test_forked_child_refuses_every_conditional_write_before_checking_its_argume
         "compare_and_set_many": lambda store: store.compare_and_set_many("bad"),  # type: ignore[arg-type]
     }
     with PostgresStorage(postgres_base_url, table=table) as store:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", DeprecationWarning)
+        with expected_fork_warning():
             pid = os.fork()
         if pid == 0:  # pragma: no cover - runs in the child
             code = 0

@@ -9,13 +9,13 @@ import signal
 import sqlite3
 import threading
 import time
-import warnings
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 from sqlitedict import SqliteDict
 
+from tests.forking import expected_fork_warning
 from weft_sync.errors import ClosedError, StorageError
 from weft_sync.storage import Condition, Put, SqliteStorage
 
@@ -490,8 +490,7 @@ def test_forked_child_refuses_the_inherited_storage_and_writes_through_its_own(
     store.put("n", b"parent")
     assert store.get("n") == b"parent"  # the parent now has a reader and a writer thread
     path = store_path(store)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", DeprecationWarning)  # fork() with threads on 3.12+
+    with expected_fork_warning():
         pid = os.fork()
     if pid == 0:  # pragma: no cover - runs in the child
         signal.alarm(20)  # a child stuck on inherited state dies instead of hanging the test

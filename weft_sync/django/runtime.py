@@ -1,5 +1,10 @@
 """This process's ``Ownership``: opened on first use, reopened after a fork, closed at exit.
 
+Importing this module registers nothing: :func:`close_ownership` is registered with
+:mod:`atexit` when the process's ``Ownership`` opens and unregistered when it is closed, and a
+forked child's reset runs from the library's one fork hook (see :mod:`weft_sync._fork`), which
+the first store opened registers.
+
 Threading model: one module lock (``_lock``) guards ``_current``, ``_pid`` and ``_opening``. The
 store is opened outside it: the first caller marks an open as in progress (an ``Event``), opens,
 publishes the result and sets the event; concurrent callers wait on the event, then look again.
@@ -20,7 +25,7 @@ from typing import Any
 
 from django.db import connections
 
-from weft_sync import Ownership, ReclaimedWorkflow, WorkflowHandler
+from weft_sync import Ownership, ReclaimedWorkflow, WorkflowHandler, _fork
 from weft_sync.redaction import redact_url
 
 from .conf import WeftSyncSettings, load_config
@@ -70,6 +75,9 @@ def get_ownership() -> Ownership:
             raise
         with _lock:
             _current, _opening = ownership, None
+            # Once per open Ownership: unregister first, as register() would add a second call.
+            atexit.unregister(close_ownership)
+            atexit.register(close_ownership)
         opened.set()
         return ownership
 
@@ -83,12 +91,14 @@ def is_open() -> bool:
 def close_ownership() -> None:
     """Close this process's ``Ownership`` (release its claims); the next use opens a new one.
 
-    Registered with :mod:`atexit`, and called when ``settings.WEFT_SYNC`` changes under test.
+    Registered with :mod:`atexit` while one is open, and called when ``settings.WEFT_SYNC``
+    changes under test.
     """
     global _current
     with _lock:
         ownership = _current if _pid == os.getpid() else None
         _current = None
+        atexit.unregister(close_ownership)
     if ownership is not None:
         ownership.close()
 
@@ -140,10 +150,11 @@ def _closing_db_connections(handler: Callable[..., object]) -> WorkflowHandler:
 
 def _reset_in_child() -> None:
     global _lock, _current, _opening
-    # A parent thread may have held the lock, or been opening, at fork time.
+    # A parent thread may have held the lock, or been opening, at fork time; the parent's
+    # Ownership is inert here and the parent closes it (the atexit list is the parent's copy).
     _lock = threading.Lock()
     _current, _opening = None, None
+    atexit.unregister(close_ownership)
 
 
-os.register_at_fork(after_in_child=_reset_in_child)
-atexit.register(close_ownership)
+_fork.reset_in_child(_reset_in_child)

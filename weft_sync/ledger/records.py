@@ -15,7 +15,6 @@ senders never write the same key.
 from __future__ import annotations
 
 import itertools
-import os
 import secrets
 import threading
 from collections.abc import Iterable
@@ -24,7 +23,7 @@ from typing import Any, Final
 
 import msgpack
 
-from .. import keys
+from .. import _fork, keys
 from ..codec import (
     WORKFLOW_STATUSES,
     WorkflowRecord,
@@ -176,8 +175,7 @@ def _reset_sequence_lock_in_child() -> None:
     _sequence_lock = threading.Lock()
 
 
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_reset_sequence_lock_in_child)
+_fork.reset_in_child(_reset_sequence_lock_in_child)
 
 
 def new_sequence(now_ms: int) -> str:

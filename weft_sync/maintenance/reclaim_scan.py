@@ -22,14 +22,13 @@ at all) and how many live claims each other engine holds.
 from __future__ import annotations
 
 import logging
-import os
 import threading
 import weakref
 from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 from typing import Final
 
-from .. import keys
+from .. import _fork, keys
 from ..codec import try_decode_workflow_record
 from ..storage.base import Storage
 
@@ -65,8 +64,7 @@ def _reset_cursor_lock_in_child() -> None:
     _cursor_lock = threading.Lock()
 
 
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_reset_cursor_lock_in_child)
+_fork.reset_in_child(_reset_cursor_lock_in_child)
 
 
 HolderJudge = Callable[[bytes], "str | None"]

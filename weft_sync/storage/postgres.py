@@ -7,7 +7,6 @@ import math
 import os
 import threading
 import time
-import weakref
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any, Final
@@ -24,7 +23,8 @@ except ImportError as exc:  # pragma: no cover - depends on the installed extras
         f"'pip install weft_sync[postgres]'"
     ) from exc
 
-from .._fork import inherited_error, pin, process_bound_class, register_at_fork
+from .. import _fork
+from .._fork import inherited_error, pin, process_bound_class
 from ..errors import ClosedError, MissingStoreError, ReadOnlyStorageError, StorageError
 from ..redaction import redact_text
 from .base import (
@@ -62,15 +62,6 @@ _CAPABILITIES: Final = StorageCapabilities(
     conditional_batch=True, multi_process=True, multi_host=True, session_locks=True
 )
 _SERVER_TIME: Final = "SELECT (extract(epoch FROM clock_timestamp()) * 1000)::bigint"
-_LIVE: weakref.WeakSet[PostgresStorage] = weakref.WeakSet()
-
-
-def _after_fork_in_child() -> None:
-    for store in list(_LIVE):
-        store._abandon_in_child()
-
-
-register_at_fork(after_in_child=_after_fork_in_child)
 
 
 @process_bound_class
@@ -183,7 +174,7 @@ class PostgresStorage(ConditionalWrites, IsolatedBatches, PostgresSessionLockMet
             pool.close()
             raise
         self._pool = pool
-        _LIVE.add(self)
+        _fork.track(self)
 
     # -- setup -------------------------------------------------------------------------------
 
@@ -249,7 +240,10 @@ class PostgresStorage(ConditionalWrites, IsolatedBatches, PostgresSessionLockMet
         if pool is not None:
             pin(pool)
         self._closed = True
-        _LIVE.discard(self)
+        _fork.untrack(self)
+
+    def _after_fork_in_child(self) -> None:
+        self._abandon_in_child()
 
     def _check_open(self) -> None:
         if self._fork_pid != os.getpid():
@@ -494,7 +488,7 @@ class PostgresStorage(ConditionalWrites, IsolatedBatches, PostgresSessionLockMet
             self._closed = True
             pool = self._pool
             self._pool = None
-        _LIVE.discard(self)
+        _fork.untrack(self)
         if pool is not None:
             pool.close()
 

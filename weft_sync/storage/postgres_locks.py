@@ -24,7 +24,6 @@ import contextlib
 import hashlib
 import os
 import threading
-import weakref
 from collections.abc import Collection, Sequence
 from typing import TYPE_CHECKING, Any, Final
 
@@ -32,7 +31,8 @@ import psycopg
 from psycopg.conninfo import conninfo_to_dict
 from psycopg.rows import TupleRow
 
-from .._fork import pin, process_bound, register_at_fork
+from .. import _fork
+from .._fork import pin, process_bound
 from ..errors import StorageError
 from ..redaction import redact_text
 from .session_locks import validate_lock_name, validate_lock_names
@@ -62,9 +62,6 @@ _PROBE: Final = (
     "AND database = (SELECT oid FROM pg_database WHERE datname = current_database()) "
     "AND classid = %s::oid AND objsubid = 2 AND granted AND objid = ANY(%s::oid[])"
 )
-
-# Every lock this process holds, so that a forked child can close its copies of their sockets.
-_HELD: weakref.WeakSet[PostgresSessionLock] = weakref.WeakSet()
 
 
 def _key32(text: str) -> int:
@@ -100,7 +97,7 @@ class PostgresSessionLock:
         self._conn: _Conn | None = conn
         self._released = False
         self._pid = os.getpid()
-        _HELD.add(self)
+        _fork.track(self)  # a forked child closes its copy
 
     @property
     def name(self) -> str:
@@ -144,7 +141,7 @@ class PostgresSessionLock:
         with self._lock:
             self._released = True
             conn, self._conn = self._conn, None
-        _HELD.discard(self)
+        _fork.untrack(self)
         if conn is not None:
             # Unlock first: closing alone returns before the server has ended the session, and
             # a caller that releases and then probes must find the name free.
@@ -153,7 +150,7 @@ class PostgresSessionLock:
             with contextlib.suppress(Exception):
                 conn.close()
 
-    def _close_in_child(self) -> None:
+    def _after_fork_in_child(self) -> None:
         # Close the child's copy of the socket, sending nothing (a Terminate message would end
         # the parent's session); the connection object is pinned so it is never finalised.
         conn, self._conn = self._conn, None
@@ -166,15 +163,6 @@ class PostgresSessionLock:
 
     def __repr__(self) -> str:
         return f"PostgresSessionLock({self._name!r}, {self.token})"
-
-
-def _close_inherited() -> None:
-    for held in list(_HELD):
-        held._close_in_child()
-    _HELD.clear()
-
-
-register_at_fork(after_in_child=_close_inherited)
 
 
 def _take(connect: Any, keys: tuple[int, int], name: str) -> _Conn:

@@ -94,14 +94,13 @@ class SqliteStorage(SqliteSessionLockMethods):
     before any condition is read. Several hosts must not share the file. Session locks are
     ``flock``-ed files in ``<path>.weft-locks/`` (see :mod:`~weft_sync.storage.sqlite_locks`).
 
-    Fork: a fork waits (up to the busy timeout and a few seconds more) until no read or write of
-    this instance runs, so that the child can close the connections it inherited without touching
-    anything the parent uses; the child then opens its own storage on the same file, which works
-    whatever the parent was doing. Each storage's wait runs alongside the others', and a storage
-    the previous fork could not pause (or a closed one) gets only a short wait, so one stuck
-    storage neither stalls every fork nor keeps the others from being paused. In the child this
-    instance raises :class:`~weft_sync.errors.ClosedError`. Connections the application opens
-    itself on the same file (a :meth:`dict_view` included) should not be open across a fork.
+    Fork: a fork never waits for this instance. In the child it raises
+    :class:`~weft_sync.errors.ClosedError`, and the child opens its own storage on the same file.
+    The child closes the connections it inherited when no read or write of the library was
+    running at the fork, and otherwise leaves them untouched (see
+    :mod:`~weft_sync.storage.sqlite_fork`): fork while the storage is idle, or open it after the
+    fork. Connections the application opens itself on the same file (a :meth:`dict_view`
+    included) should not be open across a fork.
 
     :param path: the database file; created if missing. ``":memory:"`` is refused.
     :param table: the table name (letters, digits, underscores).
@@ -157,11 +156,10 @@ class SqliteStorage(SqliteSessionLockMethods):
 
         # Guards _closed and _writer, and orders each write's choice (commit on the calling
         # thread, or queue) against other writes, against close() (no request is queued or
-        # started after close() has drained the queue) and against a fork (see _pause_for_fork).
+        # started after close() has drained the queue).
         self._lock = threading.Lock()
         self._closed = False
         self._fork_pid = os.getpid()
-        self._fork_stuck = False  # the last fork could not pause this storage
         self._queue = RequestQueue()
         self._writer: SqliteWriter | None = None
         self._bound = WaitDeadline()
@@ -192,55 +190,24 @@ class SqliteStorage(SqliteSessionLockMethods):
 
     # -- fork --------------------------------------------------------------------------------
 
-    def _fork_deadline(self, start: float) -> float:
-        """When a fork that started at ``start`` gives up pausing this storage.
-
-        Closed (a writer still running outlasted close()'s wait) or stuck at the previous fork,
-        it gets a short grace only: the child then pins what it inherited, as on any timeout.
-        """
-        if self._closed or self._fork_stuck:
-            return start + sqlite_fork.FORK_STUCK_GRACE_S
-        return start + self._busy_timeout_ms / 1000.0 + sqlite_fork.FORK_GRACE_S
-
-    def _pause_for_fork(self, deadline: float) -> bool:
-        """Hold every lock that a read or write runs under; ``False`` (nothing held) on timeout."""
-        if not self._lock.acquire(timeout=max(0.0, deadline - time.monotonic())):
-            return False
+    def _in_sqlite(self) -> bool:
+        """Whether a thread was using one of this instance's connections (read in a child, on
+        the copies of the locks every use of a connection holds)."""
         writer = self._writer
-        if writer is not None and not writer.pause(deadline - time.monotonic()):
-            self._lock.release()
-            return False
-        if not self._readers.pause(deadline):
-            if writer is not None:
-                writer.resume()
-            self._lock.release()
-            return False
-        self._fork_stuck = False
-        return True
+        return (writer is not None and writer.in_use()) or self._readers.in_use()
 
-    def _resume_after_fork(self) -> None:
-        self._readers.resume()
-        if self._writer is not None:
-            self._writer.resume()
-        self._lock.release()
+    def _after_fork_in_child(self) -> None:
+        self._abandon_in_child(close=sqlite_fork.closing_is_safe())
 
-    def _abandon_in_child(self, *, paused: bool) -> None:
-        """Let go of everything inherited: close the copies when paused, else pin them."""
-        if not paused and not self._closed:
-            _log.warning(
-                "process %d was forked while a read or write of %r was still running (or by a "
-                "fork that skips os.register_at_fork handlers): it keeps the SQLite connections "
-                "it inherited open, and its own connections to this file may fail with "
-                "'database is locked'",
-                os.getpid(),
-                self,
-            )
+    def _abandon_in_child(self, *, close: bool) -> None:
+        """Let go of everything inherited: close the copies when ``close``, else pin them."""
+        # A parent thread may have held the lock at fork time; only this thread exists now.
         self._lock = threading.Lock()
         if self._writer is not None:
-            self._writer.abandon_in_child(paused)
+            self._writer.abandon_in_child(close)
         self._file_lock.close()
-        self._readers.abandon_in_child()
-        self._identity.abandon_in_child(paused)
+        self._readers.abandon_in_child(close)
+        self._identity.abandon_in_child(close)
         self._closed = True
         sqlite_fork.untrack(self)
 
@@ -494,7 +461,7 @@ class SqliteStorage(SqliteSessionLockMethods):
         :raises StorageError: the store id could not be read.
         """
         self._check_open()
-        # The fresh connection is opened and closed under the fork lock, so a fork waits for it.
+        # The fresh connection is opened and closed under opening(), so a child can tell.
         with sqlite_fork.opening(), self._translate("identity check"):
             self._identity.verify()
 
@@ -535,7 +502,7 @@ class SqliteStorage(SqliteSessionLockMethods):
         """
         if self._fork_pid != os.getpid():
             if not self._closed:
-                self._abandon_in_child(paused=False)
+                self._abandon_in_child(close=False)
             return
         now = time.monotonic()
         if timeout is not None:
@@ -549,8 +516,8 @@ class SqliteStorage(SqliteSessionLockMethods):
             if self._closed:
                 return
             self._closed = True
-            # _writer stays set: one that does not stop in time keeps a connection that a fork
-            # must still wait for (see _pause_for_fork).
+            # _writer stays set: one that does not stop in time keeps a connection that a
+            # forked child must still leave alone (see _in_sqlite).
             writer = self._writer
             # Requests the writer has not taken yet fail; those being committed finish.
             pending = self._queue.drain()

@@ -1,16 +1,29 @@
-"""Pausing every open ``SqliteStorage`` of the process around ``os.fork()``.
+"""What a forked child does with the SQLite connections of the storages it inherited.
 
-SQLite keeps per-process lock bookkeeping for each file, and a child inherits a copy: a
-connection copied mid-transaction would make every write of the child's own connections fail as
-"database is locked". Pausing every read and write until the fork is done lets the child close
-its copies safely, so its own connections start from clean bookkeeping.
+A fork is never delayed: nothing runs before it or in the parent after it. In the child, the
+process-wide hook of :mod:`weft_sync._fork` (registered when the first storage opens) looks at
+what each inherited storage was doing at the instant of the fork, from the locks its own code
+holds around every use of a connection (the writer's transaction lock, each reader's gate, and
+:func:`opening` for the connections a storage opens outside both):
 
-The storages are tried in turns, each against its own deadline (see
-:func:`~weft_sync._fork.pause_in_turns`), so one stuck storage cannot use up the others' waits.
-Table creation runs under :func:`opening`, which a fork waits for too. Once the storages are
-paused, the fork takes SQLite's own process-wide mutexes (see
-:mod:`~weft_sync.storage.sqlite_mutexes`), so that no thread of the process, the library's or
-not, is inside them when the child is made.
+- none held: no thread of the library was inside SQLite on any of them, so the child closes its
+  copies. SQLite keeps per-process lock bookkeeping for each file, and closing the copies lets
+  the child's own connections to the same file start from clean bookkeeping (left open, they
+  would make those connections skip the operating-system locks that keep other processes from
+  checkpointing and deleting the write-ahead log under them). SQLite's "How To Corrupt An
+  SQLite Database File" advises against closing an inherited connection at all, because a
+  close may clean up files under the parent; a copy that holds no transaction has nothing to
+  roll back, and its close cannot checkpoint or delete the log while the parent has the file
+  open (that needs an exclusive lock the parent's shared one refuses);
+- one held: a thread was inside SQLite at the fork and the child cannot know in what state it
+  left SQLite, so it touches none of the inherited connections (they are pinned, never
+  finalised) and logs a warning: the child's own connections to those files share the
+  bookkeeping the parent's thread left behind and may fail with "database is locked".
+
+Either way the inherited storages raise :class:`~weft_sync.errors.ClosedError` in the child,
+which opens its own. What the library cannot see is a thread of the host's own inside SQLite at
+fork time (its own connections, a ``dict_view``); fork while none is, or open the storage in
+the child.
 """
 
 from __future__ import annotations
@@ -18,129 +31,80 @@ from __future__ import annotations
 import logging
 import os
 import threading
-import time
 import weakref
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Final, Protocol
+from typing import Protocol
 
-from .._fork import pause_in_turns, register_at_fork
-from . import sqlite_mutexes
+from .. import _fork
 
-__all__ = ["FORK_GRACE_S", "FORK_STUCK_GRACE_S", "Pausable", "live", "opening", "track", "untrack"]
-
-FORK_GRACE_S: Final = 5.0
-"""How much longer than its busy timeout a fork waits for a storage's reads and writes."""
-FORK_STUCK_GRACE_S: Final = 0.1
-"""The wait for a closed storage, or one the previous fork could not pause."""
-_POLL_S: Final = 0.02
-"""The longest a fork tries one storage before trying the others."""
+__all__ = ["Abandonable", "live", "opening", "track", "untrack"]
 
 _log = logging.getLogger("weft_sync.storage.sqlite")
 
 
-class Pausable(Protocol):
-    """What a storage offers the fork handlers (implemented by ``SqliteStorage``)."""
+class Abandonable(Protocol):
+    """What a storage offers the child (implemented by ``SqliteStorage``)."""
 
-    _fork_stuck: bool
+    def _in_sqlite(self) -> bool: ...
 
-    def _fork_deadline(self, start: float) -> float: ...
+    def _abandon_in_child(self, *, close: bool) -> None: ...
 
-    def _pause_for_fork(self, deadline: float) -> bool: ...
-
-    def _resume_after_fork(self) -> None: ...
-
-    def _abandon_in_child(self, *, paused: bool) -> None: ...
+    def _after_fork_in_child(self) -> None: ...
 
 
 # Held while a storage creates its table or checks its identity on a fresh connection (outside
-# any writer), so a fork waits for that too. Replaced in the child: a parent thread may have held
-# it at fork time.
+# its writer and readers), so that a child can tell. Replaced in the child.
 _opening = threading.Lock()
 # Every open storage of this process; weak, so an abandoned one can still be collected.
-_LIVE: weakref.WeakSet[Pausable] = weakref.WeakSet()
-# Per forking thread (the fork handlers of one fork run on one thread, which the child keeps):
-# ``paused``, the storages this fork paused, ``opening``, whether it holds _opening, and
-# ``mutexes``, whether it holds SQLite's mutexes.
-_fork_state = threading.local()
+_LIVE: weakref.WeakSet[Abandonable] = weakref.WeakSet()
+# In a child: whether the inherited connections may be closed (see closing_is_safe).
+_close_in_child = False
 
 
-def track(storage: Pausable) -> None:
-    """Pause ``storage`` at every fork from now on (warns once if SQLite's mutexes cannot be)."""
-    sqlite_mutexes.ensure_supported()
+def track(storage: Abandonable) -> None:
+    """Let go of ``storage``'s inherited connections in every child forked from now on."""
     _LIVE.add(storage)
+    _fork.track(storage)
 
 
-def untrack(storage: Pausable) -> None:
-    """Stop pausing ``storage`` at forks (it was closed or abandoned)."""
+def untrack(storage: Abandonable) -> None:
+    """Forget ``storage`` (it was closed or abandoned)."""
     _LIVE.discard(storage)
+    _fork.untrack(storage)
 
 
-def live() -> list[Pausable]:
-    """The storages a fork would pause now."""
+def live() -> list[Abandonable]:
+    """The storages a fork would find open now."""
     return list(_LIVE)
 
 
 @contextmanager
 def opening() -> Iterator[None]:
-    """Hold the lock a fork waits for while a storage opens a connection outside its writer."""
+    """Mark a storage's use of a connection outside its writer and readers (see the module)."""
     with _opening:
         yield
 
 
-def _before_fork() -> None:
-    start = time.monotonic()
-    _fork_state.opening = _opening.acquire(timeout=FORK_GRACE_S)
-    storages = list(_LIVE)
-    _fork_state.paused, stuck = pause_in_turns(
-        storages, lambda s: s._fork_deadline(start), _pause, _POLL_S
-    )
-    for storage in stuck:
-        storage._fork_stuck = True
-    # Last, so that the paused storages' threads are not inside SQLite waiting for one of them.
-    limit = max([start + FORK_GRACE_S, *(s._fork_deadline(start) for s in storages)])
-    _fork_state.mutexes = sqlite_mutexes.before_fork(limit)
+def closing_is_safe() -> bool:
+    """In a forked child: whether no storage of the library was inside SQLite at the fork."""
+    return _close_in_child
 
 
-def _pause(storage: Pausable, deadline: float) -> bool:
-    return storage._pause_for_fork(deadline)
-
-
-def _forked() -> tuple[list[Pausable], bool, bool]:
-    paused: list[Pausable] = getattr(_fork_state, "paused", [])
-    held: bool = getattr(_fork_state, "opening", False)
-    mutexes: bool = getattr(_fork_state, "mutexes", True)
-    _fork_state.paused, _fork_state.opening, _fork_state.mutexes = [], False, True
-    return paused, held, mutexes
-
-
-def _after_fork_in_parent() -> None:
-    sqlite_mutexes.after_fork_in_parent()
-    paused, held, mutexes = _forked()
-    for storage in paused:
-        storage._resume_after_fork()
-    if held:
-        _opening.release()
-    if not mutexes:
+def _survey_in_child() -> None:
+    # Runs before any storage lets go (see _fork.reset_in_child), on the copies' lock states.
+    global _opening, _close_in_child
+    busy = _opening.locked() or any(storage._in_sqlite() for storage in list(_LIVE))
+    _close_in_child = not busy
+    _opening = threading.Lock()
+    if busy:
         _log.warning(
-            "process %d forked a child while another thread stayed inside one of SQLite's "
-            "process-wide mutexes past the fork's wait; the child may hang in SQLite",
+            "process %d was forked while a thread was inside SQLite on a connection of "
+            "weft_sync: it keeps the SQLite connections it inherited unused and open, and its "
+            "own connections to the same files may fail with 'database is locked'; fork while "
+            "no storage is in use, or open storages after the fork",
             os.getpid(),
         )
 
 
-def _after_fork_in_child() -> None:
-    global _opening
-    # First: closing the inherited connections below needs SQLite's mutexes.
-    sqlite_mutexes.after_fork_in_child()
-    _opening = threading.Lock()
-    paused, _, _ = _forked()
-    for storage in list(_LIVE):
-        storage._abandon_in_child(paused=any(storage is p for p in paused))
-
-
-register_at_fork(
-    before=_before_fork,
-    after_in_parent=_after_fork_in_parent,
-    after_in_child=_after_fork_in_child,
-)
+_fork.reset_in_child(_survey_in_child)

@@ -107,15 +107,15 @@ class StoreIdentity:
         self._anchor = anchor
         self._files = {suffix: _file_id(self._path + suffix) for suffix in _SUFFIXES}
 
-    def abandon_in_child(self, paused: bool) -> None:
-        """After a fork, in the child: close the inherited anchor when the fork paused the
-        storage, else pin it (as the storage does with its other connections); check nothing."""
+    def abandon_in_child(self, close: bool) -> None:
+        """After a fork, in the child: close the inherited anchor when ``close``, else pin it
+        (as the storage does with its other connections); check nothing."""
         anchor, self._anchor = self._anchor, None
         self._files = {}
         self._lock = threading.Lock()
         if anchor is None:
             return
-        if paused:
+        if close:
             with contextlib.suppress(sqlite3.Error):
                 anchor.close()
         else:

@@ -9,7 +9,7 @@ id is written or compared, so a recycled PID can never make a dead holder look a
 ``flock`` locks belong to the open file description, which a forked child shares with its
 parent: an unlock in the child would drop the parent's lock, and a copy the child keeps open
 would keep the lock alive after the parent died. A child therefore closes its inherited
-descriptors without unlocking them (see :func:`_close_inherited`).
+descriptors without unlocking them (see :meth:`SqliteSessionLock._after_fork_in_child`).
 
 The signal only works on one host, on a local file system: ``flock`` over NFS is emulated with
 byte-range locks or not at all, so stores on network file systems are not supported.
@@ -26,12 +26,12 @@ import logging
 import os
 import threading
 import time
-import weakref
 from collections.abc import Collection
 from typing import TYPE_CHECKING, Final
 from urllib.parse import quote
 
-from .._fork import process_bound, register_at_fork
+from .. import _fork
+from .._fork import process_bound
 from ..errors import StorageError
 from .session_locks import validate_lock_name, validate_lock_names
 
@@ -47,9 +47,6 @@ _ACQUIRE_RETRY_S: Final = 0.2
 _ACQUIRE_POLL_S: Final = 0.005
 # An acquirer whose file was unlinked by a releaser between open and flock starts over.
 _ACQUIRE_ATTEMPTS: Final = 20
-
-# Every lock this process holds, so that a forked child can close its copies.
-_HELD: weakref.WeakSet[SqliteSessionLock] = weakref.WeakSet()
 
 
 def lock_directory(database_path: str) -> str:
@@ -91,7 +88,7 @@ class SqliteSessionLock:
         self._fd: int | None = fd
         self._released = False
         self._pid = os.getpid()
-        _HELD.add(self)
+        _fork.track(self)  # a forked child closes its copy
 
     @property
     def name(self) -> str:
@@ -137,13 +134,13 @@ class SqliteSessionLock:
             if _same_file(fd, self._path):
                 with contextlib.suppress(OSError):
                     os.unlink(self._path)
-        _HELD.discard(self)
+        _fork.untrack(self)
         with contextlib.suppress(OSError):
             fcntl.flock(fd, fcntl.LOCK_UN)
         with contextlib.suppress(OSError):
             os.close(fd)
 
-    def _close_in_child(self) -> None:
+    def _after_fork_in_child(self) -> None:
         # Close only this process's descriptor: LOCK_UN would release the parent's lock.
         fd, self._fd = self._fd, None
         if fd is not None:
@@ -153,15 +150,6 @@ class SqliteSessionLock:
     def __repr__(self) -> str:
         state = "held" if self._fd is not None else "released"
         return f"SqliteSessionLock({self._name!r}, {state})"
-
-
-def _close_inherited() -> None:
-    for held in list(_HELD):
-        held._close_in_child()
-    _HELD.clear()
-
-
-register_at_fork(after_in_child=_close_inherited)
 
 
 def _lock_past_probes(fd: int) -> bool:

@@ -1,11 +1,9 @@
 """The SQLite backend's read connections: one per thread, each behind its own gate.
 
 Internal to :mod:`weft_sync.storage.sqlite`. A read holds its connection's gate, an uncontended
-per-thread lock, for the length of its statements. The gates let a fork wait until no thread of
-this process is inside SQLite on these connections, so that a forked child can close the copies
-it inherited: SQLite keeps per-process lock bookkeeping for every file, and a copied connection
-left open in the child would make the child's own connections skip the operating-system locks
-that keep other processes from checkpointing or deleting the write-ahead log under them.
+per-thread lock, for the length of its statements. A forked child reads the copies of the gates
+to tell whether a thread of the parent was inside SQLite on these connections at the fork (see
+:mod:`~weft_sync.storage.sqlite_fork`).
 """
 
 from __future__ import annotations
@@ -13,7 +11,6 @@ from __future__ import annotations
 import contextlib
 import sqlite3
 import threading
-import time
 from collections.abc import Callable
 from types import TracebackType
 
@@ -30,7 +27,7 @@ class Reader:
 
     def __init__(self, thread: threading.Thread) -> None:
         self.thread = thread
-        # Held by the owning thread around each read, and by a fork in progress.
+        # Held by the owning thread around each read, and while the connection opens or closes.
         self.gate = threading.Lock()
         self.conn: sqlite3.Connection | None = None
 
@@ -53,8 +50,7 @@ class Reader:
     def close(self) -> None:
         """Close the connection once no read runs on it; idempotent.
 
-        The close runs under the gate, so a fork waits for it: a child must not inherit SQLite's
-        lock bookkeeping for the file half-way through a close.
+        The close runs under the gate, so a forked child can tell that it was under way.
         """
         with self.gate:
             conn, self.conn = self.conn, None
@@ -66,8 +62,8 @@ class Reader:
 class ReaderConnections:
     """The per-thread read connections of one storage.
 
-    A reader leaves the list only after its connection is closed, so a fork always sees (and
-    waits for) every connection that may be in use.
+    A reader leaves the list only after its connection is closed, so a forked child always sees
+    every connection that may have been in use.
 
     :param connect: opens a configured connection usable from any thread.
     :param closed_error: builds the error raised once :meth:`close_all` ran.
@@ -80,13 +76,12 @@ class ReaderConnections:
     ) -> None:
         self._connect = connect
         self._closed_error = closed_error
-        # Guards _readers and _closed; never held while waiting for a gate except by a fork,
-        # which takes it first and then the gates (a reader holding its gate never waits for it).
+        # Guards _readers and _closed; held while a reader joins the list under its own gate
+        # (so never waited for with a gate held, except that one).
         self._lock = threading.Lock()
         self._readers: list[Reader] = []
         self._closed = False
         self._local = threading.local()
-        self._paused: list[Reader] | None = None
 
     def for_thread(self) -> Reader:
         """The calling thread's reader, connected on its first use.
@@ -134,49 +129,20 @@ class ReaderConnections:
 
     # -- fork --------------------------------------------------------------------------------
 
-    def pause(self, deadline: float) -> bool:
-        """Before a fork: hold every gate, so no read runs; ``False`` if not done by ``deadline``.
+    def in_use(self) -> bool:
+        """Whether a thread holds a reader's gate (read in a forked child, on the copies)."""
+        return any(reader.gate.locked() for reader in self._readers)
 
-        On ``True`` no reader can start until :meth:`resume` (or, in the child,
-        :meth:`abandon_in_child`).
-        """
-        if not self._lock.acquire(timeout=max(0.0, deadline - time.monotonic())):
-            return False
-        held: list[Reader] = []
-        for reader in self._readers:
-            if not reader.gate.acquire(timeout=max(0.0, deadline - time.monotonic())):
-                for taken in held:
-                    taken.gate.release()
-                self._lock.release()
-                return False
-            held.append(reader)
-        self._paused = held
-        return True
-
-    def resume(self) -> None:
-        """After a fork, in the parent: let reads run again."""
-        held, self._paused = self._paused, None
-        if held is None:
-            return
-        for reader in held:
-            reader.gate.release()
-        self._lock.release()
-
-    def abandon_in_child(self) -> None:
-        """After a fork, in the child: close the inherited connections, or pin them.
-
-        They are closed when the fork paused every read (no parent thread was inside SQLite
-        on them, so closing touches nothing the parent uses); otherwise they are pinned.
-        """
-        paused = self._paused is not None
-        self._paused = None
+    def abandon_in_child(self, close: bool) -> None:
+        """After a fork, in the child: close the inherited connections when ``close``, else
+        pin them (see :mod:`~weft_sync.storage.sqlite_fork`)."""
         self._lock = threading.Lock()
         for reader in self._readers:
             conn, reader.conn = reader.conn, None
             reader.gate = threading.Lock()
             if conn is None:
                 continue
-            if paused:
+            if close:
                 with contextlib.suppress(sqlite3.Error):
                     conn.close()
             else:

@@ -389,7 +389,7 @@ class SqliteWriter:
             return False
         try:
             conn, self._conn = self._conn, None
-            # Under the lock, so a fork waits for the close (see pause).
+            # Under the lock, so a forked child sees the connection in use (see in_use).
             if conn is not None:
                 with contextlib.suppress(sqlite3.Error):
                     conn.close()
@@ -399,28 +399,21 @@ class SqliteWriter:
 
     # -- fork ----------------------------------------------------------------------------------
 
-    def pause(self, timeout: float) -> bool:
-        """Before a fork: take the transaction lock, so no write transaction is open or starts.
+    def in_use(self) -> bool:
+        """Whether a thread holds the transaction lock (every use of the connection does)."""
+        return self._txn_lock.locked()
 
-        :returns: ``False`` if a transaction outlasted ``timeout`` seconds (nothing is held).
-        """
-        return self._txn_lock.acquire(timeout=max(0.0, timeout))
-
-    def resume(self) -> None:
-        """After a fork, in the parent: release the lock :meth:`pause` took."""
-        self._txn_lock.release()
-
-    def abandon_in_child(self, paused: bool) -> None:
+    def abandon_in_child(self, close: bool) -> None:
         """After a fork, in the child: close the inherited write connection, or pin it.
 
-        Closing is safe only when the fork paused this writer (no transaction open, no parent
-        thread inside SQLite on it); otherwise the connection is pinned. The flock descriptor
-        is only closed, never unlocked: the parent may hold the lock through the same open file.
+        ``close`` only when no thread of the parent was inside SQLite on a connection of the
+        library (see :mod:`~weft_sync.storage.sqlite_fork`). The flock descriptor is only
+        closed, never unlocked: the parent may hold the lock through the same open file.
         """
         conn, self._conn = self._conn, None
         self._txn_lock = threading.Lock()
         if conn is not None:
-            if paused:
+            if close:
                 with contextlib.suppress(sqlite3.Error):
                     conn.close()
             else:
