@@ -140,7 +140,9 @@ def test_nested_in_atomic_is_a_savepoint_that_still_checks(dj: DjangoEnv) -> Non
 
 
 @pytest.mark.parametrize("dj", ["postgres"], indirect=True)
-def test_postgres_block_begins_and_reads_in_one_round_trip(dj: DjangoEnv, tmp_path: Path) -> None:
+def test_postgres_block_is_begin_the_read_the_host_statements_and_commit(
+    dj: DjangoEnv, tmp_path: Path
+) -> None:
     own = dj.env.ownership()
     own.registry.acquire("wf-1")
     with fenced_atomic("wf-1", using=dj.alias, ownership=own):  # proves the connection
@@ -157,6 +159,6 @@ def test_postgres_block_begins_and_reads_in_one_round_trip(dj: DjangoEnv, tmp_pa
             raw.pgconn.untrace()
     lines = trace.read_text().splitlines()
     sent = [line.split("\t", 3)[-1].strip() for line in lines if line.startswith("F\t")]
-    assert sent[0].startswith('"BEGIN') and "EXECUTE weft_sync_fence_" in sent[0], sent
-    assert len(sent) == 3, sent  # as unfenced: BEGIN (with the read), the UPDATE, COMMIT
+    assert sent[0].startswith('"BEGIN') and "FOR SHARE" in sent[1], sent
+    assert len(sent) == 4, sent  # BEGIN, the read, the UPDATE, COMMIT
     assert dj.rows() == {"r1": "2"}

@@ -23,7 +23,6 @@ __all__ = [
     "HostTransaction",
     "SupportsBeginReading",
     "as_value",
-    "inline_literal",
     "savepoint_name",
 ]
 
@@ -33,19 +32,6 @@ _savepoints = itertools.count(1)
 def savepoint_name() -> str:
     """A fresh savepoint name (unique in the process, so nested fences never collide)."""
     return f"weft_fence_{next(_savepoints)}"
-
-
-def inline_literal(parts: Sequence[str], params: Sequence[str]) -> str | None:
-    """``parts`` joined around ``params`` written as SQL string literals, or ``None`` when a
-    parameter is not plain ASCII text without backslashes (the only kind inlined: its literal
-    is then the same under every ``standard_conforming_strings`` and client encoding)."""
-    pieces = [parts[0]]
-    for value, part in zip(params, parts[1:], strict=True):
-        if not value.isascii() or "\\" in value or "\x00" in value:
-            return None
-        pieces.append("'" + value.replace("'", "''") + "'")
-        pieces.append(part)
-    return "".join(pieces)
 
 
 def as_value(raw: object) -> bytes | None:

@@ -19,7 +19,6 @@ from typing import TYPE_CHECKING, Any
 from django.db import connections, transaction
 
 from .adapters import as_psycopg
-from .base import FindBinding
 
 if TYPE_CHECKING:
     from ..ownership import Ownership
@@ -51,18 +50,10 @@ class AtomicTransaction:
         # Whatever mode the transaction began in, SQLite's write lock is taken by the fence.
         return self.family != "sqlite"
 
-    def begin_reading(
-        self, find: FindBinding, params: Sequence[str]
-    ) -> list[tuple[Any, ...]] | None:
-        """On psycopg 3, the ``BEGIN`` psycopg would send before the fence's read, sent with
-        it in one round trip (see :mod:`weft_sync.fencing.psycopg`); ``atomic`` still ends the
-        transaction. ``None`` elsewhere, or once the transaction has begun (nested blocks)."""
-        if self.family != "postgresql":
-            return None
-        inner = as_psycopg(self._wrapper.connection)
-        return None if inner is None else inner.begin_reading(find, params)
-
     def query(self, sql: str, params: Sequence[object]) -> list[tuple[Any, ...]]:
+        inner = as_psycopg(self._wrapper.connection)
+        if inner is not None:
+            return inner.query(sql, params)  # never prepared (see fencing.psycopg)
         cursor = self._wrapper.connection.cursor()
         try:
             if params:

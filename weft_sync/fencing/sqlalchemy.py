@@ -18,7 +18,6 @@ from sqlalchemy.engine.base import NestedTransaction
 from sqlalchemy.orm import Session, SessionTransaction
 
 from .adapters import as_psycopg
-from .base import FindBinding
 
 __all__ = ["ConnectionTransaction", "SessionTransactionAdapter"]
 
@@ -52,6 +51,10 @@ def _refuse_autocommit(connection: Connection) -> None:
 
 
 def _query(connection: Connection, sql: str, params: Sequence[object]) -> list[tuple[Any, ...]]:
+    # On psycopg 3, on the driver connection itself: never prepared (see fencing.psycopg).
+    inner = as_psycopg(connection.connection.dbapi_connection)
+    if inner is not None:
+        return inner.query(sql, params)
     result = connection.exec_driver_sql(sql, tuple(params) if params else None)
     return [tuple(row) for row in result.fetchall()] if result.returns_rows else []
 
@@ -81,29 +84,6 @@ class ConnectionTransaction:
         self._tx = self._conn.begin()
         return self.family != "sqlite" or _begin_immediate(self._conn)
 
-    def begin_reading(
-        self, find: FindBinding, params: Sequence[str]
-    ) -> list[tuple[Any, ...]] | None:
-        """On psycopg 3, SQLAlchemy's ``begin()`` with the ``BEGIN`` the driver would send
-        before the fence's read sent together with it (see :mod:`weft_sync.fencing.psycopg`);
-        ``None`` (nothing begun) elsewhere or inside an open transaction."""
-        if self.family != "postgresql" or self._conn.in_transaction():
-            return None
-        inner = as_psycopg(self._conn.connection.dbapi_connection)
-        if inner is None or inner.result.autocommit or find(inner.result) is None:
-            return None  # autocommit: refused by begin(), with its message
-        tx = self._conn.begin()  # sends nothing: the driver begins at the first statement
-        try:
-            rows = inner.begin_reading(find, params)
-        except BaseException:
-            self._tx = tx  # the fence ends the transaction, rolling it back
-            raise
-        if rows is None:
-            tx.rollback()
-            return None
-        self._tx = tx
-        return rows
-
     def query(self, sql: str, params: Sequence[object]) -> list[tuple[Any, ...]]:
         return _query(self._conn, sql, params)
 
@@ -121,8 +101,6 @@ class SessionTransactionAdapter:
     def __init__(self, session: Session) -> None:
         self._session = session
         self._tx: SessionTransaction | None = None
-        # A session transaction begin_reading() began without sending anything.
-        self._begun: SessionTransaction | None = None
         # get_bind(), not connection(): that would begin the session's transaction already.
         self.family = str(session.get_bind().dialect.name)
 
@@ -134,38 +112,9 @@ class SessionTransactionAdapter:
     def result(self) -> Session:
         return self._session
 
-    def begin_reading(
-        self, find: FindBinding, params: Sequence[str]
-    ) -> list[tuple[Any, ...]] | None:
-        """On psycopg 3, the session's ``begin()`` with the ``BEGIN`` the driver would send
-        before the fence's read sent together with it (see :mod:`weft_sync.fencing.psycopg`).
-        The session has a connection only once it began, so the proof is looked up then; when
-        there is none (or another driver, or autocommit), the session transaction begun
-        without a statement is kept for :meth:`begin`, and ``None`` returned."""
-        if self.family != "postgresql" or self._session.in_transaction():
-            return None
-        tx = self._session.begin()
-        try:
-            inner = as_psycopg(self._session.connection().connection.dbapi_connection)
-            usable = inner is not None and not inner.result.autocommit
-            rows = inner.begin_reading(find, params) if inner is not None and usable else None
-        except BaseException:
-            self._tx = tx  # the fence ends the transaction, rolling it back
-            raise
-        if rows is None:
-            self._begun = tx  # nothing of the block ran: begin() goes on with it
-            return None
-        self._tx = tx
-        return rows
-
     def begin(self) -> bool:
-        begun, self._begun = self._begun, None
-        if begun is not None and begun.is_active:
-            tx = begun
-            nested = False
-        else:
-            nested = self._session.in_transaction()
-            tx = self._session.begin_nested() if nested else self._session.begin()
+        nested = self._session.in_transaction()
+        tx = self._session.begin_nested() if nested else self._session.begin()
         if self.family == "postgresql":
             try:
                 _refuse_autocommit(self._session.connection())

@@ -50,16 +50,12 @@ class FenceBinding:
         file open under the schema ``read_epoch`` names. ``None`` where the proof holds for the
         connection's lifetime (PostgreSQL: a connection never changes its database).
     :param confirm: see ``recheck``.
-    :param read_epoch_parts: ``read_epoch`` split around its parameters, for a connection that
-        can send the statement with its parameters inlined as literals together with its
-        ``BEGIN`` (one round trip instead of two); ``None`` where the family has no use for it.
     """
 
     read_epoch: str
     write_lock: str | None = None
     recheck: str | None = None
     confirm: Callable[[Sequence[tuple[Any, ...]]], bool] | None = None
-    read_epoch_parts: tuple[str, ...] | None = None
 
 
 @runtime_checkable
@@ -243,5 +239,4 @@ class PostgresFenceTarget:
         table = f"{quote_identifier(ident.schema)}.{quote_identifier(self._table)}"
         return FenceBinding(
             read_epoch=PG_READ_EPOCH.format(table=table),
-            read_epoch_parts=tuple(part.format(table=table) for part in PG_READ_EPOCH.split("%s")),
         )
