@@ -12,10 +12,10 @@ transactions:
   hand (``SELECT … FOR SHARE`` on PostgreSQL), the floor for any fence of this kind.
 
 Prints the median per-transaction time of each (over all chunks) and the ratio fenced / unfenced
-measured in this run. The fence adds one statement, the epoch read (on SQLite the re-check of the
-same-database proof asks SQLite without a statement where it can, see
-``weft_sync.storage.sqlite_handle``); on psycopg 3 the read rides on the ``BEGIN``, so no round
-trip is added to the host's three (``BEGIN``, the ``UPDATE``, ``COMMIT``).
+measured in this run. The fence adds two statements on SQLite (the re-check of the
+same-database proof, ``PRAGMA database_list``, and the epoch read) and one round trip on
+psycopg 3 (the epoch read, never prepared, between psycopg's ``BEGIN`` and the host's
+``UPDATE``).
 ``postgres`` uses ``WEFT_SYNC_TEST_POSTGRES_DSN`` when set, else a throwaway cluster; both the
 test clusters run with ``fsync=off``, where commits are nearly free. ``postgres-durable`` starts
 a throwaway cluster of its own with ``fsync=on`` and ``synchronous_commit=on``, as production
