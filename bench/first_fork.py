@@ -1,10 +1,11 @@
-"""The first ``os.fork()`` of a process that imported weft_sync (nothing open) against one that did not.
+"""The first ``os.fork()`` of a process that imported weft_sync (nothing open) against a bare one.
 
 Each sample is a fresh interpreter (``python -c``) that imports either nothing beyond the
-standard modules this script's child code needs (``bare``) or ``weft_sync`` (``imported``:
-the package, which loads the storages, the fence and the facade), then forks once. The parent times its ``os.fork()`` call;
-the child writes its first-instruction time (``time.monotonic()``, one clock for both processes)
-through a pipe and leaves with ``os._exit``. The two kinds take turns, ``--runs`` each.
+standard modules this script's child code needs (``bare``) or ``weft_sync`` (``imported``: the
+package, which loads the storages, the fence and the facade), then forks once. The parent times
+its ``os.fork()`` call; the child writes its first-instruction time (``time.monotonic()``, one
+clock for both processes) through a pipe and leaves with ``os._exit``. The two kinds take
+turns, ``--runs`` each.
 
 Printed: the median and maximum of both times for each kind, and the ratio imported / bare of
 the medians, measured in this run (target: at most 1.1x). Importing adds modules, hence memory
