@@ -9,8 +9,10 @@ turns, ``--runs`` each.
 
 Printed: the median and maximum of both times for each kind, and the ratio imported / bare of
 the medians, measured in this run (target: at most 1.1x). Importing adds modules, hence memory
-the fork copies page tables for; ``imported`` also reports the child's resident set size so a
-reader can tell that cost from any hook.
+the fork copies page tables for: a third kind, ``dependencies``, imports every module that
+``import weft_sync`` loads except the library's own, so imported / dependencies is what the
+library itself adds (it registers no fork hook at import); each kind's resident set size at the
+fork is printed too.
 
     python bench/first_fork.py [--runs 40]
 """
@@ -42,14 +44,37 @@ returned = time.monotonic()
 os.close(write_end)
 child_first = float(os.read(read_end, 64).decode())
 os.waitpid(pid, 0)
-rss_kb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+with open("/proc/self/statm") as statm:
+    rss_kb = int(statm.read().split()[1]) * resource.getpagesize() / 1024
 print(json.dumps({{"call": returned - began, "child": child_first - began, "rss_kb": rss_kb}}))
 """
 
 _IMPORTS = {
     "bare": "",
     "imported": "import weft_sync",
+    # Every module importing weft_sync loads, except the library's own (filled in by main()).
+    "dependencies": "",
 }
+
+
+def _dependencies() -> str:
+    """An import line for the modules ``import weft_sync`` loads besides the library's own."""
+    listing = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "import sys; before = set(sys.modules); import weft_sync; "
+            "print(' '.join(sorted(m for m in set(sys.modules) - before "
+            "if not m.startswith(('weft_sync', '_')) and '.' not in m "
+            "and getattr(sys.modules[m], '__spec__', None) is not None)))",
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+        env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parent.parent)},
+    )
+    names = listing.stdout.split()
+    return "import " + ", ".join(names) if names else ""
 
 
 def _sample(kind: str) -> dict[str, float]:
@@ -68,13 +93,14 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--runs", type=int, default=40)
     args = parser.parse_args()
+    _IMPORTS["dependencies"] = _dependencies()
     samples: dict[str, list[dict[str, float]]] = {kind: [] for kind in _IMPORTS}
     for _ in range(args.runs):
         for kind in _IMPORTS:
             samples[kind].append(_sample(kind))
     print(machine_note())
     print(f"{args.runs} fresh processes of each kind, taking turns")
-    print("| process | os.fork() call, median | max | child running, median | max | max RSS |")
+    print("| process | os.fork() call, median | max | child running, median | max | RSS |")
     print("| --- | --- | --- | --- | --- | --- |")
     medians: dict[str, tuple[float, float]] = {}
     for kind, rows in samples.items():
@@ -91,6 +117,12 @@ def main() -> None:
     print(
         f"imported / bare (medians): os.fork() call {call_ratio:.2f}x, "
         f"child running {child_ratio:.2f}x (target: at most 1.1x)"
+    )
+    dep_call = medians["imported"][0] / medians["dependencies"][0]
+    dep_child = medians["imported"][1] / medians["dependencies"][1]
+    print(
+        f"imported / dependencies only (medians): os.fork() call {dep_call:.2f}x, "
+        f"child running {dep_child:.2f}x (what weft_sync itself adds beyond the modules it loads)"
     )
 
 

@@ -22,9 +22,10 @@ would. A child forked while one of those threads was inside SQLite leaves the co
 inherited untouched and may find the file locked: the printed failures measure that.
 
 ``--bare`` runs the storage-level loop: the parent has one ``SqliteStorage`` that its forking
-thread writes while each child opens its own ``SqliteStorage`` on the file and writes one key
-(``--threaded``: written by 3 threads without pause instead). It prints the children that failed,
-their first-write latency and the parent's writes during the loop (and how many failed).
+thread writes (a write every millisecond) while each child opens its own ``SqliteStorage`` on
+the file and writes one key (``--threaded``: written by 3 threads without pause instead). It
+prints the children that failed, their first-write latency and the parent's writes during the
+loop (and how many failed).
 
     python bench/fork_loop.py [--quick] [--forks N] [--bare] [--threaded]
 """
@@ -290,8 +291,8 @@ def _run_bare(forks: int, root: Path, threaded: bool) -> None:
                     own.put(f"child-{index}", b"1")
                     os.write(write_end, _REPORT.pack(time.monotonic() - start, 0.0))
                 code = 0
-            except BaseException:
-                pass
+            except BaseException as exc:
+                print(f"child {index} failed: {exc!r}", file=sys.stderr)
             finally:
                 os._exit(code)
         os.close(write_end)
@@ -304,6 +305,9 @@ def _run_bare(forks: int, root: Path, threaded: bool) -> None:
                 writes[0] += 1
             except StorageError:
                 errors[0] += 1
+            # A breath between writes: back to back, one process re-taking the writer lock
+            # at once can keep a child (1 s busy timeout) from it on a loaded machine.
+            time.sleep(0.001)
         status = done[1]
         data = os.read(read_end, _REPORT.size)
         os.close(read_end)
