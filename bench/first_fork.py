@@ -58,14 +58,14 @@ _IMPORTS = {
 
 
 def _dependencies() -> str:
-    """An import line for the modules ``import weft_sync`` loads besides the library's own."""
+    """Code importing every module ``import weft_sync`` loads besides the library's own."""
     listing = subprocess.run(
         [
             sys.executable,
             "-c",
             "import sys; before = set(sys.modules); import weft_sync; "
             "print(' '.join(sorted(m for m in set(sys.modules) - before "
-            "if not m.startswith(('weft_sync', '_')) and '.' not in m "
+            "if not m.startswith('weft_sync') "
             "and getattr(sys.modules[m], '__spec__', None) is not None)))",
         ],
         capture_output=True,
@@ -74,7 +74,7 @@ def _dependencies() -> str:
         env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parent.parent)},
     )
     names = listing.stdout.split()
-    return "import " + ", ".join(names) if names else ""
+    return f"import importlib\nfor name in {names!r}:\n    importlib.import_module(name)"
 
 
 def _sample(kind: str) -> dict[str, float]:
