@@ -61,6 +61,16 @@ MUTANTS: tuple[Mutant, ...] = (
         ),
     ),
     Mutant(
+        "generic fence accepts a newer epoch (psycopg, psycopg2, SQLAlchemy)",
+        "weft_sync/fencing/core.py",
+        "        if observed != expected:\n",
+        "        if observed is None or observed < expected:\n",
+        (
+            f"{_SHORT}::test_a_deposed_owners_write_on_its_proven_connection_is_refused_and_"
+            "nothing_commits",
+        ),
+    ),
+    Mutant(
         "handler driven without the held-claim guard",
         "weft_sync/handlers.py",
         "if epoch is None or record is None",
