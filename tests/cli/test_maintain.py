@@ -35,6 +35,11 @@ _OVERRUN = re.compile(
 )
 
 
+EXIT_GUARD_S = 90.0
+"""A hang guard for the exit after a signal: on a machine at load 20 the pass in flight and the
+releases on PostgreSQL took more than 20 s."""
+
+
 def _assert_only_overrun_warnings(stderr: str) -> None:
     unexpected = [line for line in stderr.splitlines() if not _OVERRUN.fullmatch(line)]
     assert unexpected == [], stderr
@@ -224,7 +229,7 @@ def test_maintain_interval_exits_0_and_releases_its_claims_on_a_signal(
             assert stored_epoch(storage, "wf-1") == 2
 
             proc.send_signal(signum)
-            rest, stderr = proc.communicate(timeout=WAIT_S)
+            rest, stderr = proc.communicate(timeout=EXIT_GUARD_S)
         finally:
             if proc.poll() is None:
                 proc.kill()
