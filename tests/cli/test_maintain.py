@@ -209,6 +209,7 @@ def test_entry_point_maintain_once_drives_through_the_handler(sqlite_url: str) -
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(300)
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
 def test_maintain_interval_exits_0_and_releases_its_claims_on_a_signal(
     storage_url: str, storage: Storage, signum: signal.Signals
