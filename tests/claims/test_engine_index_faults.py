@@ -22,9 +22,13 @@ from tests.claims.index_checks import assert_index_exact, entries
 from weft_sync import keys
 from weft_sync.claims.registry import ClaimRegistry
 from weft_sync.clock import ManualClock
-from weft_sync.errors import StorageError
+from weft_sync.errors import (
+    EngineDeposedError,
+    StorageError,
+    WorkflowClaimUnavailableError,
+)
 from weft_sync.storage import Storage
-from weft_sync.workflows import Workflows
+from weft_sync.workflows import WorkflowNotFoundError, Workflows, WorkflowStateError
 
 WF = "wf-1"
 HOLDER = keys.workflow_owner_holder(WF)
@@ -131,6 +135,13 @@ steps = st.lists(
     max_size=14,
 )
 _runs = itertools.count()
+REFUSALS: tuple[type[Exception], ...] = (
+    StorageError,  # the injected fault
+    EngineDeposedError,  # a write by an engine that lost the claim
+    WorkflowClaimUnavailableError,  # a start while another engine holds the claim
+    WorkflowNotFoundError,  # a finish or an outsider's transition before any start
+    WorkflowStateError,  # a finish or transition from the wrong status
+)
 
 
 def _run_step(
@@ -167,7 +178,7 @@ def _run_step(
 
 
 @settings(
-    max_examples=30,
+    max_examples=40,
     deadline=None,
     suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
 )
@@ -186,8 +197,9 @@ def test_random_transitions_and_faults_keep_the_index_exact(
         for op, engine, workflow, fault in plan:
             if fault is not None:
                 gated.raise_on_next_cas(StorageError("injected"), after_commit=fault == "after")
-            # Refused transitions (wrong state, deposed, faulted) are part of the plan.
-            with contextlib.suppress(Exception):
+            # Refused transitions (wrong state, deposed, faulted) are part of the plan; any
+            # other exception is a bug and fails the test.
+            with contextlib.suppress(*REFUSALS):
                 _run_step(
                     op,
                     registries[engine],

@@ -158,7 +158,7 @@ def test_a_renewal_chunk_keeps_no_collector_tracked_object_per_claim(
     # collector run full collections over every tracked claim; a chunk must not add one per claim.
     counting = _CollectAtCommit(storage)
     reg = new_registry(counting, clock, "engine-a")
-    ids = [f"wf-{n:05d}" for n in range(3_000)]
+    ids = [f"wf-{n:05d}" for n in range(1_000)]
     hold_folded(reg, storage, ids)
     clock.advance(RENEW_MS)
     reg.renew_many(ids, chunk_size=len(ids))  # the first renewal makes each claim's result

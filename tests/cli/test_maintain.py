@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import signal
 import subprocess
 from pathlib import Path
@@ -25,6 +26,23 @@ from weft_sync import Ownership, keys
 from weft_sync.cli_commands import StoreRef
 from weft_sync.errors import StorageError
 from weft_sync.storage import Storage
+
+# The one kind of stderr line a loaded machine may add at a 100 ms interval: a sub-pass that
+# overran its tick. Anything else on stderr (an error, a lost claim, a traceback) fails.
+_OVERRUN = re.compile(
+    r"weft-sync: warning: weft_sync: the [a-z_-]+ sub-pass is still running after one interval "
+    r"\(\d+ ms\); skipping it this tick"
+)
+
+
+EXIT_GUARD_S = 90.0
+"""A hang guard for the exit after a signal: on a machine at load 20 the pass in flight and the
+releases on PostgreSQL took more than 20 s."""
+
+
+def _assert_only_overrun_warnings(stderr: str) -> None:
+    unexpected = [line for line in stderr.splitlines() if not _OVERRUN.fullmatch(line)]
+    assert unexpected == [], stderr
 
 
 def test_maintain_once_without_a_handler_takes_nothing_over(
@@ -191,6 +209,7 @@ def test_entry_point_maintain_once_drives_through_the_handler(sqlite_url: str) -
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(300)
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
 def test_maintain_interval_exits_0_and_releases_its_claims_on_a_signal(
     storage_url: str, storage: Storage, signum: signal.Signals
@@ -211,13 +230,13 @@ def test_maintain_interval_exits_0_and_releases_its_claims_on_a_signal(
             assert stored_epoch(storage, "wf-1") == 2
 
             proc.send_signal(signum)
-            rest, stderr = proc.communicate(timeout=WAIT_S)
+            rest, stderr = proc.communicate(timeout=EXIT_GUARD_S)
         finally:
             if proc.poll() is None:
                 proc.kill()
     assert rest.decode().endswith("stopping: releasing claims\n")
     assert proc.returncode == 0
-    assert stderr.decode() == ""
+    _assert_only_overrun_warnings(stderr.decode())
     assert storage.get(keys.workflow("wf-1") + ":ckpt") == handler.CHECKPOINT
     assert holder_engine(storage, "wf-1") is None
     assert stored_epoch(storage, "wf-1") == 2

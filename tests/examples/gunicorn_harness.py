@@ -162,6 +162,11 @@ def run_gunicorn(
         str(workers),
         "--graceful-timeout",
         "5",
+        # The master kills a worker silent for this long: well past what a test pauses a worker
+        # (or stalls the others behind it) for on a loaded machine, where 30 s (the default)
+        # was reached and the worker the test meant to signal was replaced.
+        "--timeout",
+        "300",
         "--error-logfile",
         "-",
         *(["--preload"] if preload else []),

@@ -9,7 +9,7 @@ import pytest
 
 from tests.fencing.host_contention import run_contention
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.soak]
 
 PROCESSES = 4
 WORKFLOWS = 100

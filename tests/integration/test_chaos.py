@@ -79,7 +79,7 @@ WORKER_MAX_S = 170.0
 POLL_S = 0.05
 JOURNAL_POLL_S = 0.5
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(180)]
+pytestmark = [pytest.mark.slow, pytest.mark.soak, pytest.mark.timeout(180)]
 
 
 # -- the fleet of worker processes -----------------------------------------------------------

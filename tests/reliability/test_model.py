@@ -12,7 +12,9 @@ every result; after every step the test checks the store against the model and t
   replaced generation never comes back;
 - a present holder has a present epoch key, and its ``epoch`` field equals the decoded key;
 - a registry's belief is never newer than the store (cached epoch <= stored epoch);
-- each lost claim produced exactly one warning.
+- each lost claim produced exactly one warning;
+- the by-engine index is exact: every holder has its engine's entry at its epoch, and no entry
+  outlives its holder (a takeover moves the entry to the new engine).
 """
 
 from __future__ import annotations
@@ -35,8 +37,10 @@ from hypothesis.stateful import (
 )
 
 from tests.claims.gated import WarningSink
+from tests.claims.index_checks import assert_index_exact
 from weft_sync import keys
 from weft_sync.claims import ClaimRegistry, TakeoverResult, build_external_rotation_transition
+from weft_sync.claims.engine_index import release_entry_ops
 from weft_sync.clock import ManualClock
 from weft_sync.codec import (
     HolderRecord,
@@ -53,12 +57,12 @@ START_MS = 1_000_000
 ENGINES = ("engine-0", "engine-1", "engine-2")
 NAMES = ("alpha", "beta", "gamma")
 MACHINE_SETTINGS = settings(
-    max_examples=50,
+    max_examples=100,
     stateful_step_count=30,
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow],
 )
-POSTGRES_SETTINGS = settings(MACHINE_SETTINGS, max_examples=25)
+POSTGRES_SETTINGS = settings(MACHINE_SETTINGS, max_examples=40)
 
 _runs = itertools.count()
 
@@ -240,10 +244,13 @@ class ClaimMachine(RuleBasedStateMachine):
     def rotate_externally(self, name: str) -> None:
         wid = self.ids[name]
         observed = self.observer.get(keys.workflow_owner_epoch(wid))
+        holder = self.observer.get(keys.workflow_owner_holder(wid))
         fragment = build_external_rotation_transition(
             workflow_id=wid, observed_epoch_bytes=observed
         )
-        assert self.observer.conditional_batch(fragment.conditions, fragment.operations)
+        # As the ledger's external commits do: the deleted holder's by-engine entry goes too.
+        operations = [*fragment.operations, *release_entry_ops(wid, holder)]
+        assert self.observer.conditional_batch(fragment.conditions, operations)
         self.model.epoch[wid] = self.model.epoch.get(wid, 0) + 1
         self.model.holder.pop(wid, None)
 
@@ -327,6 +334,7 @@ class ClaimMachine(RuleBasedStateMachine):
         self.store_matches_the_model(stored)
         self.at_most_one_live_owner(stored)
         self.epochs_only_grow_with_each_new_owner(stored)
+        assert_index_exact(self.observer)
 
     def store_matches_the_model(self, stored: dict[str, tuple[bytes | None, bytes | None]]) -> None:
         for wid, (raw_epoch, raw_holder) in stored.items():
