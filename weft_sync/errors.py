@@ -9,6 +9,7 @@ from __future__ import annotations
 __all__ = [
     "ClosedError",
     "CorruptEpochError",
+    "EpochExhaustedError",
     "CorruptOwnershipMarkerError",
     "EngineDeposedError",
     "FencedWriteConflict",
@@ -110,6 +111,33 @@ class CorruptEpochError(WeftError):
             f"with weft_sync.claims.epochs.repair_corrupt_epoch(storage, {workflow_id!r}), "
             f"which sets it above any epoch handed out and deposes the current holder"
         )
+
+
+class EpochExhaustedError(CorruptEpochError):
+    """A workflow's epoch key holds the last epoch that can be minted over (``2**53 - 2``).
+
+    Minting the next one would leave the range every engine can represent, so no epoch is
+    minted and the workflow is refused, as for a corrupt epoch, until an operator repairs it
+    (``weft-sync repair-epoch``), which writes an epoch derived from the time and deposes the
+    holder.
+
+    :param workflow_id: the workflow whose epochs are exhausted.
+    :param key: the epoch key.
+    :param epoch: the epoch stored there.
+    """
+
+    def __init__(self, workflow_id: str, key: str, epoch: int) -> None:
+        WeftError.__init__(
+            self,
+            f"the epoch key {key!r} of workflow {workflow_id!r} holds epoch {epoch}, the last "
+            f"that can be minted over: no further epoch is minted for it; repair it with "
+            f"'weft-sync --url STORE_URL repair-epoch {workflow_id}' (or "
+            f"weft_sync.claims.epochs.repair_corrupt_epoch(storage, {workflow_id!r}, "
+            f"at_least=1)), which writes a fresh epoch and deposes the current holder",
+        )
+        self.workflow_id = workflow_id
+        self.key = key
+        self.epoch = epoch
 
 
 class CorruptOwnershipMarkerError(WeftError):

@@ -5,11 +5,11 @@ from __future__ import annotations
 import pytest
 
 from tests.claims.gated import PAST_GRACE_MS, GatedStorage, WarningSink
+from tests.token_match import minted
 from tests.workflows.helpers import ReadHooks, snapshot
 from weft_sync import keys
 from weft_sync.claims.registry import ClaimRegistry
 from weft_sync.clock import ManualClock
-from weft_sync.codec import encode_epoch
 from weft_sync.errors import (
     EngineDeposedError,
     FencedWriteConflict,
@@ -120,7 +120,7 @@ def test_an_unchanged_epoch_after_a_failed_write_means_conflict(
     gated.force_next_cas(False)
     with pytest.raises(FencedWriteConflict):
         ledger.fenced_write(WF, [Put("app:x", b"1")])
-    assert gated.get(keys.workflow_owner_epoch(WF)) == encode_epoch(1)
+    assert gated.get(keys.workflow_owner_epoch(WF)) == minted(1)
 
 
 @pytest.mark.parametrize(
