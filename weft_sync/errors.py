@@ -214,14 +214,37 @@ class EngineDeposedError(WeftError):
     """A fenced write failed because this engine no longer holds the workflow's epoch.
 
     :param workflow_id: the workflow whose fence was lost.
+    :param cause: why, as far as this engine knows: ``"deposed"`` (another writer holds the
+        epoch now), ``"deadline"`` (this engine gave the claim up: no renewal succeeded within
+        the local renew deadline), ``"storage"`` (the store failed, so the fence could not be
+        confirmed and the write fails closed), ``"store_identity"``, ``"store_rollback"`` (see
+        :class:`WorkflowClaimLostWarning`) or ``"not_held"`` (no claim is held: never claimed
+        or released).
     """
 
-    def __init__(self, workflow_id: str) -> None:
+    def __init__(self, workflow_id: str, cause: str = "deposed") -> None:
         self.workflow_id = workflow_id
+        self.cause = cause
+        why = _DEPOSED_REASONS.get(cause, cause)
         super().__init__(
             f"this engine no longer owns workflow {workflow_id!r}: its epoch fence failed, so the "
-            f"write was refused; another engine has taken the workflow over"
+            f"write was refused; {why}"
         )
+
+    def __reduce__(self) -> tuple[type[EngineDeposedError], tuple[str, str]]:
+        return (type(self), (self.workflow_id, self.cause))
+
+
+_DEPOSED_REASONS = {
+    "deposed": "another engine has taken the workflow over (or an external cancel, timeout, "
+    "suspend or purge deposed this one)",
+    "deadline": "this engine gave its claim up itself: no renewal succeeded within the local "
+    "renew deadline (the store was failing or slow), so another engine may take it over",
+    "storage": "the store failed while the fence was checked, so the write fails closed",
+    "store_identity": "the store was replaced or deleted under this engine",
+    "store_rollback": "the store went back in time and forgot writes made for this claim",
+    "not_held": "this engine holds no claim on it (never claimed here, or released)",
+}
 
 
 class FencedWriteConflict(WeftError):
@@ -258,7 +281,9 @@ class WorkflowClaimLostWarning(UserWarning):
     :param workflow_id: the workflow whose claim was lost.
     :param cause: why: ``"deposed"`` (a renewal or fenced write found another writer's epoch or
         holder), ``"deadline"`` (no renewal succeeded within the local renew deadline) or
-        ``"store_identity"`` (the store was replaced under this engine).
+        ``"store_identity"`` (the store was replaced under this engine) or
+        ``"store_rollback"`` (the store lost writes this engine made: its epoch or holder went
+        back to an older value).
     """
 
     def __init__(self, workflow_id: str, cause: str = "deposed") -> None:
@@ -275,6 +300,10 @@ _LOSS_REASONS = {
         "interval), so another engine may take it over soon"
     ),
     "store_identity": ": the store was replaced or deleted under this engine",
+    "store_rollback": (
+        ": the store went back in time (it lost writes this engine made there, e.g. a restore "
+        "of an older copy or a failover to a replica that lacked them)"
+    ),
 }
 
 
