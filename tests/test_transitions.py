@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from tests.token_match import minted
 from weft_sync import keys
 from weft_sync.claims.transitions import (
     TAKEOVER_GRACE_MULTIPLIER,
@@ -36,7 +37,7 @@ def test_acquire_with_no_epoch_mints_one() -> None:
     )
     assert frag.conditions == (Condition(HOLDER_KEY, None), Condition(EPOCH_KEY, None))
     assert frag.operations == (
-        Put(EPOCH_KEY, encode_epoch(1)),
+        Put(EPOCH_KEY, minted(1)),
         Put(HOLDER_KEY, encode_holder(HolderRecord("e1", 1, 6000, 1000))),
     )
 
@@ -50,7 +51,7 @@ def test_acquire_with_prior_epoch_mints_next() -> None:
         observed_epoch_bytes=encode_epoch(41),
     )
     assert frag.conditions[1] == Condition(EPOCH_KEY, encode_epoch(41))
-    assert frag.operations[0] == Put(EPOCH_KEY, encode_epoch(42))
+    assert frag.operations[0] == Put(EPOCH_KEY, minted(42))
     holder = decode_holder(extract_put_value(frag.operations, HOLDER_KEY))
     assert holder is not None and holder.epoch == 42
 
@@ -112,7 +113,7 @@ def test_takeover_follows_the_epoch_key_not_the_holder_claim() -> None:
     )
     assert frag.conditions == (Condition(HOLDER_KEY, stale), Condition(EPOCH_KEY, encode_epoch(12)))
     assert frag.operations == (
-        Put(EPOCH_KEY, encode_epoch(13)),
+        Put(EPOCH_KEY, minted(13)),
         Put(HOLDER_KEY, encode_holder(HolderRecord("e2", 13, 9000, 3000))),
     )
 
@@ -120,13 +121,13 @@ def test_takeover_follows_the_epoch_key_not_the_holder_claim() -> None:
 def test_rotation_bumps_epoch_and_deletes_holder() -> None:
     frag = build_external_rotation_transition(workflow_id=WF, observed_epoch_bytes=encode_epoch(4))
     assert frag.conditions == (Condition(EPOCH_KEY, encode_epoch(4)),)
-    assert frag.operations == (Put(EPOCH_KEY, encode_epoch(5)), Delete(HOLDER_KEY))
+    assert frag.operations == (Put(EPOCH_KEY, minted(5)), Delete(HOLDER_KEY))
 
 
 def test_rotation_of_never_claimed_workflow_mints_one() -> None:
     frag = build_external_rotation_transition(workflow_id=WF, observed_epoch_bytes=None)
     assert frag.conditions == (Condition(EPOCH_KEY, None),)
-    assert frag.operations[0] == Put(EPOCH_KEY, encode_epoch(1))
+    assert frag.operations[0] == Put(EPOCH_KEY, minted(1))
 
 
 def test_expiry_is_strict_at_the_grace_deadline() -> None:

@@ -41,10 +41,12 @@ _MAX_DELAY_S: Final = 1.0
 
 @dataclass(frozen=True, slots=True)
 class ClaimAttempt:
-    """The outcome of one :func:`attempt_claim`: ``epoch`` when acquired, else ``held_by``."""
+    """The outcome of one :func:`attempt_claim`: ``epoch`` and its ``token`` (the epoch-key
+    bytes) when acquired, else ``held_by``."""
 
     epoch: int | None
     held_by: str | None = None
+    token: bytes = b""
 
 
 def validate_wait(wait: object) -> float | None:
@@ -74,12 +76,12 @@ def attempt_claim(registry: ClaimRegistry, metrics: ClaimMetrics, workflow_id: s
         acquired = registry.acquire(workflow_id)
         if acquired.status is AcquireStatus.ACQUIRED and acquired.epoch is not None:
             metrics.record_claim_attempt("acquired")
-            return ClaimAttempt(acquired.epoch)
+            return ClaimAttempt(acquired.epoch, token=acquired.token or b"")
         held_by = acquired.held_by
         taken = registry.takeover(workflow_id)
         if taken.status is TakeoverStatus.ACQUIRED and taken.epoch is not None:
             metrics.record_claim_attempt("takeover")
-            return ClaimAttempt(taken.epoch)
+            return ClaimAttempt(taken.epoch, token=taken.token or b"")
         if taken.status is TakeoverStatus.NO_CLAIM:
             continue  # released since the acquire read it: acquire afresh
         if taken.status is TakeoverStatus.BACKOFF_SKIPPED:

@@ -1,4 +1,11 @@
-"""Byte formats: 8-byte epochs and MessagePack holder, mode-marker and workflow records.
+"""Byte formats: epoch tokens and MessagePack holder, mode-marker and workflow records.
+
+An epoch key holds a *token*: the 8-byte big-endian epoch number followed by an 8-byte mint id
+drawn at random when the number is minted (:func:`mint_token`). The number orders owners; the mint
+id makes the token unique to one minting, so a store that lost writes and hands a number out a
+second time never hands out the same token (``/work/notes/tokens-format.md``). An 8-byte value (the
+format before tokens) still decodes, as a token without a mint id, and is replaced by a full
+token at the next mint.
 
 Decoders of data read from the store fail closed: a value that does not match the format exactly
 decodes to ``None`` rather than raising, so a corrupt record can never look live.
@@ -6,6 +13,7 @@ decodes to ``None`` rather than raising, so a corrupt record can never look live
 
 from __future__ import annotations
 
+import os
 import struct
 from dataclasses import dataclass
 from typing import Any, Final, Literal, get_args
@@ -14,6 +22,9 @@ import msgpack
 
 __all__ = [
     "EPOCH_MAX",
+    "EPOCH_TOKEN_SIZE",
+    "MINT_ID_SIZE",
+    "EpochToken",
     "HolderRecord",
     "ModeMarker",
     "OwnershipMode",
@@ -23,11 +34,14 @@ __all__ = [
     "decode_epoch",
     "decode_holder",
     "decode_mode_marker",
+    "decode_token",
     "decode_workflow_record",
     "encode_epoch",
     "encode_holder",
     "encode_mode_marker",
+    "encode_token",
     "encode_workflow_record",
+    "mint_token",
     "try_decode_workflow_record",
 ]
 
@@ -49,6 +63,10 @@ WORKFLOW_STATUSES: Final = (
 )
 
 _EPOCH = struct.Struct(">Q")
+
+MINT_ID_SIZE: Final = 8
+"""Bytes of randomness in a token: two mintings of one number collide with probability 2**-64."""
+EPOCH_TOKEN_SIZE: Final = _EPOCH.size + MINT_ID_SIZE
 
 
 def _is_int(value: object) -> bool:
@@ -89,11 +107,58 @@ def encode_epoch(n: int) -> bytes:
 
 
 def decode_epoch(b: bytes | None) -> int | None:
-    """Decode epoch bytes; anything but 8 bytes holding ``1 .. 2**53 - 2`` gives ``None``."""
-    if not isinstance(b, (bytes, bytearray, memoryview)) or len(b) != 8:
+    """Decode the epoch number of an epoch value: a token or an old-format 8-byte epoch.
+
+    Anything but 8 or :data:`EPOCH_TOKEN_SIZE` bytes whose first 8 hold ``1 .. 2**53 - 2``
+    gives ``None``.
+    """
+    if not isinstance(b, (bytes, bytearray, memoryview)):
         return None
-    (value,) = _EPOCH.unpack(bytes(b))
+    size = len(b)
+    if size != EPOCH_TOKEN_SIZE and size != 8:
+        return None
+    (value,) = _EPOCH.unpack_from(b)
     return int(value) if 1 <= value <= EPOCH_MAX else None
+
+
+@dataclass(frozen=True, slots=True)
+class EpochToken:
+    """A decoded epoch value.
+
+    :param epoch: the epoch number (what orders owners, shown by the CLI and ``ClaimHandle.epoch``).
+    :param mint_id: the random bytes of this minting; empty for an old-format 8-byte epoch.
+    """
+
+    epoch: int
+    mint_id: bytes
+
+
+def encode_token(n: int, mint_id: bytes) -> bytes:
+    """Encode a token: the 8-byte epoch ``n`` followed by ``mint_id``.
+
+    :raises ValueError: ``n`` is out of range or ``mint_id`` is not :data:`MINT_ID_SIZE` bytes.
+    """
+    if not isinstance(mint_id, bytes) or len(mint_id) != MINT_ID_SIZE:
+        raise ValueError(f"a mint id must be {MINT_ID_SIZE} bytes, got {mint_id!r}")
+    return encode_epoch(n) + mint_id
+
+
+def mint_token(n: int) -> bytes:
+    """A new token for epoch ``n`` with a fresh random mint id (never equal to another minting).
+
+    :raises ValueError: ``n`` is not an integer in ``1 .. 2**53 - 2``.
+    """
+    return encode_epoch(n) + os.urandom(MINT_ID_SIZE)
+
+
+def decode_token(b: bytes | None) -> EpochToken | None:
+    """Decode an epoch value into its number and mint id; ``None`` where :func:`decode_epoch`
+    gives ``None``. An old-format 8-byte epoch has an empty mint id."""
+    epoch = decode_epoch(b)
+    if epoch is None:
+        return None
+    assert b is not None
+    return EpochToken(epoch, bytes(b[8:]))
 
 
 @dataclass(frozen=True, slots=True)

@@ -9,6 +9,7 @@ from __future__ import annotations
 __all__ = [
     "ClosedError",
     "CorruptEpochError",
+    "EpochExhaustedError",
     "CorruptOwnershipMarkerError",
     "EngineDeposedError",
     "FencedWriteConflict",
@@ -112,6 +113,33 @@ class CorruptEpochError(WeftError):
         )
 
 
+class EpochExhaustedError(CorruptEpochError):
+    """A workflow's epoch key holds the last epoch that can be minted over (``2**53 - 2``).
+
+    Minting the next one would leave the range every engine can represent, so no epoch is
+    minted and the workflow is refused, as for a corrupt epoch, until an operator repairs it
+    (``weft-sync repair-epoch``), which writes an epoch derived from the time and deposes the
+    holder.
+
+    :param workflow_id: the workflow whose epochs are exhausted.
+    :param key: the epoch key.
+    :param epoch: the epoch stored there.
+    """
+
+    def __init__(self, workflow_id: str, key: str, epoch: int) -> None:
+        WeftError.__init__(
+            self,
+            f"the epoch key {key!r} of workflow {workflow_id!r} holds epoch {epoch}, the last "
+            f"that can be minted over: no further epoch is minted for it; repair it with "
+            f"'weft-sync --url STORE_URL repair-epoch {workflow_id}' (or "
+            f"weft_sync.claims.epochs.repair_corrupt_epoch(storage, {workflow_id!r}, "
+            f"at_least=1)), which writes a fresh epoch and deposes the current holder",
+        )
+        self.workflow_id = workflow_id
+        self.key = key
+        self.epoch = epoch
+
+
 class CorruptOwnershipMarkerError(WeftError):
     """The ownership-mode marker exists but does not decode as a valid record."""
 
@@ -186,14 +214,37 @@ class EngineDeposedError(WeftError):
     """A fenced write failed because this engine no longer holds the workflow's epoch.
 
     :param workflow_id: the workflow whose fence was lost.
+    :param cause: why, as far as this engine knows: ``"deposed"`` (another writer holds the
+        epoch now), ``"deadline"`` (this engine gave the claim up: no renewal succeeded within
+        the local renew deadline), ``"storage"`` (the store failed, so the fence could not be
+        confirmed and the write fails closed), ``"store_identity"``, ``"store_rollback"`` (see
+        :class:`WorkflowClaimLostWarning`) or ``"not_held"`` (no claim is held: never claimed
+        or released).
     """
 
-    def __init__(self, workflow_id: str) -> None:
+    def __init__(self, workflow_id: str, cause: str = "deposed") -> None:
         self.workflow_id = workflow_id
+        self.cause = cause
+        why = _DEPOSED_REASONS.get(cause, cause)
         super().__init__(
             f"this engine no longer owns workflow {workflow_id!r}: its epoch fence failed, so the "
-            f"write was refused; another engine has taken the workflow over"
+            f"write was refused; {why}"
         )
+
+    def __reduce__(self) -> tuple[type[EngineDeposedError], tuple[str, str]]:
+        return (type(self), (self.workflow_id, self.cause))
+
+
+_DEPOSED_REASONS = {
+    "deposed": "another engine has taken the workflow over (or an external cancel, timeout, "
+    "suspend or purge deposed this one)",
+    "deadline": "this engine gave its claim up itself: no renewal succeeded within the local "
+    "renew deadline (the store was failing or slow), so another engine may take it over",
+    "storage": "the store failed while the fence was checked, so the write fails closed",
+    "store_identity": "the store was replaced or deleted under this engine",
+    "store_rollback": "the store went back in time and forgot writes made for this claim",
+    "not_held": "this engine holds no claim on it (never claimed here, or released)",
+}
 
 
 class FencedWriteConflict(WeftError):
@@ -230,7 +281,9 @@ class WorkflowClaimLostWarning(UserWarning):
     :param workflow_id: the workflow whose claim was lost.
     :param cause: why: ``"deposed"`` (a renewal or fenced write found another writer's epoch or
         holder), ``"deadline"`` (no renewal succeeded within the local renew deadline) or
-        ``"store_identity"`` (the store was replaced under this engine).
+        ``"store_identity"`` (the store was replaced under this engine) or
+        ``"store_rollback"`` (the store lost writes this engine made: its epoch or holder went
+        back to an older value).
     """
 
     def __init__(self, workflow_id: str, cause: str = "deposed") -> None:
@@ -247,6 +300,10 @@ _LOSS_REASONS = {
         "interval), so another engine may take it over soon"
     ),
     "store_identity": ": the store was replaced or deleted under this engine",
+    "store_rollback": (
+        ": the store went back in time (it lost writes this engine made there, e.g. a restore "
+        "of an older copy or a failover to a replica that lacked them)"
+    ),
 }
 
 

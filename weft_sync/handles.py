@@ -20,16 +20,26 @@ class ClaimHandle:
     the store-side fence of every write catches it.
 
     :param workflow_id: the claimed workflow.
-    :param epoch: the epoch (fencing token) minted by this claim's acquire.
+    :param epoch: the epoch number minted by this claim's acquire (monotonic per workflow).
     :param verify: asked by :meth:`assert_held` whether the claim is still held; it sets ``lost``
         when it finds the claim gone.
+    :param token: the exact epoch-key bytes this claim's acquire wrote: the epoch number and
+        the random mint id of that minting, which every fence compares.
     """
 
-    __slots__ = ("_epoch", "_lost", "_verify", "_workflow_id")
+    __slots__ = ("_epoch", "_lost", "_token", "_verify", "_workflow_id")
 
-    def __init__(self, workflow_id: str, epoch: int, verify: Callable[[ClaimHandle], bool]) -> None:
+    def __init__(
+        self,
+        workflow_id: str,
+        epoch: int,
+        verify: Callable[[ClaimHandle], bool],
+        *,
+        token: bytes = b"",
+    ) -> None:
         self._workflow_id = workflow_id
         self._epoch = epoch
+        self._token = token
         self._lost = threading.Event()
         self._verify = verify
 
@@ -42,6 +52,15 @@ class ClaimHandle:
     def epoch(self) -> int:
         """The epoch this claim holds; it changes with every new owner."""
         return self._epoch
+
+    @property
+    def token(self) -> bytes:
+        """The fencing token of this claim: the epoch-key bytes its acquire wrote.
+
+        Unlike :attr:`epoch`, it is never equal for two mintings, even when a store that lost
+        writes hands the same epoch number out again.
+        """
+        return self._token
 
     @property
     def lost(self) -> threading.Event:

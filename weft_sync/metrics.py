@@ -59,10 +59,16 @@ Subpass = Literal["renewal", "reclaim", "signal_poll", "update_poll"]
 SUBPASSES: Final[tuple[Subpass, ...]] = ("renewal", "reclaim", "signal_poll", "update_poll")
 """The maintenance sub-passes (and interval-mode slots), in pass order."""
 
-ClaimLossCause = Literal["deposed", "deadline", "store_identity"]
-CLAIM_LOSS_CAUSES: Final[tuple[ClaimLossCause, ...]] = ("deposed", "deadline", "store_identity")
+ClaimLossCause = Literal["deposed", "deadline", "store_identity", "store_rollback"]
+CLAIM_LOSS_CAUSES: Final[tuple[ClaimLossCause, ...]] = (
+    "deposed",
+    "deadline",
+    "store_identity",
+    "store_rollback",
+)
 """Why a claim was lost locally: another owner took the epoch, renewals failed past the local
-renew deadline, or the store was replaced under the engine."""
+renew deadline, the store was replaced under the engine, or the store went back in time (it
+lost writes it had acknowledged: an in-place restore, a failover to a lagging replica)."""
 
 MAX_TYPE_LABELS: Final = 64
 """Distinct workflow types kept as label values per family; further types count as ``other``."""

@@ -416,7 +416,7 @@ class Ownership:
         )
         if result.epoch is None:
             raise WorkflowClaimUnavailableError(wid, result.held_by)
-        handle = ClaimHandle(wid, result.epoch, self._verify_held)
+        handle = ClaimHandle(wid, result.epoch, self._verify_held, token=result.token)
         with self._lock:
             state = self._state
             if state is _State.OPEN:

@@ -116,7 +116,7 @@ def test_a_claim_whose_renewals_fail_is_lost_at_the_local_deadline(
         with pytest.raises(EngineDeposedError):
             own.workflows.save_checkpoint("wf-1", b"step")
     snap = own.metrics.snapshot()
-    assert snap.lost == {"deposed": 0, "deadline": 1, "store_identity": 0}
+    assert snap.lost == {"deposed": 0, "deadline": 1, "store_identity": 0, "store_rollback": 0}
     assert snap.renewal_failures == 2
     assert snap.attempts["deposed"] == 0
 
@@ -277,7 +277,12 @@ def test_a_replaced_store_loses_every_claim_and_stops_claim_writes(
         with watch_log("weft_sync.claims.registry") as log:
             assert own.run_maintenance().outcomes == ()
         assert log.messages(logging.ERROR) == []
-    assert own.metrics.snapshot().lost == {"deposed": 0, "deadline": 0, "store_identity": 3}
+    assert own.metrics.snapshot().lost == {
+        "deposed": 0,
+        "deadline": 0,
+        "store_identity": 3,
+        "store_rollback": 0,
+    }
 
 
 def test_a_fenced_write_that_finds_the_store_replaced_loses_every_claim(

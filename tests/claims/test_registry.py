@@ -18,6 +18,7 @@ from tests.claims.gated import (
     touches,
     watch_log,
 )
+from tests.token_match import minted
 from weft_sync import keys
 from weft_sync.claims.registry import ClaimRegistry
 from weft_sync.clock import ManualClock
@@ -41,7 +42,7 @@ def _holder(storage: Storage, wid: str = WF) -> HolderRecord | None:
 def test_acquire_of_a_never_seen_id_mints_epoch_one(reg: ClaimRegistry, storage: Storage) -> None:
     result = reg.acquire(WF)
     assert (result.status, result.epoch, result.held_by) == ("acquired", 1, None)
-    assert storage.get(EPOCH) == encode_epoch(1)
+    assert storage.get(EPOCH) == minted(1)
     assert reg.current_epoch(WF) == 1
     assert _holder(storage) == HolderRecord("engine-a", 1, START_MS + TTL_MS, START_MS)
 
@@ -51,7 +52,7 @@ def test_acquire_after_release_mints_the_next_epoch(reg: ClaimRegistry, storage:
     reg.release(WF)
     result = reg.acquire(WF)
     assert result.epoch == 2
-    assert storage.get(EPOCH) == encode_epoch(2)
+    assert storage.get(EPOCH) == minted(2)
 
 
 def test_acquire_against_a_live_foreign_holder_loses_and_names_it(make: Factory) -> None:
@@ -204,7 +205,7 @@ def test_release_deletes_the_holder_and_keeps_the_epoch(
     result = reg.release(WF)
     assert (result.status, result.workflow_id) == ("released", WF)
     assert storage.get(HOLDER) is None
-    assert storage.get(EPOCH) == encode_epoch(1)
+    assert storage.get(EPOCH) == minted(1)
     assert reg.current_epoch(WF) is None
 
 
@@ -349,7 +350,7 @@ def test_takeover_steals_a_garbage_holder_at_once_following_the_epoch_key(
     storage.put(EPOCH, encode_epoch(4))
     result = reg.takeover(WF)
     assert (result.status, result.epoch) == ("acquired", 5)
-    assert storage.get(EPOCH) == encode_epoch(5)
+    assert storage.get(EPOCH) == minted(5)
 
 
 def test_takeover_ignores_the_epoch_the_stale_holder_claims(
@@ -398,7 +399,7 @@ def test_epoch_bytes_handed_out_cannot_change_the_cached_fence(
     copy[7] = 9
     clock.advance(RENEW_MS)
     reg.renew(WF)
-    assert reg.current_epoch_bytes(WF) == encode_epoch(1)
+    assert reg.current_epoch_bytes(WF) == minted(1)
 
 
 def test_list_held_is_a_snapshot_of_tracked_ids(reg: ClaimRegistry) -> None:
@@ -420,7 +421,7 @@ def test_engine_id_is_exposed(reg: ClaimRegistry) -> None:
 def test_ids_needing_percent_encoding_round_trip(reg: ClaimRegistry, storage: Storage) -> None:
     wid = "workflow:with:colons/and%percent é"
     assert reg.acquire(wid).status == "acquired"
-    assert storage.get(keys.workflow_owner_epoch(wid)) == encode_epoch(1)
+    assert storage.get(keys.workflow_owner_epoch(wid)) == minted(1)
     assert reg.list_held_workflow_ids() == [wid]
     assert reg.release(wid).status == "released"
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from tests.claims.gated import RENEW_MS, START_MS, TTL_MS, GatedStorage
+from tests.token_match import minted
 from weft_sync import keys
 from weft_sync.claims.registry import ClaimRegistry
 from weft_sync.clock import ManualClock
@@ -34,7 +35,7 @@ def test_prepare_on_a_fresh_id_mints_epoch_one_and_writes_nothing(
     assert (prep.epoch, prep.claimed_at) == (1, START_MS)
     assert prep.fragment.conditions == (Condition(HOLDER, None), Condition(EPOCH, None))
     assert prep.fragment.operations == (
-        Put(EPOCH, encode_epoch(1)),
+        Put(EPOCH, minted(1)),
         Put(HOLDER, encode_holder(HolderRecord("engine-a", 1, START_MS + TTL_MS, START_MS))),
         Put(keys.workflow_owner_by_engine("engine-a", WF), encode_epoch(1)),
     )
@@ -56,7 +57,7 @@ def test_prepare_rereads_the_epoch_on_every_call(reg: ClaimRegistry, storage: St
     storage.delete(HOLDER)
     second = reg.prepare_acquire_fragment(WF)
     assert second.epoch == 2
-    assert Condition(EPOCH, encode_epoch(1)) in second.fragment.conditions
+    assert Condition(EPOCH, minted(1)) in second.fragment.conditions
 
 
 def test_folded_acquire_is_renewed_and_released_like_any_claim(
@@ -70,7 +71,7 @@ def test_folded_acquire_is_renewed_and_released_like_any_claim(
         "engine-a", 1, START_MS + RENEW_MS + TTL_MS, START_MS
     )
     assert reg.release(WF).status == "released"
-    assert storage.get(EPOCH) == encode_epoch(1)
+    assert storage.get(EPOCH) == minted(1)
     assert storage.get(HOLDER) is None
 
 
@@ -87,7 +88,7 @@ def test_record_folded_acquire_does_no_io(reg: ClaimRegistry, gated: GatedStorag
     reg.record_folded_acquire(WF, prep)
     assert gated.total_calls == before
     assert reg.current_epoch(WF) == 1
-    assert reg.current_epoch_bytes(WF) == encode_epoch(1)
+    assert reg.current_epoch_bytes(WF) == minted(1)
     assert gated.inner.get(EPOCH) is None
 
 

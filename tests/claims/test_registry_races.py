@@ -25,6 +25,7 @@ from tests.claims.gated import (
     start_until_logged,
     touches,
 )
+from tests.token_match import minted
 from weft_sync import keys
 from weft_sync.claims.registry import ClaimRegistry
 from weft_sync.clock import ManualClock
@@ -105,7 +106,7 @@ def test_release_issued_during_a_paused_renewal_waits_and_both_succeed(
     assert renewal.result().status == "renewed"
     assert release.result().status == "released"
     assert storage.get(HOLDER) is None
-    assert storage.get(EPOCH) == encode_epoch(1)
+    assert storage.get(EPOCH) == minted(1)
 
 
 def test_renew_issued_after_a_release_started_is_not_held(

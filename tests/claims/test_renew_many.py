@@ -24,6 +24,7 @@ from tests.claims.gated import (
     steal_holder,
     touches,
 )
+from tests.token_match import epoch_numbers, token_shape
 from tests.workflows.helpers import expires_at
 from weft_sync import keys
 from weft_sync.claims.registry import DEFAULT_RENEW_CHUNK_SIZE, ClaimRegistry
@@ -274,9 +275,9 @@ class _World:
         else:
             getattr(self.registries[number], kind)(wid)
 
-    def local_state(self) -> list[tuple[str, int | None, bytes | None]]:
+    def local_state(self) -> list[tuple[str, int | None, object]]:
         ours = self.registries[0]
-        return [(w, ours.current_epoch(w), ours.current_epoch_bytes(w)) for w in IDS]
+        return [(w, ours.current_epoch(w), token_shape(ours.current_epoch_bytes(w))) for w in IDS]
 
 
 @settings(
@@ -309,11 +310,11 @@ def test_renew_many_matches_sequential_renew_on_an_identical_store(
             assert many == one_by_one
             assert batched.sinks[0].lost_ids() == sequential.sinks[0].lost_ids()
             assert batched.local_state() == sequential.local_state()
-            assert batched.store.scan("") == sequential.store.scan("")
+            assert epoch_numbers(batched.store.scan("")) == epoch_numbers(sequential.store.scan(""))
             # Releasing proves the cached holder bytes match too (release conditions on them).
             released = [ours_batched.release(w) for w in IDS]
             assert released == [ours_sequential.release(w) for w in IDS]
-            assert batched.store.scan("") == sequential.store.scan("")
+            assert epoch_numbers(batched.store.scan("")) == epoch_numbers(sequential.store.scan(""))
         finally:
             batched.store.close()
             sequential.store.close()

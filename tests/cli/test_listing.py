@@ -155,6 +155,7 @@ def test_show_prints_record_checkpoint_epoch_holder_with_human_times(
     assert fields["input"] == '{"pages": 3}'
     assert fields["checkpoint"] == "1234 bytes"
     assert fields["epoch"] == "1"
+    assert re.fullmatch("[0-9a-f]{16}", fields["mint"])  # the epoch token's mint id
     assert fields["holder"] == "live-engine at epoch 1"
     assert fields["expires"] == f"{iso(expires_at(storage, 'wf-1') or 0)} (in 60 min)"
     assert re.fullmatch(rf"{ISO} \(in 59 min\)", fields["claimed"])

@@ -131,7 +131,6 @@ def test_nested_in_atomic_is_a_savepoint_that_still_checks(dj: DjangoEnv) -> Non
         with fenced_atomic("wf-1", using=dj.alias, ownership=own):
             Report.objects.using(dj.alias).create(id="inner", v="2")
         with (
-            pytest.warns(WorkflowClaimLostWarning),
             pytest.raises(EngineDeposedError),
             fenced_atomic("not-held", using=dj.alias, ownership=own),
         ):

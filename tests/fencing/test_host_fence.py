@@ -72,7 +72,6 @@ def test_unheld_claim_is_refused_before_any_statement(env: HostEnv) -> None:
     own = env.ownership()
     conn = env.connect()
     with (
-        pytest.warns(WorkflowClaimLostWarning),
         pytest.raises(EngineDeposedError),
         own.fenced("never-claimed", conn),
     ):
@@ -87,7 +86,6 @@ def test_nested_block_is_a_savepoint_that_checks_its_own_fence(env: HostEnv) -> 
     with own.fenced("mine", conn) as outer:
         env.write(outer, "outer", "1")
         with (
-            pytest.warns(WorkflowClaimLostWarning),
             pytest.raises(EngineDeposedError),
             own.fenced("not-mine", conn),
         ):

@@ -72,7 +72,6 @@ def test_deposed_owners_orm_writes_are_refused(orm_env: HostEnv) -> None:
     assert obj is not None
     obj.v = "stale"
     with (
-        pytest.warns(WorkflowClaimLostWarning),
         pytest.raises(EngineDeposedError),
         old.fenced("wf-1", session) as s,
     ):
@@ -97,7 +96,6 @@ def test_nested_session_block_is_a_savepoint(orm_env: HostEnv) -> None:
         with own.fenced("wf-1", session):
             session.add(report(id="inner", v="2"))
         with (
-            pytest.warns(WorkflowClaimLostWarning),
             pytest.raises(EngineDeposedError),
             own.fenced("not-held", session),
         ):

@@ -94,7 +94,6 @@ def test_an_unheld_claim_is_refused_before_any_statement(
     statements: list[str] = []
     conn.set_trace_callback(statements.append)
     with (
-        pytest.warns(WorkflowClaimLostWarning),
         pytest.raises(EngineDeposedError),
         _short(own, conn, "never-claimed"),
     ):

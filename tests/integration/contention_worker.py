@@ -30,7 +30,7 @@ from tests.integration.procs import Journal, log_warnings_to, run_journaled, wai
 from weft_sync import keys
 from weft_sync.claims.registry import ClaimRegistry
 from weft_sync.clock import system_clock
-from weft_sync.codec import decode_epoch, encode_epoch
+from weft_sync.codec import decode_epoch
 from weft_sync.maintenance.bootstrap import bootstrap_workflow_lease_ownership
 from weft_sync.storage import Condition, Put, Storage, open_storage
 
@@ -121,9 +121,17 @@ def decode_log_entry(raw: bytes) -> LogEntry:
 
 
 def append_log_entry(
-    storage: Storage, workflow_id: str, *, worker: str, epoch: int, stale: bool, journal: Journal
+    storage: Storage,
+    workflow_id: str,
+    *,
+    worker: str,
+    epoch: int,
+    token: bytes,
+    stale: bool,
+    journal: Journal,
 ) -> bool:
-    """Append one entry to ``workflow_id``'s log, fenced on ``epoch``; ``False`` if refused.
+    """Append one entry to ``workflow_id``'s log, fenced on ``token`` (the epoch-key bytes of
+    ``epoch`` as this worker minted them); ``False`` if refused.
 
     The intent is journaled before the write and the outcome after it, so a process killed in
     between leaves exactly one unresolved intent.
@@ -135,7 +143,7 @@ def append_log_entry(
     journal.write({"ev": "intent", "wf": workflow_id, **asdict(entry)})
     committed = storage.conditional_batch(
         [
-            Condition(keys.workflow_owner_epoch(workflow_id), encode_epoch(epoch)),
+            Condition(keys.workflow_owner_epoch(workflow_id), token),
             Condition(head_key, observed),
         ],
         [
@@ -196,7 +204,8 @@ class _Contender:
         self._storage = storage
         self._journal = journal
         self._rng = random.Random(config.seed)
-        self._held_before: dict[tuple[str, int], None] = {}
+        # (workflow, epoch) -> the epoch token this engine held it at.
+        self._held_before: dict[tuple[str, int], bytes] = {}
         self.counts: Counter[str] = Counter()
 
     def turn(self) -> None:
@@ -208,12 +217,13 @@ class _Contender:
             workflow_id = self._rng.choice(self._config.workflow_ids)
         # Read afresh: the renewal task may have dropped the claim since the listing.
         epoch = self._registry.current_epoch(workflow_id)
-        if epoch is None:
+        token = self._registry.current_epoch_bytes(workflow_id)
+        if epoch is None or token is None:
             self._claim(workflow_id)
         else:
-            self._held_before[workflow_id, epoch] = None
+            self._held_before[workflow_id, epoch] = token
             if self._rng.random() < _WRITE_SHARE:
-                self._write(workflow_id, epoch)
+                self._write(workflow_id, epoch, token)
             else:
                 status = self._registry.release(workflow_id, expected_epoch=epoch).status
                 self.counts[f"release_{status}"] += 1
@@ -229,9 +239,9 @@ class _Contender:
         acquire = self._registry.acquire(workflow_id)
         self.counts[f"acquire_{acquire.status}"] += 1
 
-    def _write(self, workflow_id: str, epoch: int) -> None:
+    def _write(self, workflow_id: str, epoch: int, token: bytes) -> None:
         for _ in range(self._rng.randint(1, _MAX_ENTRIES_PER_TURN)):
-            if not self._append(workflow_id, epoch, stale=False):
+            if not self._append(workflow_id, epoch, token, stale=False):
                 # Only the holder of an epoch writes under it, so a refusal means deposed.
                 self.counts["fenced_refused"] += 1
                 return
@@ -248,18 +258,19 @@ class _Contender:
         if current is None or current <= epoch:
             # Released and not claimed since: that epoch is still the store's current one.
             return
-        del self._held_before[workflow_id, epoch]
-        if self._append(workflow_id, epoch, stale=True):
+        token = self._held_before.pop((workflow_id, epoch))
+        if self._append(workflow_id, epoch, token, stale=True):
             self.counts["stale_accepted"] += 1
         else:
             self.counts["stale_refused"] += 1
 
-    def _append(self, workflow_id: str, epoch: int, *, stale: bool) -> bool:
+    def _append(self, workflow_id: str, epoch: int, token: bytes, *, stale: bool) -> bool:
         return append_log_entry(
             self._storage,
             workflow_id,
             worker=self._config.engine_id,
             epoch=epoch,
+            token=token,
             stale=stale,
             journal=self._journal,
         )

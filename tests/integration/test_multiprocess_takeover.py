@@ -50,11 +50,11 @@ def _holders(storage: Storage) -> dict[str, tuple[str, int, int]]:
     return found
 
 
-def _fenced_writes(storage: Storage, ids: list[str], epoch: int) -> list[bool]:
+def _fenced_writes(storage: Storage, ids: list[str], tokens: dict[str, bytes]) -> list[bool]:
     return storage.conditional_batches(
         [
             (
-                [Condition(keys.workflow_owner_epoch(wid), encode_epoch(epoch))],
+                [Condition(keys.workflow_owner_epoch(wid), tokens[wid])],
                 [Put(keys.workflow(wid), encode_workflow_record(_record(wid, step=2)))],
             )
             for wid in ids
@@ -142,6 +142,8 @@ def test_survivor_takes_over_every_claim_of_a_killed_owner_and_fences_it(
     assert {(engine, epoch) for engine, epoch, _ in held.values()} == {("survivor", 2)}
     assert {decode_epoch(store.get(keys.workflow_owner_epoch(wid))) for wid in ids} == {2}
     assert survivor.metrics.snapshot().attempts["takeover"] == CLAIMS
-    # The dead owner's epoch can no longer write; the survivor's can.
-    assert _fenced_writes(store, ids, 1) == [False] * CLAIMS
-    assert _fenced_writes(store, ids, 2) == [True] * CLAIMS
+    # The dead owner's epoch can no longer write (nor its number alone); the survivor's can.
+    assert _fenced_writes(store, ids, dict.fromkeys(ids, encode_epoch(1))) == [False] * CLAIMS
+    assert _fenced_writes(store, ids, dict.fromkeys(ids, encode_epoch(2))) == [False] * CLAIMS
+    tokens = {wid: survivor.registry.current_epoch_bytes(wid) or b"" for wid in ids}
+    assert _fenced_writes(store, ids, tokens) == [True] * CLAIMS

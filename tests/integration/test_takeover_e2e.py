@@ -108,10 +108,10 @@ def _holder(storage: Storage, workflow_id: str) -> tuple[str, int] | None:
     return None if holder is None else (holder.engine_id, holder.epoch)
 
 
-def _fenced_write(storage: Storage, workflow_id: str, epoch: int) -> bool:
+def _fenced_write(storage: Storage, workflow_id: str, token: bytes | None) -> bool:
     record = WorkflowRecord(workflow_id, "import", "running", input={"step": 2})
     return storage.conditional_batch(
-        [Condition(keys.workflow_owner_epoch(workflow_id), encode_epoch(epoch))],
+        [Condition(keys.workflow_owner_epoch(workflow_id), token)],
         [Put(keys.workflow(workflow_id), encode_workflow_record(record))],
     )
 
@@ -176,8 +176,9 @@ def test_abandoned_claim_is_reclaimed_and_driven_once_and_a_live_one_is_left_alo
     assert a.driven == []
 
     # The store enforces the handover: only the new epoch can write.
-    assert not _fenced_write(a.storage, "stranded", 1)
-    assert _fenced_write(b.storage, "stranded", 2)
+    assert not _fenced_write(a.storage, "stranded", encode_epoch(1))
+    assert not _fenced_write(a.storage, "stranded", encode_epoch(2))  # the number alone
+    assert _fenced_write(b.storage, "stranded", b.registry.current_epoch_bytes("stranded"))
     assert c.registry.list_held_workflow_ids() == ["live"]
 
 

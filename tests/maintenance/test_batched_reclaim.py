@@ -28,6 +28,7 @@ from tests.maintenance.helpers import (
     complete_workflow,
     write_workflow,
 )
+from tests.token_match import epoch_numbers, token_shape
 from tests.workflows.helpers import holder_engine, stored_epoch
 from weft_sync import keys
 from weft_sync.claims.registry import ClaimRegistry
@@ -269,9 +270,9 @@ class _World:
 
     def state(self) -> tuple[object, ...]:
         return (
-            self.store.scan(""),
+            epoch_numbers(self.store.scan("")),
             sorted(self.reg.list_held_workflow_ids()),
-            {w: self.reg.current_epoch_bytes(w) for w in CANDIDATES},
+            {w: token_shape(self.reg.current_epoch_bytes(w)) for w in CANDIDATES},
             self.target.pending_redrive_ids(),
             self.drive.calls,
             claim_attempts(self.metrics),
@@ -298,7 +299,7 @@ def test_prepare_and_complete_match_single_attempts_on_an_identical_store(
     batched, single = _World(storage, eligible), _World(twin, eligible)
     for world in (batched, single):
         world.build()
-    assert batched.store.scan("") == single.store.scan("")
+    assert epoch_numbers(batched.store.scan("")) == epoch_numbers(single.store.scan(""))
     batched.gated.calls.clear()
 
     results = _prepare_and_complete(batched.target, CANDIDATES)

@@ -331,6 +331,7 @@ def test_transient_faults_never_kill_maintenance_or_drop_a_claim_silently(
         "deposed": deposed,
         "deadline": ledger.deadline_losses,
         "store_identity": 0,
+        "store_rollback": 0,
     }
     assert snapshot.active_claims == len(harness.held_a())
 

@@ -38,6 +38,7 @@ from hypothesis.stateful import (
 
 from tests.claims.gated import WarningSink
 from tests.claims.index_checks import assert_index_exact
+from tests.token_match import minted
 from weft_sync import keys
 from weft_sync.claims import ClaimRegistry, TakeoverResult, build_external_rotation_transition
 from weft_sync.claims.engine_index import release_entry_ops
@@ -46,7 +47,6 @@ from weft_sync.codec import (
     HolderRecord,
     decode_epoch,
     decode_holder,
-    encode_epoch,
     encode_holder,
 )
 from weft_sync.storage import Storage, open_storage
@@ -360,7 +360,7 @@ class ClaimMachine(RuleBasedStateMachine):
                 if epoch is None or belief is None:
                     assert registry.current_epoch_bytes(wid) is None
                     continue
-                assert registry.current_epoch_bytes(wid) == encode_epoch(epoch)
+                assert registry.current_epoch_bytes(wid) == minted(epoch)
                 assert stored_epoch is not None and epoch <= stored_epoch, (
                     f"{registry.engine_id} believes {wid} is at epoch {epoch}, the store says "
                     f"{stored_epoch}"

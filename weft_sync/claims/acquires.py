@@ -83,7 +83,8 @@ class Acquires:
             return AcquireResult(AcquireStatus.LOST_RACE, wid, held_by=held_by)
         epoch = self.install(wid, fragment, now)
         _log.info("engine %s acquired workflow %r at epoch %d", self._engine_id, wid, epoch)
-        return AcquireResult(AcquireStatus.ACQUIRED, wid, epoch=epoch)
+        token = extract_put_value(fragment.operations, keys.workflow_owner_epoch(wid))
+        return AcquireResult(AcquireStatus.ACQUIRED, wid, epoch=epoch, token=token)
 
     def prepare(self, wid: str) -> AcquirePreparation:
         """See :meth:`ClaimRegistry.prepare_acquire_fragment

@@ -26,7 +26,7 @@ from typing import Final
 
 from .. import keys
 from ..clock import Clock, system_clock
-from ..codec import EPOCH_MAX, decode_epoch, decode_holder, encode_epoch
+from ..codec import EPOCH_MAX, decode_epoch, decode_holder, mint_token
 from ..keys import try_decode_key_component, validate_workflow_id
 from ..storage.base import Condition, Delete, Operation, Put, Storage, storage_conditional_batch
 from .engine_index import release_entry_ops
@@ -110,8 +110,11 @@ def repair_corrupt_epoch(
 
     :param at_least: a lower bound the operator knows is above every epoch handed out.
     :returns: the epoch written.
-    :raises ValueError: the epoch key is absent or not corrupt; ``at_least`` is not an int in
-        ``1 .. EPOCH_MAX``; or the time-derived epoch would leave the safe range.
+    An exhausted epoch (``EPOCH_MAX``, see :class:`~weft_sync.errors.EpochExhaustedError`) is
+    repaired too; the epoch written is a fresh token (new mint id).
+
+    :raises ValueError: the epoch key is absent or neither corrupt nor exhausted; ``at_least``
+        is not an int in ``1 .. EPOCH_MAX``; or the time-derived epoch would leave the safe range.
     :raises RuntimeError: the epoch or holder changed while repairing (run it again).
     """
     wid = validate_workflow_id(workflow_id)
@@ -123,16 +126,20 @@ def repair_corrupt_epoch(
     corrupt = storage.get(epoch_key)
     if corrupt is None:
         raise ValueError(f"workflow {wid!r} has no epoch key {epoch_key!r}: nothing to repair")
-    if decode_epoch(corrupt) is not None:
+    stored = decode_epoch(corrupt)
+    exhausted = stored == EPOCH_MAX
+    if stored is not None and not exhausted:
         raise ValueError(
-            f"the epoch key {epoch_key!r} holds a valid epoch ({decode_epoch(corrupt)}): it is "
+            f"the epoch key {epoch_key!r} holds a valid epoch ({stored}): it is "
             f"not corrupt, so it is left as it is"
         )
     holder_bytes = storage.get(holder_key)
     holder = decode_holder(holder_bytes)
+    # An exhausted epoch cannot be exceeded: the fresh mint id alone keeps the new token apart
+    # from every earlier one, so the number restarts from the clock.
     epoch = max(
         clock() * REPAIR_EPOCHS_PER_MS,
-        0 if holder is None else holder.epoch + 1,
+        0 if holder is None or holder.epoch >= EPOCH_MAX else holder.epoch + 1,
         0 if at_least is None else at_least,
     )
     if not 1 <= epoch <= EPOCH_MAX:
@@ -140,7 +147,7 @@ def repair_corrupt_epoch(
             f"the repaired epoch {epoch} for workflow {wid!r} is outside 1 .. {EPOCH_MAX}; pass "
             f"at_least= with a value known to exceed every epoch handed out"
         )
-    operations: list[Operation] = [Put(epoch_key, encode_epoch(epoch))]
+    operations: list[Operation] = [Put(epoch_key, mint_token(epoch))]
     if holder_bytes is not None:
         operations.append(Delete(holder_key))
         operations += release_entry_ops(wid, holder_bytes)

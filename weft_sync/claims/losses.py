@@ -2,7 +2,8 @@
 
 A claim is lost locally when this engine can no longer vouch for it: no renewal succeeded within
 the local renew deadline (``claim_ttl - claim_renew_interval`` after the start of the last
-successful write of its holder), or the store was replaced under the engine. Such a claim is
+successful write of its holder), the store was replaced under the engine, or the store went back
+in time (:mod:`~weft_sync.claims.rollback`). Such a claim is
 dropped from the registry's table, so it is not renewed again and every fenced write for it
 fails closed at the fence; its takeover cooldown starts; and it is reported once: one log
 record, one :class:`~weft_sync.errors.WorkflowClaimLostWarning` carrying the cause through the
@@ -18,6 +19,7 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections import OrderedDict
 from collections.abc import Callable, Iterable, Sequence
 from typing import Final
 
@@ -25,7 +27,7 @@ from ..errors import StoreIdentityError, WorkflowClaimLostWarning
 from ..metrics import ClaimLossCause, ClaimMetrics
 from .tracking import ClaimTable, TrackedClaim
 
-__all__ = ["DEADLINE", "DEPOSED", "STORE_IDENTITY", "LocalLosses"]
+__all__ = ["DEADLINE", "DEPOSED", "STORE_IDENTITY", "STORE_ROLLBACK", "LocalLosses"]
 
 # Logs under the registry's logger: one logger names every claim operation of the registry.
 _log = logging.getLogger("weft_sync.claims.registry")
@@ -33,6 +35,7 @@ _log = logging.getLogger("weft_sync.claims.registry")
 DEPOSED: Final[ClaimLossCause] = "deposed"
 DEADLINE: Final[ClaimLossCause] = "deadline"
 STORE_IDENTITY: Final[ClaimLossCause] = "store_identity"
+STORE_ROLLBACK: Final[ClaimLossCause] = "store_rollback"
 
 
 class LocalLosses:
@@ -58,9 +61,13 @@ class LocalLosses:
         self._engine_id = engine_id
         self._deadline_ms = deadline_ms
         self._metrics = metrics
-        # _store_lock guards _store_lost only.
+        # _store_lock guards _store_lost and _rollbacks only.
         self._store_lock = threading.Lock()
         self._store_lost: StoreIdentityError | None = None
+        self._rollbacks = 0
+        # _recent_lock guards _recent: the causes of the claims lost last, newest last.
+        self._recent_lock = threading.Lock()
+        self._recent: OrderedDict[str, ClaimLossCause] = OrderedDict()
 
     @property
     def deadline_ms(self) -> int:
@@ -126,6 +133,36 @@ class LocalLosses:
             )
         self.lose_all(STORE_IDENTITY, now)
 
+    def lose_rolled_back(
+        self, found_in: Sequence[str], store: str, evidence: str, now: int
+    ) -> tuple[list[str], dict[str, Exception]]:
+        """The store went back in time: report ``found_in`` and lose every other claim too.
+
+        ``found_in`` are the claims whose failed write showed it (already dropped from the
+        table); the rest of the table is dropped here. All are reported with cause
+        ``store_rollback``; the first rollback this engine sees is logged as a warning naming
+        the store, later ones at info level.
+
+        :returns: every id reported, and what the warn sink raised, per id.
+        """
+        with self._store_lock:
+            self._rollbacks += 1
+            first = self._rollbacks == 1
+        dropped = [wid for wid in self.drop_all(now) if wid not in found_in]
+        _log.log(
+            logging.WARNING if first else logging.INFO,
+            "engine %s found that the store %s went back in time (%s): it lost writes this "
+            "engine had made there, so every claim the engine held on it (%d) is treated as "
+            "lost; writes of any owner whose epoch the store forgot are refused by the token "
+            "fence",
+            self._engine_id,
+            store,
+            evidence,
+            len(found_in) + len(dropped),
+        )
+        lost = [*found_in, *dropped]
+        return lost, self.report(lost, STORE_ROLLBACK)
+
     def refuse_lost_store(self) -> None:
         """Raise the remembered :class:`~weft_sync.errors.StoreIdentityError`, if any."""
         with self._store_lock:
@@ -137,11 +174,29 @@ class LocalLosses:
         """Forget a replaced store (a forked child: a parent thread may have held the lock)."""
         self._store_lock = threading.Lock()
         self._store_lost = None
+        self._recent_lock = threading.Lock()
+        self._recent = OrderedDict()
+
+    def remember(self, ids: Iterable[str], cause: ClaimLossCause) -> None:
+        """Remember why ``ids`` were lost, for :meth:`cause_of` (the last few thousand)."""
+        with self._recent_lock:
+            recent = self._recent
+            for wid in ids:
+                recent.pop(wid, None)
+                recent[wid] = cause
+            while len(recent) > _RECENT_LIMIT:
+                recent.popitem(last=False)
+
+    def cause_of(self, workflow_id: str) -> ClaimLossCause | None:
+        """Why ``workflow_id`` was last lost here, if it was among the recent losses."""
+        with self._recent_lock:
+            return self._recent.get(workflow_id)
 
     def report(self, ids: Sequence[str], cause: ClaimLossCause) -> dict[str, Exception]:
         """Log, warn and count each lost claim; return what the sink raised, per id."""
         if not ids:
             return {}
+        self.remember(ids, cause)
         if self._metrics is not None:
             self._metrics.record_claims_lost(cause, len(ids))
         sink_errors: dict[str, Exception] = {}
@@ -160,6 +215,9 @@ class LocalLosses:
         return sink_errors
 
 
+_RECENT_LIMIT: Final = 4096
+"""How many lost claims' causes are remembered (for the error a later fenced write raises)."""
+
 _EXPLANATIONS: Final[dict[str, str]] = {
     DEADLINE: (
         "no renewal succeeded for {deadline} ms, so its holder record may expire in the store "
@@ -167,4 +225,5 @@ _EXPLANATIONS: Final[dict[str, str]] = {
     ),
     STORE_IDENTITY: "the store it was made in is no longer the one at its location",
     DEPOSED: "another writer replaced it",
+    STORE_ROLLBACK: "the store went back to an older state and forgot writes made for it",
 }

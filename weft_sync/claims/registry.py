@@ -49,6 +49,7 @@ from .results import (
     RenewResult,
     TakeoverResult,
 )
+from .rollback import describe_store, rollback_evidence
 from .takeovers import DEFAULT_TAKEOVER_CHUNK_SIZE, Takeovers
 from .tracking import ClaimTable
 
@@ -478,6 +479,75 @@ class ClaimRegistry:
         with cause ``store_identity``. Never raises; warn-sink errors are logged.
         """
         self._losses.lose_store(error, self._clock())
+
+    def loss_cause(self, workflow_id: str) -> ClaimLossCause | None:
+        """Why this engine last lost its claim on ``workflow_id``, if that was recent.
+
+        The last few thousand losses are remembered, so that a fenced write refused for a
+        claim no longer held can say why (``EngineDeposedError.cause``).
+        """
+        return self._losses.cause_of(workflow_id)
+
+    def lose_deposed(
+        self,
+        workflow_id: str,
+        token: bytes,
+        observed_token: bytes | None,
+        observed_holder: bytes | None = None,
+        *,
+        judge: bool = True,
+    ) -> bool:
+        """A fenced write for ``workflow_id`` found the stored epoch is no longer ``token``.
+
+        Drops the entry holding ``token`` (if it is still tracked) so that it is not renewed
+        and reported lost a second time, and starts its takeover cooldown. When what the
+        store holds instead shows it went back in time
+        (:func:`~weft_sync.claims.rollback.rollback_evidence`), every claim is lost locally
+        with cause ``store_rollback`` and reported (one warning each, through the warn sink);
+        otherwise the caller reports the deposition.
+
+        :param observed_token: the epoch key as read after the failed write (``None``: absent).
+        :param observed_holder: the holder key, if the caller read it.
+        :param judge: ``False`` when the caller does not know what the epoch key holds (no
+            rollback judgement, an ordinary deposition).
+        :returns: whether the caller still has to report the loss: ``True`` for an ordinary
+            deposition of a claim tracked until now; ``False`` when nothing was tracked at
+            ``token`` (the loss was reported already) or the rollback was reported here.
+        """
+        table = self._table
+        now = self._clock()
+        with table.lock:
+            entry = table.claims.get(workflow_id)
+            if entry is None or entry.epoch_bytes != token:
+                return False
+            del table.claims[workflow_id]
+            table.cooldown.record_deposition(workflow_id, now)
+        evidence = (
+            None
+            if not judge
+            else rollback_evidence(
+                engine_id=self._engine_id,
+                held_token=token,
+                held_holder=entry.holder_bytes if observed_holder is not None else None,
+                observed_token=observed_token,
+                observed_holder=observed_holder,
+            )
+        )
+        if evidence is None:
+            self._losses.remember((workflow_id,), "deposed")
+            metrics = self._losses.metrics
+            if metrics is not None:
+                metrics.record_claims_lost("deposed")
+            return True
+        _, sink_errors = self._losses.lose_rolled_back(
+            [workflow_id],
+            describe_store(self._storage),
+            f"workflow {workflow_id!r}: {evidence}",
+            now,
+        )
+        for wid, exc in sink_errors.items():
+            _log.warning("the warn sink raised reporting workflow %r lost: %r", wid, exc)
+        return False
 
     def lose_all_locally(self, cause: ClaimLossCause) -> list[str]:
         """Drop every tracked claim without touching the store and report each with ``cause``.

@@ -44,6 +44,8 @@ class ClaimRenewalLostError(WorkflowClaimLostError):
                 "no renewal succeeded within the local renew deadline, so this engine gave it "
                 "up before the store could expire it"
             )
+        elif cause == "store_rollback":
+            why = "the store went back in time and forgot writes made for this claim"
         else:
             why = "another engine or an external cancel/timeout/suspend/purge now owns its epoch"
         self.args = (

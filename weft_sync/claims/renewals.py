@@ -23,11 +23,14 @@ import msgpack
 from ..clock import Clock
 from ..codec import SAFE_INT_MAX
 from ..errors import StoreIdentityError, WorkflowClaimLostWarning
+from ..keys import workflow_owner_epoch as epoch_key
 from ..storage.base import Condition, Put, Storage, storage_conditional_batch
 from ..storage.cas import CasRow
 from ..storage.isolation import Judged, storage_compare_and_set_many_isolated
-from .losses import DEADLINE, DEPOSED, LocalLosses
+from ..storage.reads import storage_get_many
+from .losses import DEADLINE, DEPOSED, STORE_ROLLBACK, LocalLosses
 from .results import RenewResult, RenewStatus
+from .rollback import describe_store, rollback_evidence
 from .tracking import ClaimTable, RenewalGroup, TrackedClaim
 from .transitions import build_renew_transition, extract_put_value
 
@@ -52,6 +55,9 @@ Member = tuple[str, TrackedClaim, bytes]
 # locked by another session (not judged: a failed renewal, retried on the next pass).
 Committer = Callable[[Sequence[CasRow]], Sequence[Judged]]
 Outcomes = dict[str, "RenewResult | Exception"]
+# A lost renewal: the workflow id and the entry it renewed (dropped from the table), and the
+# holder bytes that entry had last written.
+Lost = tuple[str, TrackedClaim]
 # Called with the error once a renewal finds the store replaced; loses every claim locally.
 StoreLostHandler = Callable[[StoreIdentityError], None]
 
@@ -139,7 +145,7 @@ class Renewals:
             _log.debug("renewal of workflow %r: not held", wid)
             return RenewResult(RenewStatus.NOT_HELD, wid)
         outcomes: Outcomes = {}
-        lost: list[str] = []
+        lost: list[Lost] = []
         self._run_group(group, Chunk.of([member]), self._commit_one, outcomes, lost)
         outcome = outcomes[wid]
         if isinstance(outcome, Exception):
@@ -150,7 +156,9 @@ class Renewals:
                 raise outcome
             return outcome
         if lost:
-            self._report_lost(wid)
+            outcome = self._report_all_lost(lost).get(wid, outcome)
+            if isinstance(outcome, Exception):
+                raise outcome
         else:
             _log.debug("renewed the claim on workflow %r", wid)
         return outcome
@@ -185,7 +193,7 @@ class Renewals:
                 group = RenewalGroup()
                 in_flight.update(dict.fromkeys(chunk.wids, group))
                 groups.append((group, chunk))
-        lost: list[str] = []
+        lost: list[Lost] = []
         failed = 0
         try:
             for group, chunk in groups:
@@ -278,7 +286,7 @@ class Renewals:
         return (wid, entry, entry.holder_bytes)
 
     def _renew_chunk(
-        self, group: RenewalGroup, chunk: Chunk, outcomes: Outcomes, lost: list[str]
+        self, group: RenewalGroup, chunk: Chunk, outcomes: Outcomes, lost: list[Lost]
     ) -> int:
         """Renew one chunk in one transaction; return how many of its renewals failed."""
         lost_before = len(lost)
@@ -299,7 +307,7 @@ class Renewals:
         chunk: Chunk,
         commit: Committer,
         outcomes: Outcomes,
-        lost: list[str],
+        lost: list[Lost],
     ) -> int:
         """Renew ``chunk`` in one commit, settle it and wake the group's waiters.
 
@@ -452,7 +460,7 @@ class Renewals:
         errors: dict[str, Exception],
         now: int,
         outcomes: Outcomes,
-        lost: list[str],
+        lost: list[Lost],
     ) -> None:
         """Apply finished renewals to the entries they started from, then wake their waiters.
 
@@ -481,12 +489,16 @@ class Renewals:
                         result = entry.renewed = RenewResult(_RENEWED, wid)
                     results[wid] = outcomes[wid] = result
                     continue
-                if claims.get(wid) is entry:
+                current = claims.get(wid)
+                if current is entry:
                     del claims[wid]
                     # The window starts at this renewal's own clock reading.
                     table.cooldown.record_deposition(wid, now)
                 results[wid] = outcomes[wid] = RenewResult(_LOST, wid)
-                lost.append(wid)
+                if current is not None:
+                    # Not reported again when the entry is gone: whatever dropped it (a fenced
+                    # write that found the claim deposed, a local loss) reported it already.
+                    lost.append((wid, entry))
         group.done.set()
 
     def _settle_renewed(
@@ -563,17 +575,60 @@ class Renewals:
             self._engine_id,
             wid,
         )
+        self._losses.remember((wid,), DEPOSED)
         metrics = self._losses.metrics
         if metrics is not None:
             metrics.record_claims_lost(DEPOSED)
         self._warn(WorkflowClaimLostWarning(wid))
 
-    def _report_all_lost(self, lost: Sequence[str]) -> dict[str, Exception]:
-        """Report each lost claim; return what the sink raised, per id, without stopping."""
-        sink_errors: dict[str, Exception] = {}
-        for wid in lost:
+    def _report_all_lost(self, lost: Sequence[Lost]) -> Outcomes:
+        """Report each lost claim; return the outcomes that change, per id, without stopping.
+
+        A claim whose store shows it went back in time (:mod:`~weft_sync.claims.rollback`) is
+        lost with cause ``store_rollback``, with every other claim of this engine; the rest
+        are ordinary depositions. What the warn sink raised replaces an id's outcome.
+        """
+        changed: Outcomes = {}
+        rolled, evidence = self._rolled_back(lost)
+        if rolled:
+            every, sink_errors = self._losses.lose_rolled_back(
+                rolled, describe_store(self._storage), evidence, self._clock()
+            )
+            # Every claim is lost, including ones renewed in this same pass.
+            changed.update((wid, RenewResult(_LOST, wid, STORE_ROLLBACK)) for wid in every)
+            changed.update(sink_errors)
+        for wid, _ in lost:
+            if wid in changed:
+                continue
             try:
                 self._report_lost(wid)
             except Exception as exc:
-                sink_errors[wid] = exc
-        return sink_errors
+                changed[wid] = exc
+        return changed
+
+    def _rolled_back(self, lost: Sequence[Lost]) -> tuple[list[str], str]:
+        """The lost claims whose epoch and holder show the store went back in time, and the
+        first evidence found. Reads both keys of each lost claim (only after a failed renewal);
+        a read that fails judges nothing."""
+        keys_read: list[str] = []
+        for wid, entry in lost:
+            keys_read += (epoch_key(wid), entry.holder_key)
+        try:
+            values = storage_get_many(self._storage, keys_read)
+        except Exception as exc:
+            _log.debug("could not re-read lost claims to check for a store rollback: %r", exc)
+            return [], ""
+        rolled: list[str] = []
+        first = ""
+        for i, (wid, entry) in enumerate(lost):
+            found = rollback_evidence(
+                engine_id=self._engine_id,
+                held_token=entry.epoch_bytes,
+                held_holder=entry.holder_bytes,
+                observed_token=values[2 * i],
+                observed_holder=values[2 * i + 1],
+            )
+            if found is not None:
+                rolled.append(wid)
+                first = first or f"workflow {wid!r}: {found}"
+        return rolled, first

@@ -7,7 +7,7 @@ holds; fields that do not apply to a status are ``None``.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import Enum
 
 from .transitions import Fragment
@@ -65,12 +65,15 @@ class TakeoverStatus(_StrStatus):
 
 @dataclass(frozen=True, slots=True)
 class AcquireResult:
-    """``acquired`` with the new ``epoch``, or ``lost-race`` with the holder's id if known."""
+    """``acquired`` with the new ``epoch`` and its ``token`` (the exact epoch-key bytes the
+    fences compare), or ``lost-race`` with the holder's id if known."""
 
     status: AcquireStatus
     workflow_id: str
     epoch: int | None = None
     held_by: str | None = None
+    # Random per minting, so two results of one outcome never compare equal by it.
+    token: bytes | None = field(default=None, compare=False)
 
 
 @dataclass(frozen=True, slots=True)
@@ -99,11 +102,12 @@ class ReleaseResult:
 class TakeoverResult:
     """Outcome of a takeover attempt.
 
-    ``acquired`` carries ``epoch`` and the ``expires_at`` of the holder it replaced (``None`` when
-    that record did not decode), and ``before_expiry`` when that holder had not expired but its
-    engine was named dead (a takeover delay, our takeover minus that expiry, means nothing for
-    it); ``lost-race`` carries ``held_by`` (``None`` if unknown); ``not-expired`` carries
-    ``held_by`` and ``expires_at`` of the live holder.
+    ``acquired`` carries ``epoch``, its ``token`` (the exact epoch-key bytes) and the
+    ``expires_at`` of the holder it replaced (``None`` when that record did not decode), and
+    ``before_expiry`` when that holder had not expired but its engine was named dead (a
+    takeover delay, our takeover minus that expiry, means nothing for it); ``lost-race``
+    carries ``held_by`` (``None`` if unknown); ``not-expired`` carries ``held_by`` and
+    ``expires_at`` of the live holder.
     """
 
     status: TakeoverStatus
@@ -112,6 +116,8 @@ class TakeoverResult:
     held_by: str | None = None
     expires_at: int | None = None
     before_expiry: bool = False
+    # Random per minting, so two results of one outcome never compare equal by it.
+    token: bytes | None = field(default=None, compare=False)
 
 
 @dataclass(frozen=True, slots=True)

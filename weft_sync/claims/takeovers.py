@@ -27,7 +27,7 @@ from ..storage.reads import storage_get_many
 from .engine_index import with_claim_entry
 from .results import TakeoverResult, TakeoverStatus
 from .tracking import ClaimTable
-from .transitions import Fragment, build_takeover_transition, is_claim_expired
+from .transitions import Fragment, build_takeover_transition, extract_put_value, is_claim_expired
 
 __all__ = ["DEFAULT_TAKEOVER_CHUNK_SIZE", "Installer", "Takeovers"]
 
@@ -267,6 +267,7 @@ class Takeovers:
             epoch=epoch,
             expires_at=None if previous is None else previous.expires_at,
             before_expiry=early,
+            token=extract_put_value(fragment.operations, keys.workflow_owner_epoch(wid)),
         )
 
     def _lost(self, wid: str, holder_bytes: bytes | None) -> TakeoverResult:

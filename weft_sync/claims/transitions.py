@@ -1,4 +1,8 @@
-"""Pure claim transitions: each builds the conditions and operations of one CAS.
+"""Claim transitions: each builds the conditions and operations of one CAS.
+
+They do no I/O. Every mint of an epoch (acquire, takeover, external rotation) writes a fresh
+token (:func:`~weft_sync.codec.mint_token`: the next number and random mint id), so the
+operations differ between two builds from the same input; the conditions do not.
 
 Conditions always carry the exact bytes previously read or written, never bytes re-encoded from a
 decoded record, so a CAS cannot fail spuriously on a representation difference.
@@ -11,8 +15,8 @@ from dataclasses import dataclass
 from typing import Final
 
 from .. import keys
-from ..codec import HolderRecord, decode_epoch, decode_holder, encode_epoch, encode_holder
-from ..errors import CorruptEpochError
+from ..codec import EPOCH_MAX, HolderRecord, decode_epoch, decode_holder, encode_holder, mint_token
+from ..errors import CorruptEpochError, EpochExhaustedError
 from ..storage.base import Condition, Delete, Operation, Put
 
 __all__ = [
@@ -42,16 +46,21 @@ class Fragment:
 
 
 def next_epoch(observed_epoch_bytes: bytes | None, workflow_id: str = "") -> int:
-    """Mint the epoch after the observed one; absent bytes (never claimed) mint 1.
+    """The epoch number after the observed one; absent bytes (never claimed) give 1.
+
+    The observed value may be a token or an old-format 8-byte epoch: only its number counts.
 
     :raises CorruptEpochError: the bytes are present but do not decode: an epoch is never
         minted over them, since anything chosen could repeat one handed out before.
+    :raises EpochExhaustedError: the observed epoch is :data:`~weft_sync.codec.EPOCH_MAX`.
     """
     if observed_epoch_bytes is None:
         return 1
     current = decode_epoch(observed_epoch_bytes)
     if current is None:
         raise CorruptEpochError(workflow_id, keys.workflow_owner_epoch(workflow_id))
+    if current >= EPOCH_MAX:
+        raise EpochExhaustedError(workflow_id, keys.workflow_owner_epoch(workflow_id), current)
     return current + 1
 
 
@@ -60,7 +69,7 @@ def _claim_puts(
 ) -> tuple[Operation, ...]:
     holder = HolderRecord(engine_id, epoch, now + claim_ttl_ms, now)
     return (
-        Put(keys.workflow_owner_epoch(workflow_id), encode_epoch(epoch)),
+        Put(keys.workflow_owner_epoch(workflow_id), mint_token(epoch)),
         Put(keys.workflow_owner_holder(workflow_id), encode_holder(holder)),
     )
 
@@ -159,7 +168,7 @@ def build_external_rotation_transition(
         operations=(
             Put(
                 keys.workflow_owner_epoch(workflow_id),
-                encode_epoch(next_epoch(observed_epoch_bytes, workflow_id)),
+                mint_token(next_epoch(observed_epoch_bytes, workflow_id)),
             ),
             Delete(keys.workflow_owner_holder(workflow_id)),
         ),

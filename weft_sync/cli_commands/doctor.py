@@ -10,6 +10,7 @@ from .. import keys
 from ..claims.epochs import find_corrupt_epochs
 from ..codec import decode_mode_marker, encode_epoch
 from ..storage import Condition, Delete, Put, Storage
+from ..storage.postgres_settings import ReplicationSettings
 from .listing import read_claims
 from .output import CommandError, StoreMissing, StoreRef, one_line
 from .store_view import read_store_view
@@ -95,18 +96,62 @@ def _check_store(storage: Storage, fix: bool, report: Report) -> None:
 
 
 def _report_replication(storage: Storage, report: Report) -> None:
-    """How the server replicates commits (PostgreSQL only): an asynchronous failover can roll an
-    epoch back and so hand a fence out twice; a standby takes no writes at all."""
+    """How the server replicates commits (PostgreSQL only), and what that means for fencing.
+
+    A standby takes no writes at all. On a primary whose commits wait for a synchronous
+    standby, a promoted standby has every acknowledged epoch. On an asynchronous one, a
+    promoted standby may lack the last epochs: it can hand an epoch number out again, which
+    the epoch token (number plus random mint id) keeps from matching the deposed owner's, so
+    that owner's writes fail closed, but the work acknowledged in those last commits is gone.
+    """
     settings_of = getattr(storage, "replication_settings", None)
     if not callable(settings_of):
         return
     settings = settings_of()
-    durability = "survive" if settings.failover_safe else "may be lost in"
-    report(
-        "FAIL" if settings.is_standby else "info",
-        f"replication: synchronous_commit={settings.synchronous_commit}, "
+    detail = (
+        f"synchronous_commit={settings.synchronous_commit}, "
         f"synchronous_standby_names={settings.synchronous_standby_names!r}, "
-        f"standby={settings.is_standby}; acknowledged epochs {durability} a failover",
+        f"{settings.standbys} standby(s) streaming"
+        + (
+            ""
+            if settings.sync_standbys is None
+            else f", {settings.sync_standbys} of them synchronous"
+        )
+    )
+    report(*_replication_verdict(settings, detail))
+
+
+def _replication_verdict(settings: ReplicationSettings, detail: str) -> tuple[str, str]:
+    if settings.is_standby:
+        return (
+            "FAIL",
+            f"replication: this server is a standby ({detail}): it takes no writes, so engines "
+            f"cannot claim or renew here; point them at the primary",
+        )
+    if settings.failover_safe and settings.sync_standbys != 0:
+        return (
+            "ok",
+            f"replication: primary with synchronous standbys ({detail}): an acknowledged epoch "
+            f"is on a standby too, so a failover to it loses none; fences stay exact",
+        )
+    if settings.failover_safe:
+        return (
+            "info",
+            f"replication: primary configured for synchronous standbys but none is streaming "
+            f"now ({detail}): commits wait for one to connect",
+        )
+    if settings.standbys:
+        return (
+            "info",
+            f"replication: primary with asynchronous standbys only ({detail}): a failover may "
+            f"lose the last acknowledged epochs; the new primary can mint an epoch number "
+            f"again, but never the same token, so the deposed owner's writes fail closed (the "
+            f"work in the lost commits is gone; configure synchronous_standby_names to keep it)",
+        )
+    return (
+        "info",
+        f"replication: no standby streaming ({detail}): nothing to fail over to; a restore "
+        f"from backup is the only way back, and the epoch token fences it the same way",
     )
 
 

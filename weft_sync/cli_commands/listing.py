@@ -8,7 +8,7 @@ from typing import Any, TextIO
 
 from .. import keys
 from ..clock import system_clock
-from ..codec import HolderRecord, decode_epoch, decode_holder, try_decode_workflow_record
+from ..codec import HolderRecord, decode_holder, decode_token, try_decode_workflow_record
 from ..storage import Storage
 from ..workflows import Workflows
 from .output import NotFound, StoreRef, emit_json, emit_table, human_time, record_dict
@@ -97,8 +97,9 @@ def show(store: StoreRef, workflow_id: str, as_json: bool, out: TextIO) -> int:
         record = try_decode_workflow_record(record_raw)
         outcome = ledger.get_outcome(wid)
         checkpoint = ledger.load_checkpoint(wid)
-        epoch = decode_epoch(storage.get(keys.workflow_owner_epoch(wid)))
+        token = decode_token(storage.get(keys.workflow_owner_epoch(wid)))
         holder_raw = storage.get(keys.workflow_owner_holder(wid))
+    epoch = None if token is None else token.epoch
     if record_raw is None and epoch is None and holder_raw is None:
         raise NotFound(f"no workflow or claim {wid!r} in the store")
     holder = None if holder_raw is None else decode_holder(holder_raw)
@@ -108,6 +109,8 @@ def show(store: StoreRef, workflow_id: str, as_json: bool, out: TextIO) -> int:
         "outcome": None,
         "checkpoint_bytes": None if checkpoint is None else len(checkpoint),
         "epoch": epoch,
+        # The mint id of the epoch token (hex); "" for an old-format 8-byte epoch.
+        "epoch_mint_id": None if token is None else token.mint_id.hex(),
         "holder": None if holder_raw is None else ClaimRow(wid, holder).as_dict(system_clock()),
     }
     if outcome is not None:
@@ -151,6 +154,9 @@ def _print_show(wid: str, data: dict[str, Any], out: TextIO) -> None:
     lines.append(("checkpoint", "(none)" if size is None else f"{size} bytes"))
     epoch = data["epoch"]
     lines.append(("epoch", "(never claimed)" if epoch is None else str(epoch)))
+    mint = data["epoch_mint_id"]
+    if mint is not None:
+        lines.append(("mint", mint or "(old 8-byte format: upgraded at the next mint)"))
     holder = data["holder"]
     if holder is None:
         lines.append(("holder", "(none)"))

@@ -247,7 +247,16 @@ class HostFence:
     It is the :class:`~weft_sync.fencing.base.FenceContext` of a family's fast block.
     """
 
-    __slots__ = ("_extra", "_settings", "_storage", "_target", "_warn", "epoch_of", "hint")
+    __slots__ = (
+        "_extra",
+        "_registry",
+        "_settings",
+        "_storage",
+        "_target",
+        "_warn",
+        "epoch_of",
+        "hint",
+    )
 
     def __init__(
         self,
@@ -260,6 +269,7 @@ class HostFence:
         epoch_of: Callable[[str], bytes | None] | None = None,
     ) -> None:
         self._storage = storage
+        self._registry = registry
         self.epoch_of = registry.current_epoch_bytes if epoch_of is None else epoch_of
         self._warn = warn
         lock_ms = registry.claim_renew_interval_ms if lock_timeout_ms is None else lock_timeout_ms
@@ -301,9 +311,31 @@ class HostFence:
         """The epoch read's parameters for ``workflow_id``, once :meth:`target` was fetched."""
         return (_epoch_key(workflow_id), *self._extra)
 
-    def deposed(self, workflow_id: str) -> NoReturn:
-        """Log the deposition, warn, and raise :class:`~weft_sync.errors.EngineDeposedError`."""
-        _deposed(workflow_id, self._warn)
+    def deposed(
+        self, workflow_id: str, expected: bytes | None = None, observed: bytes | None = None
+    ) -> NoReturn:
+        """Raise :class:`~weft_sync.errors.EngineDeposedError`; report a loss found here.
+
+        With no claim held (the loss, if any, was reported when the claim was dropped) it only
+        raises, naming the recent cause. Otherwise the block read another token than
+        ``expected`` (default: the token held now): the claim is dropped from the registry,
+        so its next renewal does not report it again, and reported here once — unless what
+        the block ``observed`` shows the store went back in time, which the registry reports.
+        """
+        registry = self._registry
+        token = self.epoch_of(workflow_id) if expected is None else expected
+        if token is None:
+            why = registry.loss_cause(workflow_id) or "not_held"
+            _log.info(
+                "a fenced host transaction for workflow %r was refused: this engine holds no "
+                "claim on it (%s); nothing was written",
+                workflow_id,
+                why,
+            )
+            raise EngineDeposedError(workflow_id, why)
+        if registry.lose_deposed(workflow_id, token, observed, judge=expected is not None):
+            _deposed(workflow_id, self._warn)
+        raise EngineDeposedError(workflow_id, registry.loss_cause(workflow_id) or "deposed")
 
     def failed(self, workflow_id: str, exc: BaseException) -> StorageError:
         """The ``StorageError`` for one of the fence's own statements that failed with ``exc``."""
@@ -346,7 +378,7 @@ class _FencedBlock:
             _refuse(host, target, f"a {host.family!r} database")
         expected = fence.epoch_of(wid)  # validates the id
         if expected is None:
-            _deposed(wid, fence._warn)
+            fence.deposed(wid)
         params = fence.read_params(wid)
         rows = None
         # A host that can begin and read in one call finds its proof itself: asking for the
@@ -367,7 +399,7 @@ class _FencedBlock:
         if observed != expected:
             error = EngineDeposedError(wid)
             _end_quietly(host, error)
-            _deposed(wid, fence._warn)
+            fence.deposed(wid, expected, observed)
         self._host = host
         return host.result
 

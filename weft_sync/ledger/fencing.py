@@ -188,24 +188,46 @@ class Fence:
         """The bound registry, or ``None``."""
         return self._registry()
 
-    def deposed(self, workflow_id: str, cause: BaseException | None = None) -> NoReturn:
-        """Report the lost claim (log + warning sink) and raise ``EngineDeposedError``."""
-        _log.warning(
-            "a fenced write for workflow %r found this engine deposed (its epoch fence no "
-            "longer holds)",
-            workflow_id,
-        )
-        self._warn(WorkflowClaimLostWarning(workflow_id))
-        raise EngineDeposedError(workflow_id) from cause
+    def deposed(
+        self,
+        workflow_id: str,
+        cause: BaseException | None = None,
+        *,
+        why: str = "deposed",
+        report: bool = True,
+    ) -> NoReturn:
+        """Report the lost claim (log + warning sink) and raise ``EngineDeposedError``.
+
+        :param why: the error's ``cause`` (see :class:`~weft_sync.errors.EngineDeposedError`).
+        :param report: ``False`` when the loss was reported already (by the renewal or the
+            local loss that dropped the claim): one lost claim gives one warning.
+        """
+        if report:
+            _log.warning(
+                "a fenced write for workflow %r found this engine deposed (its epoch fence no "
+                "longer holds)",
+                workflow_id,
+            )
+            self._warn(WorkflowClaimLostWarning(workflow_id))
+        else:
+            _log.info(
+                "a fenced write for workflow %r was refused: this engine holds no claim on it (%s)",
+                workflow_id,
+                why,
+            )
+        raise EngineDeposedError(workflow_id, why) from cause
 
     def fence_bytes(self, workflow_id: str) -> bytes:
-        """The epoch bytes this engine holds for ``workflow_id``.
+        """The epoch token this engine holds for ``workflow_id``.
 
-        :raises EngineDeposedError: it holds none (after the claim-lost warning).
+        :raises EngineDeposedError: it holds none; its ``cause`` says why the claim was lost
+            when that was recent (the loss was reported then, so no second warning).
         """
-        fence = self.registry().current_epoch_bytes(workflow_id)
+        registry = self.registry()
+        fence = registry.current_epoch_bytes(workflow_id)
         if fence is None:
-            self.deposed(workflow_id)
+            why = registry.loss_cause(workflow_id)
+            self.deposed(workflow_id, why=why or "not_held", report=False)
         return fence
 
     def commit(
@@ -264,10 +286,16 @@ class Fence:
         try:
             observed = self._storage.get(epoch_key)
         except Exception as exc:
-            # Unable to prove the fence still holds: fail closed.
-            self.deposed(workflow_id, exc)
+            # Unable to prove the fence still holds: fail closed. The claim may still be ours,
+            # so it stays tracked (its renewals decide) and no loss is reported.
+            self.deposed(workflow_id, exc, why="storage", report=False)
         if observed is None or decode_epoch(observed) is None or observed != fence:
-            self.deposed(workflow_id)
+            # Proven: the stored token is not ours. Drop the claim here, so that its next
+            # renewal does not report it a second time; a store that went back in time loses
+            # every claim (reported by the registry).
+            report = self.registry().lose_deposed(workflow_id, fence, observed)
+            why = "deposed" if report else (self.registry().loss_cause(workflow_id) or "deposed")
+            self.deposed(workflow_id, why=why, report=report)
         _log.debug("fenced write for workflow %r: a base condition failed", workflow_id)
         return False
 

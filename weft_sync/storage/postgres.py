@@ -181,6 +181,7 @@ class PostgresStorage(ConditionalWrites, IsolatedBatches, PostgresSessionLockMet
     def _ensure_table(self) -> None:
         """Create the table if missing and check its key collation, on a direct connection."""
         with psycopg.connect(self._dsn, **self._connect_kwargs) as conn:
+            _refuse_standby(conn, self._dsn)
             ident = sql.Identifier(self._table).as_string(conn)
             # The advisory lock serialises creation by several processes: CREATE TABLE IF NOT
             # EXISTS alone can still fail with a unique violation when two run at once.
@@ -465,16 +466,29 @@ class PostgresStorage(ConditionalWrites, IsolatedBatches, PostgresSessionLockMet
         """The statement, lock and pool bounds every call of this storage runs under."""
         return self._bounds
 
+    def __repr__(self) -> str:
+        state = "closed" if self._closed else "open"
+        return f"PostgresStorage({redact_text(self._dsn)!r}, table={self._table!r}, {state})"
+
     def replication_settings(self) -> ReplicationSettings:
         """Read how the server replicates commits (see :class:`ReplicationSettings`)."""
         rows = self._read(
             "replication settings",
             "SELECT current_setting('synchronous_commit'), "
-            "current_setting('synchronous_standby_names'), pg_is_in_recovery()",
+            "current_setting('synchronous_standby_names'), pg_is_in_recovery(), "
+            "(SELECT count(*) FROM pg_stat_replication), "
+            "(SELECT count(*) FROM pg_stat_replication WHERE sync_state IN ('sync', 'quorum')), "
+            "(SELECT count(*) FROM pg_stat_replication WHERE sync_state IS NULL)",
             [],
         )
-        commit, standbys, standby = rows[0]
-        return ReplicationSettings(str(commit), str(standbys), bool(standby))
+        commit, names, standby, streaming, sync, hidden = rows[0]
+        return ReplicationSettings(
+            str(commit),
+            str(names),
+            bool(standby),
+            int(streaming),
+            None if hidden else int(sync),
+        )
 
     def close(self) -> None:
         """Close the pool; idempotent. In a forked child it only lets go of the inherited one."""
@@ -533,3 +547,16 @@ def _connect_kwargs(dsn: str, bounds: WaitBounds) -> dict[str, Any]:
             f"invalid PostgreSQL connection string {redact_text(dsn)!r}: {redact_text(str(exc))}"
         ) from None
     return merged_options(params, bounds)
+
+
+def _refuse_standby(conn: psycopg.Connection[Any], dsn: str) -> None:
+    """Raise a clear error when ``conn`` is on a standby: it takes no writes, so an engine there
+    could neither claim nor renew, and every write would fail with a read-only error."""
+    row = conn.execute("SELECT pg_is_in_recovery()").fetchone()
+    if row is not None and row[0]:
+        raise StorageError(
+            f"the PostgreSQL server of {redact_text(dsn)!r} is a standby (pg_is_in_recovery() "
+            f"is true): it takes no writes, so claims cannot be made or renewed there; point the "
+            f"store URL at the primary (a standby can only be inspected read-only, e.g. "
+            f"'weft-sync doctor')"
+        )

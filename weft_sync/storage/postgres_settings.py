@@ -227,11 +227,16 @@ class ReplicationSettings:
     :param synchronous_commit: the session's ``synchronous_commit``.
     :param synchronous_standby_names: the server's ``synchronous_standby_names`` (``""``: none).
     :param is_standby: whether the server is a standby (``pg_is_in_recovery()``).
+    :param standbys: standbys streaming from this server now (rows of ``pg_stat_replication``).
+    :param sync_standbys: those of them whose ``sync_state`` is ``sync`` or ``quorum``
+        (``None`` when the role may not see it: ``pg_read_all_stats`` shows it).
     """
 
     synchronous_commit: str
     synchronous_standby_names: str
     is_standby: bool
+    standbys: int = 0
+    sync_standbys: int | None = 0
 
     @property
     def failover_safe(self) -> bool:

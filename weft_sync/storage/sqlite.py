@@ -433,7 +433,7 @@ class SqliteStorage(SqliteSessionLockMethods):
                     file_lock=self._file_lock,
                     busy_timeout_ms=self._busy_timeout_ms,
                     bound=self._bound,
-                    before_commit=self._identity.check_files,
+                    before_commit=self._identity.check_before_commit,
                 )
                 self._writer.start()
             writer = self._writer

@@ -52,6 +52,8 @@ _NAMES: Final = {"": "the database file", "-wal": "its write-ahead log", "-shm":
 
 FileId = tuple[int, int]
 
+_SQLITE_HEADER_SIZE: Final = 100
+
 
 def ensure_store_id(conn: sqlite3.Connection) -> None:
     """Give a store without one a random non-zero store id; the caller holds the write lock."""
@@ -93,6 +95,8 @@ class StoreIdentity:
         self._anchor: sqlite3.Connection | None = None
         self._files: dict[str, FileId | None] = {}
         self._store_id = 0
+        # Whether the database file was seen holding at least its header (see check_truncated).
+        self._had_header = False
 
     def open(self) -> None:
         """Open the anchor connection and record what it sees (the constructor's thread only)."""
@@ -106,12 +110,14 @@ class StoreIdentity:
             raise
         self._anchor = anchor
         self._files = {suffix: _file_id(self._path + suffix) for suffix in _SUFFIXES}
+        self.check_truncated()
 
     def abandon_in_child(self, close: bool) -> None:
         """After a fork, in the child: close the inherited anchor when ``close``, else pin it
         (as the storage does with its other connections); check nothing."""
         anchor, self._anchor = self._anchor, None
         self._files = {}
+        self._had_header = False
         self._lock = threading.Lock()
         if anchor is None:
             return
@@ -153,12 +159,41 @@ class StoreIdentity:
                     )
                 self._fail(detail)
 
+    def check_before_commit(self) -> None:
+        """The checks of every write transaction: :meth:`check_files` and
+        :meth:`check_truncated` (a few ``stat`` calls).
+
+        :raises StoreIdentityError: see those two.
+        """
+        self.check_files()
+        self.check_truncated()
+
+    def check_truncated(self) -> None:
+        """Fail once the database file, after holding its header, holds less than one.
+
+        ``truncate -s 0`` (or any cut below the 100-byte header) keeps the inode, so
+        :meth:`check_files` does not see it, while the store's content is gone for every
+        process that opens the path. A WAL-mode file may legitimately stay empty until the
+        first checkpoint, and never shrinks below one page once written, so only a drop from
+        "has a header" to "has none" is judged. One ``stat``.
+
+        :raises StoreIdentityError: the file was truncated.
+        """
+        try:
+            size = os.stat(self._path).st_size
+        except FileNotFoundError:
+            return  # check_files reports a deleted file
+        if size >= _SQLITE_HEADER_SIZE:
+            self._had_header = True
+        elif self._had_header:
+            self._fail(f"the database file {self._path!r} was truncated to {size} bytes")
+
     def verify(self) -> None:
         """Run :meth:`check_files`, then read the store id back through a fresh connection.
 
         :raises StoreIdentityError: the files changed, or the file holds another store.
         """
-        self.check_files()
+        self.check_before_commit()
         if not self._store_id:
             return
         # Read-only, so a file deleted since the check is not created again by this read.

@@ -1,0 +1,193 @@
+"""What the 16-byte epoch token costs a renewal pass and a fenced write, against 8-byte epochs.
+
+One process, one store per backend, two sets of claims side by side: one minted with the old
+8-byte epoch format (``encode_epoch``, what every mint wrote before tokens), one minted with
+tokens (number + 8-byte random mint id). Then, the two sets taking turns (round-robin, so drift
+hits both alike):
+
+- ``renewal pass``: ``renew_many`` of all ``--claims`` claims of one set (one engine each);
+- ``ledger write``: ``Workflows.save_checkpoint`` (a fenced CAS on the epoch key) of one of
+  the set's workflows, ``--ops`` times per sample;
+- ``host write`` (SQLite only): a one-row ``UPDATE`` of a host table in
+  ``Ownership.fenced(workflow_id, sqlite3_connection)``, ``--ops`` times per sample.
+
+Prints the median wall time of each and the ratio token / old format measured in this run (and
+the ratio of this process's CPU time, steadier on a shared machine but blind to a server's work),
+with the machine's load average.
+
+    python bench/token_cost.py [--quick] [--repeats N] [--backend sqlite|postgres|both]
+        [--claims 2000] [--ops 200]
+"""
+
+from __future__ import annotations
+
+import argparse
+import sqlite3
+import sys
+import timeit
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from bench.common import (
+    Samples,
+    bench_site,
+    machine_note,
+    parse_args,
+    print_table,
+    ratio,
+    selected_backends,
+    us,
+    workflow_ids,
+)
+from weft_sync import Ownership
+from weft_sync.claims import transitions
+from weft_sync.codec import decode_epoch, encode_epoch, mint_token
+from weft_sync.options import OwnershipOptions
+
+OPTIONS = OwnershipOptions(claim_ttl=60_000, claim_renew_interval=10_000)
+
+
+@contextmanager
+def _minting(old_format: bool) -> Iterator[None]:
+    """Mint the old 8-byte format while the block runs (how every mint wrote before tokens)."""
+    transitions.mint_token = encode_epoch if old_format else mint_token  # type: ignore[assignment]
+    try:
+        yield
+    finally:
+        transitions.mint_token = mint_token
+
+
+def _configure(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--claims", type=int, default=2000, help="claims per set")
+    parser.add_argument("--ops", type=int, default=200, help="fenced writes per sample")
+
+
+def _engine(url: str, name: str, ids: list[str], old_format: bool) -> Ownership:
+    own = Ownership.open(url, engine_id=name, options=OPTIONS, background="manual")
+    with _minting(old_format):
+        for wid in ids:
+            own.workflows.start(wid, "bench")
+    return own
+
+
+def main() -> None:
+    args = parse_args(__doc__, _configure)
+    claims = 300 if args.quick else args.claims
+    ops = 50 if args.quick else args.ops
+    repeats = args.repeats or (5 if args.quick else 11)
+    rows: list[list[object]] = []
+    with bench_site(selected_backends(args)) as site:
+        for backend in selected_backends(args):
+            spec = site.new_store(backend, "tokens")
+            engines = {
+                "old": _engine(spec.url, "engine-old", workflow_ids(claims, "old"), True),
+                "token": _engine(spec.url, "engine-token", workflow_ids(claims, "tok"), False),
+            }
+            try:
+                for fmt, own in engines.items():
+                    size = len(own.registry.current_epoch_bytes(f"{fmt[:3]}-000000") or b"")
+                    assert size == (8 if fmt == "old" else 16), (fmt, size)
+                rows += _measure(backend, spec, engines, ops, repeats)
+            finally:
+                for own in engines.values():
+                    own.close()
+    print_table(
+        f"the work the token adds, per call (timeit, best of 5; {machine_note()})",
+        ["operation", "old 8-byte", "token 16-byte", "added"],
+        _added_work(),
+    )
+    print_table(
+        f"epoch token cost ({claims} claims per set, {ops} writes per sample, {repeats} "
+        f"samples; {machine_note()})",
+        ["backend", "measure", "old 8-byte", "token 16-byte", "token / old", "cpu token / old"],
+        rows,
+    )
+
+
+def _added_work() -> list[list[object]]:
+    """CPU cost of what changes per mint and per fence comparison, without any I/O."""
+    old, new = encode_epoch(7), mint_token(7)
+    old2, new2 = encode_epoch(7), new[:8] + new[8:]
+    rows: list[list[object]] = []
+    for name, before, after in (
+        ("mint (acquire, takeover, rotation)", lambda: encode_epoch(7), lambda: mint_token(7)),
+        ("fence comparison", lambda: old == old2, lambda: new == new2),
+        ("decode the number", lambda: decode_epoch(old), lambda: decode_epoch(new)),
+    ):
+        times = [
+            min(timeit.repeat(fn, number=100_000, repeat=5)) / 100_000 for fn in (before, after)
+        ]
+        rows.append(
+            [
+                name,
+                f"{times[0] * 1e9:.0f} ns",
+                f"{times[1] * 1e9:.0f} ns",
+                f"{(times[1] - times[0]) * 1e9:+.0f} ns",
+            ]
+        )
+    return rows
+
+
+def _alternating(variants: dict[str, Callable[[], object]], repeats: int) -> dict[str, Samples]:
+    """Like ``interleave``, but every other round runs the variants in the reverse order, so
+    neither format always runs second (after the other has warmed or loaded the server)."""
+    samples = {name: Samples() for name in variants}
+    names = list(variants)
+    for r in range(repeats):
+        for name in names if r % 2 == 0 else reversed(names):
+            samples[name].add(variants[name])
+    return samples
+
+
+def _measure(
+    backend: str, spec: object, engines: dict[str, Ownership], ops: int, repeats: int
+) -> list[list[object]]:
+    renewals: dict[str, Callable[[], object]] = {}
+    ledger: dict[str, Callable[[], object]] = {}
+    host: dict[str, Callable[[], object]] = {}
+    conns: list[sqlite3.Connection] = []
+    for fmt, own in engines.items():
+        ids = own.registry.list_held_workflow_ids()
+        wid = ids[0]
+        renewals[fmt] = lambda own=own, ids=ids: own.registry.renew_many(ids)
+        ledger[fmt] = lambda own=own, wid=wid: [
+            own.workflows.save_checkpoint(wid, b"x") for _ in range(ops)
+        ]
+        if backend == "sqlite":
+            conn = spec.raw_sqlite()  # type: ignore[attr-defined]
+            conns.append(conn)
+            conn.execute(f'CREATE TABLE IF NOT EXISTS "host_{fmt}" (id TEXT PRIMARY KEY, v INT)')
+            conn.execute(f"INSERT OR REPLACE INTO \"host_{fmt}\" VALUES ('row', 0)")
+
+            def write(own: Ownership = own, wid: str = wid, conn=conn, fmt: str = fmt) -> None:
+                for i in range(ops):
+                    with own.fenced(wid, conn) as c:
+                        c.execute(f"UPDATE \"host_{fmt}\" SET v = ? WHERE id = 'row'", (i,))
+
+            host[fmt] = write
+    out: list[list[object]] = []
+    try:
+        for name, variants, per in (
+            ("renewal pass", renewals, 1),
+            ("ledger write", ledger, ops),
+            ("host write", host, ops),
+        ):
+            if not variants:
+                continue
+            for fn in variants.values():
+                fn()  # warm up
+            samples = _alternating(variants, repeats)
+            old, new = samples["old"].median_wall / per, samples["token"].median_wall / per
+            cpu_old, cpu_new = samples["old"].median_cpu, samples["token"].median_cpu
+            out.append([backend, name, us(old), us(new), ratio(new, old), ratio(cpu_new, cpu_old)])
+    finally:
+        for conn in conns:
+            conn.close()
+    return out
+
+
+if __name__ == "__main__":
+    main()
