@@ -46,7 +46,9 @@ from .postgres_settings import (
     ReplicationSettings,
     WaitBounds,
     check_pool_sizes,
+    check_session_settings,
     derive_wait_bounds,
+    expected_settings,
     merged_options,
 )
 from .postgres_sql import Plan, Queries, advisory_key
@@ -62,6 +64,8 @@ _CAPABILITIES: Final = StorageCapabilities(
     conditional_batch=True, multi_process=True, multi_host=True, session_locks=True
 )
 _SERVER_TIME: Final = "SELECT (extract(epoch FROM clock_timestamp()) * 1000)::bigint"
+_SETTINGS: Final = "SELECT name, setting FROM pg_settings WHERE name = ANY(%s::text[])"
+_IDLE_SESSION_VERSION: Final = 140000  # idle_session_timeout exists from PostgreSQL 14
 _LIVE: weakref.WeakSet[PostgresStorage] = weakref.WeakSet()
 
 
@@ -171,14 +175,19 @@ class PostgresStorage(ConditionalWrites, IsolatedBatches, PostgresSessionLockMet
         self._closed = False
         self._fence_target: PostgresFenceTarget | None = None
         with self._translate("table setup"):
-            if self._read_only:
-                self._check_table()
-            else:
-                self._ensure_table()
+            version = self._check_table() if self._read_only else self._ensure_table()
+        idle_session = version >= _IDLE_SESSION_VERSION
+        if idle_session:
+            self._connect_kwargs = _connect_kwargs(dsn, self._bounds, idle_session=True)
+        self._expected = expected_settings(
+            _dsn_params(dsn), self._bounds, idle_session=idle_session
+        )
         pool = self._new_pool()
         try:
             with self._translate("connection pool start"):
                 pool.open(wait=True, timeout=self._timeout)
+                with pool.connection(timeout=self._timeout) as conn:
+                    self._check_settings(conn, "store's pooled session")
         except BaseException:
             pool.close()
             raise
@@ -187,9 +196,24 @@ class PostgresStorage(ConditionalWrites, IsolatedBatches, PostgresSessionLockMet
 
     # -- setup -------------------------------------------------------------------------------
 
-    def _ensure_table(self) -> None:
-        """Create the table if missing and check its key collation, on a direct connection."""
+    def _check_settings(self, conn: _Conn, where: str) -> None:
+        """Read back the settings this store set on ``conn``; refuse a session without them.
+
+        :raises StorageError: one is not in effect (named in the message).
+        """
+        rows = conn.execute(_SETTINGS, [list(self._expected)]).fetchall()
+        try:
+            check_session_settings({str(n): str(v) for n, v in rows}, self._expected, where)
+        except ValueError as exc:
+            raise StorageError(f"PostgreSQL table {self._table!r}: {exc}") from None
+
+    def _ensure_table(self) -> int:
+        """Create the table if missing and check its key collation, on a direct connection.
+
+        :returns: the server's ``server_version_num``.
+        """
         with psycopg.connect(self._dsn, **self._connect_kwargs) as conn:
+            version = conn.info.server_version
             ident = sql.Identifier(self._table).as_string(conn)
             # The advisory lock serialises creation by several processes: CREATE TABLE IF NOT
             # EXISTS alone can still fail with a unique violation when two run at once.
@@ -204,17 +228,22 @@ class PostgresStorage(ConditionalWrites, IsolatedBatches, PostgresSessionLockMet
                 if row is None:
                     conn.execute(self._q.create)
                     _log.debug("created PostgreSQL table %s", self._table)
-                    return
+                    return version
         if row[0] not in ("C", "POSIX"):
             raise StorageError(
                 f"table {self._table!r} exists but its key column uses collation {row[0]!r}; "
                 f'weft_sync needs COLLATE "C" so keys sort in byte order: migrate the table or '
                 f"choose another table name"
             )
+        return version
 
-    def _check_table(self) -> None:
-        """Check that the table exists, on a direct read-only connection; create nothing."""
+    def _check_table(self) -> int:
+        """Check that the table exists, on a direct read-only connection; create nothing.
+
+        :returns: the server's ``server_version_num``.
+        """
         with psycopg.connect(self._dsn, **self._connect_kwargs) as conn:
+            version = conn.info.server_version
             ident = sql.Identifier(self._table).as_string(conn)
             row = conn.execute("SELECT to_regclass(%s) IS NOT NULL", [ident]).fetchone()
         if row is None or not row[0]:
@@ -222,6 +251,7 @@ class PostgresStorage(ConditionalWrites, IsolatedBatches, PostgresSessionLockMet
                 f"PostgreSQL database has no table {self._table!r} (opened read-only, so it is "
                 f"not created)"
             )
+        return version
 
     @staticmethod
     def _configure_read_only(conn: _Conn) -> None:
@@ -531,11 +561,14 @@ def _bound_ms(name: str, seconds: object) -> int | None:
     return max(1, math.ceil(seconds * 1000))
 
 
-def _connect_kwargs(dsn: str, bounds: WaitBounds) -> dict[str, Any]:
+def _dsn_params(dsn: str) -> dict[str, Any]:
     try:
-        params = conninfo_to_dict(dsn)
+        return conninfo_to_dict(dsn)
     except psycopg.ProgrammingError as exc:
         raise ValueError(
             f"invalid PostgreSQL connection string {redact_text(dsn)!r}: {redact_text(str(exc))}"
         ) from None
-    return merged_options(params, bounds)
+
+
+def _connect_kwargs(dsn: str, bounds: WaitBounds, *, idle_session: bool = False) -> dict[str, Any]:
+    return merged_options(_dsn_params(dsn), bounds, idle_session=idle_session)

@@ -60,7 +60,11 @@ _KEEPALIVES: Final = {
     "keepalives_count": 3,
 }
 _START_US: Final = "(extract(epoch FROM pg_postmaster_start_time()) * 1000000)::int8"
-_TRY_LOCK: Final = f"SELECT pg_try_advisory_lock(%s::int4, %s::int4), pg_backend_pid(), {_START_US}"
+# current_setting(..., true) is NULL on a server without the setting (before PostgreSQL 14).
+_TRY_LOCK: Final = (
+    f"SELECT pg_try_advisory_lock(%s::int4, %s::int4), pg_backend_pid(), {_START_US}, "
+    "current_setting('idle_session_timeout', true)"
+)
 _UNLOCK: Final = "SELECT pg_advisory_unlock(%s::int4, %s::int4)"
 # pg_locks shows the two int4 keys of a two-key advisory lock as oids (unsigned): classid holds
 # the first, objid the second, and objsubid is 2.
@@ -272,6 +276,14 @@ def _take(connect: Any, keys: tuple[int, int], name: str) -> _Taken:
         raise StorageError(
             f"cannot take the session lock {name!r}: another session holds it (or a name "
             f"whose key {keys[1]} collides with it)"
+        )
+    if row[3] not in (None, "0"):
+        # The server would end the idle lock session, which reads as a crash to nobody but
+        # costs the lock: refused, so the engine says it runs without one.
+        conn.close()
+        raise StorageError(
+            f"cannot take the session lock {name!r}: its session runs with idle_session_timeout "
+            f"= {row[3]!r} (the DSN's options set it?); the lock session needs 0"
         )
     return conn, int(row[1]), int(row[2])
 
