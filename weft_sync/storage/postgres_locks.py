@@ -146,7 +146,9 @@ class PostgresSessionLock:
         taken: tuple[_Taken, _Taken],
         connect: Any,
         keys: tuple[tuple[int, int], tuple[int, int]],
+        guard: Any = None,
     ) -> None:
+        self._guard = guard if guard is not None else (lambda _conn: contextlib.nullcontext())
         self._name = name
         self._table = table
         self._keys = keys
@@ -193,8 +195,10 @@ class PostgresSessionLock:
 
     def _ensure_slot(self, slot: int) -> None:
         taken = self._slots[slot]
-        if taken is not None and _still_mine(taken[0], self._keys[slot]):
-            return
+        if taken is not None:
+            with self._guard(taken[0]):
+                if _still_mine(taken[0], self._keys[slot]):
+                    return
         self._slots[slot] = None
         if taken is not None:
             with contextlib.suppress(Exception):
@@ -303,6 +307,8 @@ class PostgresSessionLockMethods:
 
         def _read(self, action: str, query: Any, params: Sequence[object]) -> list[TupleRow]: ...
 
+        def guard_call(self, conn: _Conn) -> contextlib.AbstractContextManager[None]: ...
+
     def _lock_connect(self) -> _Conn:
         own = conninfo_to_dict(self._dsn)
         kwargs = dict(self._connect_kwargs)
@@ -326,7 +332,9 @@ class PostgresSessionLockMethods:
             with contextlib.suppress(Exception):
                 taken[0].close()
             raise
-        return PostgresSessionLock(name, self._table, (taken, witness), self._lock_connect, keys)
+        return PostgresSessionLock(
+            name, self._table, (taken, witness), self._lock_connect, keys, self.guard_call
+        )
 
     @process_bound
     def held_session_locks(self, names: Collection[str]) -> set[str]:
