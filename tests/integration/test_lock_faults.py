@@ -5,15 +5,19 @@ expire during a test, so any claim that changes hands was taken from a live engi
 crash verdict. Each fault is done for real, while the engines run their watchers and passes:
 the lock directory removed (a tmp cleaner), one engine's lock file removed, the store opened
 through a symlink, PostgreSQL's ``idle_session_timeout`` set on the database, one engine's lock
-session terminated, the server stopped with ``-m immediate`` and started again.
+session terminated, the server stopped with ``-m immediate`` and started again, and a tmpfs
+mounted over the lock directory in one engine's own mount namespace.
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
+import json
 import os
 import shutil
 import subprocess
+import sys
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -268,3 +272,79 @@ def test_postgres_a_restart_under_three_engines_moves_no_live_claim(
             assert _takeovers(storage, expected) == []
             for engine in running.engine_ids:
                 _republished_and_held(storage, engine, before[engine])
+
+
+_NS_ENGINE = (
+    "import json, sys\n"
+    "from tests.integration.fleet_worker import FleetEngine, run_engine\n"
+    "run_engine(FleetEngine(**json.loads(sys.argv[1])))\n"
+)
+
+
+def test_sqlite_a_tmpfs_over_the_lock_directory_in_another_mount_namespace_moves_nothing(
+    tmp_path: Path, db_path: Path
+) -> None:
+    if shutil.which("unshare") is None or shutil.which("mount") is None:
+        pytest.skip("unshare or mount is not installed")
+    url = f"sqlite:///{db_path}"
+    main_dir = tmp_path / "main"
+    main_dir.mkdir()
+    with fleet(main_dir, [url] * (ENGINES - 1)) as running, open_storage(url) as storage:
+        config = FleetEngine(
+            name="engine-ns",
+            url=url,
+            journal=str(tmp_path / "engine-ns.jsonl"),
+            log=str(tmp_path / "engine-ns.log"),
+            go=str(main_dir / "go"),
+            stop=str(main_dir / "stop"),
+            workflows=[f"wf-ns-{n:02d}" for n in range(PER_ENGINE)],
+            claim_ttl_ms=TTL_MS,
+            renew_ms=RENEW_MS,
+        )
+        locks_dir = lock_directory(str(db_path))
+        # Its own lock directory is an empty tmpfs nobody else sees: the locks of the others
+        # are missing for it, and its lock is missing for them.
+        command = (
+            f"mount -t tmpfs tmpfs {locks_dir} && "
+            f"exec {sys.executable} -c '{_NS_ENGINE}' '{json.dumps(dataclasses.asdict(config))}'"
+        )
+        proc = subprocess.Popen(
+            ["unshare", "-m", "sh", "-c", command],
+            cwd=str(Path(__file__).resolve().parents[2]),
+            env=dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[2])),
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        try:
+            deadline = time.monotonic() + START_S
+            while not any(e["ev"] == "ready" for e in _journal(config.journal)):
+                if proc.poll() is not None:
+                    error = proc.stderr.read() if proc.stderr else ""
+                    if "mount" in error and "permission" in error.lower():
+                        pytest.skip(f"this machine does not allow the mount: {error[:200]}")
+                    raise AssertionError(f"the namespaced engine ended: {error}")
+                assert time.monotonic() < deadline, "the namespaced engine never became ready"
+                time.sleep(POLL_S)
+            ns_engine = str(
+                next(e for e in _journal(config.journal) if e["ev"] == "ready")["engine"]
+            )
+            expected = _held_by_starters(storage, running)
+            expected.update({wid: (ns_engine, 1) for wid in config.workflows})
+            assert holders(storage) == expected
+            time.sleep(OBSERVE_S)  # everyone probes everyone, every 50 ms, meanwhile
+            assert _takeovers(storage, expected) == []
+        finally:
+            (main_dir / "stop").touch()
+            try:
+                proc.wait(60)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(60)
+            if proc.stderr is not None:
+                proc.stderr.close()
+        assert journal_errors(config.journal) == []
+
+
+def _journal(path: str) -> list[dict[str, object]]:
+    return read_journal(path) if os.path.exists(path) else []
