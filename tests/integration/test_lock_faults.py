@@ -258,7 +258,11 @@ def test_postgres_a_restart_under_three_engines_moves_no_live_claim(
     with fleet(tmp_path, [url] * ENGINES) as running:
         with open_storage(url) as storage:
             expected = _held_by_starters(storage, running)
+            assert holders(storage) == expected
             before = {e: _lock_id(storage, e) for e in running.engine_ids}
+        # The test cluster runs with synchronous_commit=off: an immediate stop would lose the
+        # last commits (the latest starts among them). Flushed first, as a durable server is.
+        _admin(private_cluster.url, "CHECKPOINT")
         stop = [private_cluster.pg_ctl, "-D", str(private_cluster.data_dir)]
         subprocess.run(
             _as_server_user([*stop, "-m", "immediate", "-w", "stop"]),

@@ -36,6 +36,7 @@ import logging
 import os
 import secrets
 import sqlite3
+import stat
 import threading
 from collections.abc import Callable
 from pathlib import Path
@@ -242,7 +243,7 @@ def refuse_second_name(path: str) -> None:
         st = os.stat(path)
     except OSError:
         return  # no file yet (or no path to one): opening it says what is wrong
-    if st.st_nlink <= 1:
+    if not stat.S_ISREG(st.st_mode) or st.st_nlink <= 1:  # a directory's links are not names
         return
     others: list[str] = []
     with contextlib.suppress(OSError):
