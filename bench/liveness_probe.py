@@ -1,10 +1,11 @@
 """Session-lock probes: one probe round for 1 / 8 / 64 engines, and SIGKILL to ``on_dead``.
 
-Part 1 holds E session locks (E = 1, 8, 64) and times one ``held_session_locks`` probe of all of
-them (what the liveness watcher does every 50 ms) and one ``survey_engines`` (one scan of the
-engine records plus that probe, what it does every second), against a floor measured in the same
-run: SQLite, a bare ``open`` + ``flock(LOCK_SH|LOCK_NB)`` + ``close`` loop over the same files;
-PostgreSQL, one ``SELECT 1`` round trip on a pooled connection.
+Part 1 holds E session locks (E = 1, 8, 64) and times one ``probe_session_locks`` probe of all
+of them by their published identities (what the liveness watcher does every 50 ms) and one
+``survey_engines`` (one scan of the engine records plus that probe, what it does every second),
+against a floor measured in the same run: SQLite, a bare ``open`` + ``flock(LOCK_SH|LOCK_NB)``
++ ``close`` loop over the same files; PostgreSQL, one ``SELECT 1`` round trip on a pooled
+connection.
 
 Part 2 spawns an engine process (``EngineLiveness`` with its session lock), waits until a
 ``LivenessWatcher`` (poll 50 ms, refresh 1 s) in this process watches it, sends SIGKILL and
@@ -45,7 +46,7 @@ from weft_sync.clock import system_clock
 from weft_sync.liveness import EngineLiveness, EngineRecord, LivenessWatcher, survey_engines
 from weft_sync.liveness.records import encode_engine_record
 from weft_sync.storage import Storage, open_storage
-from weft_sync.storage.session_locks import SessionLock, storage_session_locks
+from weft_sync.storage.session_locks import LockState, SessionLock, storage_session_locks
 from weft_sync.storage.sqlite_locks import lock_directory
 
 ENGINE_COUNTS = (1, 8, 64)
@@ -54,9 +55,11 @@ REFRESH_MS = 1000
 GIVE_UP_S = 30.0
 
 
-def _engine_record(engine_id: str) -> EngineRecord:
+def _engine_record(engine_id: str, lock_id: str) -> EngineRecord:
     now = system_clock()
-    return EngineRecord(engine_id, "live", now, 30_000, 5_000, 0, engine_id, os.getpid(), "", now)
+    return EngineRecord(
+        engine_id, "live", now, 30_000, 5_000, 0, engine_id, os.getpid(), "", now, lock_id=lock_id
+    )
 
 
 def _survey(storage: Storage) -> None:
@@ -97,11 +100,11 @@ def probe_costs(spec: StoreSpec, repeats: int) -> list[list[object]]:
             names = [f"engine-{n:03d}" for n in range(count)]
             held: list[SessionLock] = [locks.acquire_session_lock(name) for name in names]
             try:
+                identities = {lock.name: lock.identity for lock in held}
                 for name in names:
-                    storage.put(
-                        keys.engine_liveness(name), encode_engine_record(_engine_record(name))
-                    )
-                assert locks.held_session_locks(names) == set(names)
+                    record = _engine_record(name, identities[name])
+                    storage.put(keys.engine_liveness(name), encode_engine_record(record))
+                assert set(locks.probe_session_locks(identities).values()) == {LockState.HELD}
                 floor = (
                     _sqlite_floor(spec, names)
                     if spec.backend == "sqlite"
@@ -109,7 +112,7 @@ def probe_costs(spec: StoreSpec, repeats: int) -> list[list[object]]:
                 )
                 samples = interleave(
                     {
-                        "probe": functools.partial(locks.held_session_locks, names),
+                        "probe": functools.partial(locks.probe_session_locks, identities),
                         "survey": functools.partial(_survey, storage),
                         "floor": floor,
                     },

@@ -127,6 +127,8 @@ def build_crash_detection(
                 refresh_ms=max(_REFRESH_MS, interval),
                 clock=clock,
                 own_lock=liveness.session_lock,
+                # A lost own lock is taken again and the record republished at once.
+                retake_own=lambda: liveness.beat(held_count()),
             )
 
     return CrashDetection(liveness, make_watcher, held_count)

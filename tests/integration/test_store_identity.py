@@ -11,6 +11,8 @@ import logging
 import os
 import shutil
 import sqlite3
+import subprocess
+import sys
 import warnings
 from collections.abc import Iterator
 from pathlib import Path
@@ -179,3 +181,69 @@ def test_an_untouched_store_passes_its_checks_across_reopening(db_path: Path) ->
         second.verify_identity()
         assert second._identity.store_id == store_id
         assert second.get("k") == b"v"
+
+
+# -- one store, one path --------------------------------------------------------------------
+
+
+def test_a_hard_linked_database_is_refused_naming_both_names(
+    engine_a: Ownership, db_path: Path
+) -> None:
+    second = db_path.with_name("second-name.db")
+    os.link(db_path, second)
+    for path in (second, db_path):
+        with pytest.raises(StoreIdentityError) as raised:
+            SqliteStorage(path)
+        message = str(raised.value)
+        assert "2 hard links" in message
+        assert str(db_path) in message and str(second) in message
+
+
+def test_a_store_opened_through_a_symlink_is_the_same_store(
+    engine_a: Ownership, db_path: Path, tmp_path: Path
+) -> None:
+    link_dir = tmp_path / "links"
+    link_dir.mkdir()
+    (link_dir / "via-link.db").symlink_to(db_path)
+    with SqliteStorage(link_dir / "via-link.db") as through_link:
+        # The same records, and the same session locks (named after the real path).
+        assert through_link.get("wf-x") is None
+        held = through_link.held_session_locks([engine_a.engine_id])
+        assert held == {engine_a.engine_id}
+
+
+_BIND_SCRIPT = """
+import sys
+from weft_sync.errors import StoreIdentityError
+from weft_sync.storage import SqliteStorage
+try:
+    SqliteStorage(sys.argv[1]).close()
+except StoreIdentityError as exc:
+    print("refused:", exc)
+else:
+    print("opened")
+"""
+
+
+def test_a_bind_mounted_database_is_refused_while_open_through_its_own_path(
+    engine_a: Ownership, db_path: Path, tmp_path: Path
+) -> None:
+    if shutil.which("unshare") is None or shutil.which("mount") is None:
+        pytest.skip("unshare or mount is not installed")
+    target = tmp_path / "elsewhere" / "mounted.db"
+    target.parent.mkdir()
+    target.touch()
+    # The mount lives only in the child's mount namespace, and ends with it.
+    command = f"mount --bind {db_path} {target} && {sys.executable} -c '{_BIND_SCRIPT}' {target}"
+    done = subprocess.run(
+        ["unshare", "-m", "sh", "-c", command],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[2])),
+        check=False,
+    )
+    if done.returncode != 0 and "mount" in done.stderr and "opened" not in done.stdout:
+        pytest.skip(f"this machine does not allow a bind mount: {done.stderr.strip()[:200]}")
+    assert done.stdout.startswith("refused:"), (done.stdout, done.stderr)
+    assert str(target) in done.stdout and str(db_path) in done.stdout

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.liveness.crashes import dead_lock
 from weft_sync import keys
 from weft_sync.clock import ManualClock
 from weft_sync.liveness import (
@@ -41,7 +42,7 @@ def test_a_closed_engine_is_forgotten(storage: Storage) -> None:
 
 
 def test_a_record_written_again_since_the_survey_is_kept(storage: Storage) -> None:
-    record = _record("crashed")
+    record = replace(_record("crashed"), lock_id=dead_lock(storage, "crashed"))
     storage.put(keys.engine_liveness("crashed"), encode_engine_record(record))
     status = _only(storage)
     assert status.verdict is EngineVerdict.CRASHED
@@ -64,10 +65,9 @@ def test_a_live_engine_is_never_forgotten(storage: Storage) -> None:
 def test_sqlite_forgetting_a_crashed_engine_removes_its_lock_file(tmp_path: Path) -> None:
     path = str(tmp_path / "store.db")
     with SqliteStorage(path) as store:
-        lock = store.acquire_session_lock("crashed")
-        # A crashed holder leaves its file behind; simulate that by closing without unlinking.
-        lock._after_fork_in_child()
-        store.put(keys.engine_liveness("crashed"), encode_engine_record(_record("crashed")))
+        # A crashed holder leaves its file behind, unlocked: its descriptor closed, not unlinked.
+        record = replace(_record("crashed"), lock_id=dead_lock(store, "crashed"))
+        store.put(keys.engine_liveness("crashed"), encode_engine_record(record))
         assert os.listdir(lock_directory(path)) == ["crashed.lock"]
         status = _only(store)
         assert forget_engine(store, status) is True

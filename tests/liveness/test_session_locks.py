@@ -236,13 +236,14 @@ def test_postgres_terminated_lock_session_is_seen_and_ensure_retakes_it(storage:
     lock = locks.acquire_session_lock("engine-pg")
     assert isinstance(lock, PostgresSessionLock)
     try:
-        backend_pid = lock._conn.info.backend_pid  # type: ignore[union-attr]
+        backend_pid = lock._slots[0][0].info.backend_pid  # type: ignore[index]
         with storage._connection("test") as conn:  # type: ignore[attr-defined]
             conn.execute("SELECT pg_terminate_backend(%s)", [backend_pid])
         wait_until(lambda: not locks.held_session_locks(["engine-pg"]), "the lock is not held")
         assert lock.ensure() is True
         assert locks.held_session_locks(["engine-pg"]) == {"engine-pg"}
-        assert lock._conn is not None and lock._conn.info.backend_pid != backend_pid
+        assert lock._slots[0] is not None
+        assert lock._slots[0][0].info.backend_pid != backend_pid
     finally:
         lock.release()
     assert locks.held_session_locks(["engine-pg"]) == set()

@@ -6,6 +6,7 @@ from dataclasses import replace
 
 import pytest
 
+from tests.liveness.crashes import dead_lock
 from tests.liveness.wrappers import WithoutSessionLocks
 from weft_sync import keys
 from weft_sync.liveness import (
@@ -18,35 +19,39 @@ from weft_sync.liveness import (
     take_survey,
 )
 from weft_sync.storage import Storage
-from weft_sync.storage.session_locks import storage_session_locks
+from weft_sync.storage.session_locks import LockState, storage_session_locks
 
-LIVE = EngineRecord("e", "live", 10_000, 3_000, 1_000, 2, "e", 1, "h", 0)
+LIVE = EngineRecord("e", "live", 10_000, 3_000, 1_000, 2, "e", 1, "h", 0, lock_id="1:2")
 STALE_AT = 10_000 + stale_after_ms(LIVE) + 1
+HELD, FREE, UNKNOWN = LockState.HELD, LockState.FREE, LockState.UNKNOWN
 
 
 @pytest.mark.parametrize(
-    ("record", "lock_held", "now", "verdict"),
+    ("record", "lock_state", "now", "verdict"),
     [
-        (LIVE, True, 10_000, EngineVerdict.LIVE),
-        (LIVE, None, 10_000, EngineVerdict.LIVE),
-        (LIVE, False, 10_000, EngineVerdict.CRASHED),
-        (LIVE, False, STALE_AT, EngineVerdict.CRASHED),
-        (LIVE, True, STALE_AT, EngineVerdict.STALE),  # frozen: holds its lock, beats no more
-        (LIVE, True, STALE_AT - 1, EngineVerdict.LIVE),
+        (LIVE, HELD, 10_000, EngineVerdict.LIVE),
+        (LIVE, None, 10_000, EngineVerdict.LIVE),  # a store without session locks
+        (LIVE, FREE, 10_000, EngineVerdict.CRASHED),
+        (LIVE, FREE, STALE_AT, EngineVerdict.CRASHED),
+        # Not seen, not proven free (a removed lock file, a restarted server): never crashed.
+        (LIVE, UNKNOWN, 10_000, EngineVerdict.UNKNOWN),
+        (LIVE, UNKNOWN, STALE_AT, EngineVerdict.STALE),
+        (LIVE, HELD, STALE_AT, EngineVerdict.STALE),  # frozen: holds its lock, beats no more
+        (LIVE, HELD, STALE_AT - 1, EngineVerdict.LIVE),
         (LIVE, None, STALE_AT, EngineVerdict.STALE),
-        (replace(LIVE, lock=None), False, 10_000, EngineVerdict.LIVE),
-        (replace(LIVE, lock=None), None, STALE_AT, EngineVerdict.STALE),
-        (replace(LIVE, state="closed"), False, 10_000, EngineVerdict.CLOSED),
-        (replace(LIVE, state="closed"), True, STALE_AT, EngineVerdict.CLOSED),
+        (replace(LIVE, lock=None, lock_id=None), FREE, 10_000, EngineVerdict.LIVE),
+        (replace(LIVE, lock=None, lock_id=None), None, STALE_AT, EngineVerdict.STALE),
+        (replace(LIVE, state="closed"), FREE, 10_000, EngineVerdict.CLOSED),
+        (replace(LIVE, state="closed"), HELD, STALE_AT, EngineVerdict.CLOSED),
         (None, None, 10_000, EngineVerdict.STALE),
-        (None, False, 10_000, EngineVerdict.STALE),
-        (LIVE, True, 0, EngineVerdict.LIVE),  # a heartbeat ahead of the judge's clock
+        (None, FREE, 10_000, EngineVerdict.STALE),
+        (LIVE, HELD, 0, EngineVerdict.LIVE),  # a heartbeat ahead of the judge's clock
     ],
 )
 def test_verdict_table(
-    record: EngineRecord | None, lock_held: bool | None, now: int, verdict: EngineVerdict
+    record: EngineRecord | None, lock_state: LockState | None, now: int, verdict: EngineVerdict
 ) -> None:
-    assert judge_engine(record, lock_held, now) is verdict
+    assert judge_engine(record, lock_state, now) is verdict
 
 
 def test_stale_after_is_ttl_plus_two_renew_intervals() -> None:
@@ -64,12 +69,19 @@ def test_survey_judges_every_engine_with_one_probe(storage: Storage) -> None:
     locks = storage_session_locks(storage)
     assert locks is not None
     held = locks.acquire_session_lock("alive")
+    dead = dead_lock(storage, "crashed")
     try:
-        _put(storage, replace(LIVE, engine_id="alive", lock="alive"))
-        crashed_raw = _put(storage, replace(LIVE, engine_id="crashed", lock="crashed"))
+        _put(storage, replace(LIVE, engine_id="alive", lock="alive", lock_id=held.identity))
+        crashed_raw = _put(
+            storage, replace(LIVE, engine_id="crashed", lock="crashed", lock_id=dead)
+        )
+        # A lock never taken, and a record without an identity (an older engine): no proof.
+        _put(storage, replace(LIVE, engine_id="never", lock="never"))
+        dead_lock(storage, "noid")
+        _put(storage, replace(LIVE, engine_id="noid", lock="noid", lock_id=None))
         _put(storage, replace(LIVE, engine_id="closed", state="closed", lock="closed"))
-        _put(storage, replace(LIVE, engine_id="nolock", lock=None))
-        _put(storage, replace(LIVE, engine_id="me", lock=None))
+        _put(storage, replace(LIVE, engine_id="nolock", lock=None, lock_id=None))
+        _put(storage, replace(LIVE, engine_id="me", lock=None, lock_id=None))
         storage.put(keys.engine_liveness("broken"), b"junk")
         statuses = {s.engine_id: s for s in survey_engines(storage, now=10_500, exclude=["me"])}
     finally:
@@ -77,6 +89,8 @@ def test_survey_judges_every_engine_with_one_probe(storage: Storage) -> None:
     assert {e: s.verdict for e, s in statuses.items()} == {
         "alive": EngineVerdict.LIVE,
         "crashed": EngineVerdict.CRASHED,
+        "never": EngineVerdict.UNKNOWN,
+        "noid": EngineVerdict.UNKNOWN,
         "closed": EngineVerdict.CLOSED,
         "nolock": EngineVerdict.LIVE,
         "broken": EngineVerdict.STALE,
@@ -84,6 +98,7 @@ def test_survey_judges_every_engine_with_one_probe(storage: Storage) -> None:
     assert statuses["crashed"].raw == crashed_raw
     assert statuses["alive"].lock_held is True
     assert statuses["crashed"].lock_held is False
+    assert statuses["never"].lock_held is None
     assert statuses["closed"].lock_held is None  # a closed record's lock is not probed
     assert statuses["broken"].record is None
 
@@ -94,18 +109,20 @@ def test_a_survey_of_rows_read_elsewhere_judges_as_one_that_reads_them(
     locks = storage_session_locks(storage)
     assert locks is not None
     held = locks.acquire_session_lock("alive")
+    dead = dead_lock(storage, "crashed")
+    alive = replace(LIVE, engine_id="alive", lock="alive", lock_id=held.identity)
     try:
-        _put(storage, replace(LIVE, engine_id="alive", lock="alive"))
-        _put(storage, replace(LIVE, engine_id="crashed", lock="crashed"))
-        _put(storage, replace(LIVE, engine_id="old", lock=None, heartbeat_at=0))
+        _put(storage, alive)
+        _put(storage, replace(LIVE, engine_id="crashed", lock="crashed", lock_id=dead))
+        _put(storage, replace(LIVE, engine_id="old", lock=None, lock_id=None, heartbeat_at=0))
         storage.put(keys.engine_liveness("broken"), b"junk")
         storage.put(keys.engine_liveness("") + "%zz", b"junk")  # names no engine: skipped
         rows = storage.scan(keys.engine_liveness(""))
         assert len(rows) == 5
         # Rows read before a record changed are what is judged: the caller's snapshot.
-        _put(storage, replace(LIVE, engine_id="alive", state="closed", lock="alive"))
+        _put(storage, replace(alive, state="closed"))
         given = survey_engines(storage, now=10_500, exclude=["me"], rows=rows)
-        _put(storage, replace(LIVE, engine_id="alive", lock="alive"))
+        _put(storage, alive)
         read = survey_engines(storage, now=10_500, exclude=["me"])
     finally:
         held.release()
@@ -131,7 +148,8 @@ def test_survey_on_a_store_without_locks_judges_by_heartbeat(storage: Storage) -
 def test_a_judge_without_its_own_lock_believes_no_lock(storage: Storage) -> None:
     locks = storage_session_locks(storage)
     assert locks is not None
-    _put(storage, replace(LIVE, engine_id="crashed", lock="crashed"))
+    dead = dead_lock(storage, "crashed")
+    _put(storage, replace(LIVE, engine_id="crashed", lock="crashed", lock_id=dead))
     mine = locks.acquire_session_lock("judge")
     try:
         held = take_survey(storage, now=10_000, own_lock="judge")
@@ -141,5 +159,12 @@ def test_a_judge_without_its_own_lock_believes_no_lock(storage: Storage) -> None
     assert [s.verdict for s in held.statuses] == [EngineVerdict.CRASHED]
     lost = take_survey(storage, now=10_000, own_lock="judge")
     assert lost.own_lock_held is False
-    assert [(s.verdict, s.lock_held) for s in lost.statuses] == [(EngineVerdict.LIVE, None)]
+    assert [(s.verdict, s.lock_state) for s in lost.statuses] == [(EngineVerdict.LIVE, None)]
     assert take_survey(storage, now=10_000).own_lock_held is None
+
+
+def test_a_failed_probe_proves_nothing(storage: Storage) -> None:
+    dead = dead_lock(storage, "crashed")
+    _put(storage, replace(LIVE, engine_id="crashed", lock="crashed", lock_id=dead))
+    statuses = survey_engines(storage, now=10_000, probe=False)
+    assert [(s.verdict, s.lock_held) for s in statuses] == [(EngineVerdict.UNKNOWN, None)]

@@ -222,7 +222,7 @@ def _lose(storage: Storage, lock: SessionLock) -> None:
     if lock.token.startswith("flock:"):
         os.unlink(lock.token.removeprefix("flock:"))
         return
-    backend_pid = lock._conn.info.backend_pid  # type: ignore[attr-defined]
+    backend_pid = int(lock.identity.split(":")[0])  # the lock session's backend
     with storage._connection("test") as conn:  # type: ignore[attr-defined]
         conn.execute("SELECT pg_terminate_backend(%s)", [backend_pid])
 

@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import threading
-from collections.abc import Collection
+from collections.abc import Collection, Mapping
 from dataclasses import replace
 from typing import Any
 
 from weft_sync.errors import StorageError
 from weft_sync.storage import Storage, StorageCapabilities
-from weft_sync.storage.session_locks import SessionLock, storage_session_locks
+from weft_sync.storage.session_locks import LockState, SessionLock, storage_session_locks
 
 
 class WithoutSessionLocks:
@@ -67,7 +67,7 @@ class ProbeCounting:
     def forget_session_lock(self, name: str) -> None:
         self._locks.forget_session_lock(name)
 
-    def held_session_locks(self, names: Collection[str]) -> set[str]:
+    def _count_probe(self) -> None:
         with self._cond:
             self.probes += 1
             self._cond.notify_all()
@@ -76,7 +76,14 @@ class ProbeCounting:
                 self.fail_probes -= 1
         if failing:
             raise StorageError("injected probe failure")
+
+    def held_session_locks(self, names: Collection[str]) -> set[str]:
+        self._count_probe()
         return self._locks.held_session_locks(names)
+
+    def probe_session_locks(self, locks: Mapping[str, str | None]) -> dict[str, LockState]:
+        self._count_probe()
+        return self._locks.probe_session_locks(locks)
 
     def wait_for_probes(self, count: int, timeout: float = 30.0) -> None:
         """Block until ``count`` more probes than now have run."""

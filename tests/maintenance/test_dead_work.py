@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 
 from tests.claims.gated import WarningSink
+from tests.liveness.crashes import dead_lock
 from tests.maintenance.discovery_helpers import JOB, RENEW_MS, TTL_MS, holders, index_store
 from tests.maintenance.helpers import write_workflow
 from weft_sync import keys
@@ -52,13 +53,23 @@ def _registry(storage: Storage, clock: ManualClock, engine_id: str) -> ClaimRegi
 
 
 def _crashed_engine_with(storage: Storage, clock: ManualClock, types: dict[str, str]) -> None:
-    """Workflows of ``types`` held by engine-dead, whose record names a lock nobody holds."""
+    """Workflows of ``types`` held by engine-dead, whose record names a lock its holder left."""
     dead = _registry(storage, clock, "engine-dead")
     for wid, wf_type in types.items():
         write_workflow(storage, wid, wf_type=wf_type)
         assert dead.acquire(wid).status == "acquired"
     record = EngineRecord(
-        "engine-dead", "live", clock(), TTL_MS, RENEW_MS, len(types), "gone-lock", 1, "h", START
+        "engine-dead",
+        "live",
+        clock(),
+        TTL_MS,
+        RENEW_MS,
+        len(types),
+        "gone-lock",
+        1,
+        "h",
+        START,
+        lock_id=dead_lock(storage, "gone-lock"),
     )
     storage.put(keys.engine_liveness("engine-dead"), encode_engine_record(record))
     index_store(storage)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import pytest
 
 from tests.engines import opened_engines
+from tests.liveness.crashes import dead_lock
 from tests.liveness.wrappers import ProbeCounting
 from tests.maintenance.discovery_helpers import (
     JOB,
@@ -64,7 +65,12 @@ def test_a_failing_probe_makes_no_engine_crashed(storage: Storage) -> None:
             dead.workflows.start(wid, JOB)
         survivor = make("engine-b", handlers={JOB: Driven()})
         index_store(storage)
-        rewrite_record(storage, "engine-dead", lock="engine-dead-gone")  # would look crashed
+        rewrite_record(
+            storage,
+            "engine-dead",
+            lock="engine-dead-gone",
+            lock_id=dead_lock(storage, "engine-dead-gone"),
+        )  # would look crashed
         clock.advance(RENEW_MS)
         probing.fail_probes = 1_000
 

@@ -17,6 +17,7 @@ import pytest
 from tests.claims.gated import WarningSink
 from tests.engines import MakeOwnership, opened_engines
 from tests.integration.fleet_worker import LocklessStore
+from tests.liveness.crashes import dead_lock
 from tests.liveness.procs import holding, wait_until
 from tests.maintenance.discovery_helpers import (
     JOB,
@@ -124,7 +125,12 @@ def test_a_crashed_engines_claims_are_taken_before_expiry(
     driven = Driven()
     survivor = _survivor(make, driven)
     # A live record naming a lock nobody holds: what a killed process leaves.
-    rewrite_record(storage, "engine-dead", lock="engine-dead-gone")
+    rewrite_record(
+        storage,
+        "engine-dead",
+        lock="engine-dead-gone",
+        lock_id=dead_lock(storage, "engine-dead-gone"),
+    )
     clock.advance(RENEW_MS)
 
     survivor.run_maintenance()
@@ -378,7 +384,12 @@ def test_without_session_locks_no_engine_is_crashed_and_claims_go_by_expiry(
         driven = Driven()
         survivor = _survivor(make, driven)
         # Even a record naming a lock nobody holds is not judged crashed: nothing can probe it.
-        rewrite_record(storage, "engine-dead", lock="engine-dead-gone")
+        rewrite_record(
+            storage,
+            "engine-dead",
+            lock="engine-dead-gone",
+            lock_id=dead_lock(storage, "engine-dead-gone"),
+        )
         statuses = survey_engines(lockless, now=clock(), exclude=("engine-b",))  # type: ignore[arg-type]
         assert {s.engine_id: s.verdict for s in statuses} == {"engine-dead": EngineVerdict.LIVE}
         clock.advance(RENEW_MS)

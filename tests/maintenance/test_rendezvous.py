@@ -12,6 +12,7 @@ from collections.abc import Iterator
 import pytest
 
 from tests.engines import MakeOwnership, opened_engines
+from tests.liveness.crashes import dead_lock
 from tests.maintenance.discovery_helpers import (
     JOB,
     RENEW_MS,
@@ -99,7 +100,8 @@ def test_a_survivor_takes_its_assigned_dead_claims_first_and_the_rest_after_the_
     index_store(storage)
     # engine-c as a running engine would be: it probes crashes, so it takes its own share.
     rewrite_record(storage, "engine-c", watching=True)
-    rewrite_record(storage, "engine-dead", lock="engine-dead-gone")  # crashed
+    gone = dead_lock(storage, "engine-dead-gone")
+    rewrite_record(storage, "engine-dead", lock="engine-dead-gone", lock_id=gone)  # crashed
     clock.advance(RENEW_MS)
     mine = assigned_to("engine-b", ["engine-c"], ids)
     assert 0 < len(mine) < len(ids)

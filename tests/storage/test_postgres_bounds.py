@@ -149,3 +149,51 @@ def test_replication_settings_report_the_servers_commit_durability(
     assert settings.is_standby is False
     # A single server without synchronous standbys can lose acknowledged commits on failover.
     assert settings.failover_safe is bool(standbys[0].strip())
+
+
+# -- settings weft relies on, read back -----------------------------------------------------
+
+
+def test_the_session_keeps_idle_sessions_and_reads_back_every_bound_it_set() -> None:
+    from weft_sync.storage.postgres_settings import (
+        derive_wait_bounds,
+        expected_settings,
+        merged_options,
+    )
+
+    bounds = derive_wait_bounds(
+        renew_interval_ms=2_000, statement_timeout_ms=None, lock_timeout_ms=None, timeout=None
+    )
+    kwargs = merged_options({}, bounds, idle_session=True)
+    assert "-c idle_session_timeout=0" in kwargs["options"]
+    assert "-c idle_in_transaction_session_timeout=4000" in kwargs["options"]
+    assert (kwargs["keepalives"], kwargs["tcp_user_timeout"]) == (1, 2_000)
+    # What the DSN sets is the caller's: neither sent again nor checked.
+    own = {"options": "-c statement_timeout=7s", "keepalives_idle": "30"}
+    assert "statement_timeout" not in expected_settings(own, bounds, idle_session=False)
+    assert "keepalives_idle" not in merged_options(own, bounds)
+    assert expected_settings({}, bounds, idle_session=True) == {
+        "statement_timeout": 2_000,
+        "lock_timeout": 1_000,
+        "idle_in_transaction_session_timeout": 4_000,
+        "idle_session_timeout": 0,
+    }
+
+
+def test_a_bound_not_in_effect_is_an_error_naming_it() -> None:
+    from weft_sync.storage.postgres_settings import check_session_settings
+
+    wanted = {"statement_timeout": 5_000, "idle_session_timeout": 0}
+    check_session_settings({"statement_timeout": "5000", "idle_session_timeout": "0"}, wanted, "s")
+    with pytest.raises(ValueError, match="statement_timeout is 0 ms, not 5000 ms") as raised:
+        check_session_settings({"statement_timeout": "0"}, wanted, "pooled session")
+    assert "idle_session_timeout is not reported by the server" in str(raised.value)
+    assert "pooled session" in str(raised.value)
+
+
+@pytest.mark.postgres_only
+def test_a_real_session_runs_with_every_bound_read_back(postgres_base_url: str, table: str) -> None:
+    with PostgresStorage(postgres_base_url, table=table, renew_interval_ms=2_000) as store:
+        assert _show(store, "idle_session_timeout") == "0"
+        assert _show(store, "idle_in_transaction_session_timeout") == "4s"
+        assert _show(store, "statement_timeout") == "2s"

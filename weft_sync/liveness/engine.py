@@ -169,6 +169,7 @@ class EngineLiveness:
             host=socket.gethostname()[:255],
             started_at=now,
             watching=self._watching,
+            lock_id=None if lock is None else lock.identity,
         )
         try:
             self._storage.put(self._key, encode_engine_record(record))
@@ -201,10 +202,10 @@ class EngineLiveness:
     def beat(self, held: int) -> bool:
         """Write the heartbeat: one put of the record with ``held`` claims and the time now.
 
-        The session lock is checked first (and re-taken if it was lost); while it cannot be, the
-        record names no lock, so nobody reads the lost lock as a crash. The put is skipped when
-        :func:`heartbeat_due` says the stored record is still current. A storage error is logged
-        and swallowed: the next beat tries again.
+        The session lock is checked first (and re-taken if it was lost, then the record written
+        with the new lock's identity); while it cannot be, the record names no lock. The put is
+        skipped when :func:`heartbeat_due` says the stored record is still current. A storage
+        error is logged and swallowed: the next beat tries again.
 
         :returns: whether the stored record is current (written now, or not due).
         :raises ValueError: ``held`` is not a non-negative int.
@@ -229,10 +230,12 @@ class EngineLiveness:
                     self._beats_done.set()
 
     def _write_beat(self, previous: EngineRecord, lock: SessionLock | None, held: int) -> bool:
-        lock_name = None
+        lock_name = lock_id = None
         if lock is not None:
             if lock.ensure():
-                lock_name = lock.name
+                # A lock taken again is another lock object: its new identity is published at
+                # once (heartbeat_due sees the change), so the others' probes find it held.
+                lock_name, lock_id = lock.name, lock.identity
             else:
                 _log.warning(
                     "engine %s lost its session lock %s and could not take it again; it is "
@@ -240,7 +243,9 @@ class EngineLiveness:
                     self._engine_id,
                     lock.token,
                 )
-        record = replace(previous, heartbeat_at=self._clock(), held=held, lock=lock_name)
+        record = replace(
+            previous, heartbeat_at=self._clock(), held=held, lock=lock_name, lock_id=lock_id
+        )
         if not heartbeat_due(previous, record):
             return True
         try:

@@ -49,6 +49,8 @@ _FIELDS: Final = (
     "started_at",
     "watching",
 )
+# Written only with a lock identity, so a record without one has the bytes it always had.
+_LOCK_ID: Final = "lock_id"
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,6 +70,10 @@ class EngineRecord:
     :param started_at: when it opened, in ms.
     :param watching: whether it probes the other engines' locks (a running engine with crash
         probing on): it takes its share of a crashed engine's claims within milliseconds.
+    :param lock_id: the identity of the lock object it holds (``SessionLock.identity``: a lock
+        file's device and inode, a PostgreSQL session), or ``None``. Only a probe of this
+        identity can prove the engine crashed; a record naming a lock without one (an older
+        engine) is never judged crashed.
     """
 
     engine_id: str
@@ -81,6 +87,7 @@ class EngineRecord:
     host: str
     started_at: int
     watching: bool = False
+    lock_id: str | None = None
 
 
 def _text(value: object, *, empty: bool) -> bool:
@@ -107,6 +114,7 @@ def _valid(r: EngineRecord) -> str | None:
         ("host", _text(r.host, empty=True)),
         ("started_at", _count(r.started_at)),
         ("watching", isinstance(r.watching, bool)),
+        ("lock_id", r.lock_id is None or (r.lock is not None and _text(r.lock_id, empty=False))),
     )
     for name, ok in checks:
         if not ok:
@@ -127,6 +135,8 @@ def encode_engine_record(record: EngineRecord) -> bytes:
             f"0 .. {SAFE_INT_MAX}, TTL and interval at least 1)"
         )
     data = {name: getattr(record, name) for name in _FIELDS}
+    if record.lock_id is not None:
+        data[_LOCK_ID] = record.lock_id
     packed: bytes = msgpack.packb(data, use_bin_type=True)
     return packed
 
@@ -134,7 +144,8 @@ def encode_engine_record(record: EngineRecord) -> bytes:
 def decode_engine_record(raw: bytes | None) -> EngineRecord | None:
     """Decode record bytes; ``None`` for anything but a valid record. Never raises.
 
-    The map must have exactly the record's keys: a missing or unknown key fails, as does a
+    The map must have exactly the record's keys (``lock_id`` only when there is one): a missing
+    or unknown key fails, as does a
     value of the wrong type (a ``bool`` is not an integer) or out of range.
     """
     if not isinstance(raw, (bytes, bytearray, memoryview)):
@@ -143,10 +154,12 @@ def decode_engine_record(raw: bytes | None) -> EngineRecord | None:
         data: Any = msgpack.unpackb(bytes(raw), raw=False, strict_map_key=False)
     except Exception:  # msgpack raises several unrelated types on malformed input
         return None
-    if not isinstance(data, dict) or set(data) != set(_FIELDS):
+    if not isinstance(data, dict) or set(data) - {_LOCK_ID} != set(_FIELDS):
         return None
+    if _LOCK_ID in data and data[_LOCK_ID] is None:
+        return None  # never written so: one record, one encoding
     try:
-        record = EngineRecord(**{name: data[name] for name in _FIELDS})
+        record = EngineRecord(**{name: data[name] for name in _FIELDS}, lock_id=data.get(_LOCK_ID))
     except TypeError:  # pragma: no cover - the key set was checked
         return None
     return record if _valid(record) is None else None

@@ -5,13 +5,20 @@ The verdicts, in the order :func:`judge_engine` decides them:
 1. ``STALE`` when the record does not decode: nothing in it can be trusted, not even a lock name,
    so the engine's claims are left to the normal expiry rule on a fresh read.
 2. ``CLOSED``: the engine closed and left claims behind (its record says ``"closed"``).
-3. ``CRASHED``: the record says ``"live"`` and names a lock, and the lock is not held: the
-   process died (or, on PostgreSQL, its lock session ended; it re-takes the lock when it can).
+3. ``CRASHED``: the record says ``"live"`` and the probe *proves* the lock object it names (its
+   published identity) free: the same lock file, unlocked; a PostgreSQL session ended on a server
+   that has not restarted since, with none of its store's sessions left. Only proof counts.
 4. ``STALE`` when the heartbeat is older than ``claim_ttl + 2 * renew interval`` on the judge's
    clock: a frozen (``SIGSTOP``) or partitioned engine, or one without a lock that stopped. A
    frozen engine keeps its session lock, so a stale heartbeat wins over a held lock.
-5. ``LIVE`` otherwise: a fresh heartbeat, and the lock held or nothing to ask (the engine runs
-   without a lock, or the judge could not probe).
+5. ``UNKNOWN`` when the record names a lock and the probe could neither see it held nor prove it
+   free: the lock file or its directory is missing or was replaced, the server restarted since
+   the lock was taken, a session of the engine's store is still connected, or the probe failed.
+   Like ``STALE``, its claims go by their expiry, never early; a live engine that lost its lock
+   takes it again and republishes its record, and is ``LIVE`` again from the next probe. (A
+   judge whose own lock is gone believes no lock at all: it judges by heartbeats.)
+6. ``LIVE`` otherwise: a fresh heartbeat, and the lock held or nothing to ask (the engine runs
+   without a lock, or the store has no session locks).
 
 A verdict is evidence for discovery, never a licence to write: every takeover stays a compare
 and swap on the exact holder and epoch observed, so a wrong ``CRASHED`` moves work needlessly but
@@ -25,12 +32,13 @@ from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 
 from ..storage import Storage
-from ..storage.session_locks import storage_session_locks
+from ..storage.session_locks import LockState, storage_session_locks
 from .records import EngineRecord, decode_engine_rows, read_engine_records
 
 __all__ = [
     "EngineStatus",
     "EngineVerdict",
+    "LockState",
     "Survey",
     "judge_engine",
     "stale_after_ms",
@@ -46,6 +54,7 @@ class EngineVerdict(str, enum.Enum):
     CRASHED = "crashed"
     CLOSED = "closed"
     STALE = "stale"
+    UNKNOWN = "unknown"
 
     def __str__(self) -> str:
         return self.value
@@ -59,7 +68,7 @@ class EngineStatus:
     :param verdict: the judgement.
     :param record: the decoded record, ``None`` when it does not decode.
     :param raw: the record's exact bytes (for a conditional delete).
-    :param lock_held: whether its lock was held at the probe; ``None`` when not probed (no lock
+    :param lock_state: what the probe proved about its lock; ``None`` when not probed (no lock
         named, the record not live, or the store has no session locks).
     """
 
@@ -67,7 +76,15 @@ class EngineStatus:
     verdict: EngineVerdict
     record: EngineRecord | None
     raw: bytes
-    lock_held: bool | None = None
+    lock_state: LockState | None = None
+
+    @property
+    def lock_held(self) -> bool | None:
+        """Whether its lock was held at the probe: ``False`` only for a lock proven free."""
+        state = self.lock_state
+        if state is None or state is LockState.UNKNOWN:
+            return None
+        return state is LockState.HELD
 
 
 def stale_after_ms(record: EngineRecord) -> int:
@@ -75,21 +92,26 @@ def stale_after_ms(record: EngineRecord) -> int:
     return record.claim_ttl_ms + 2 * record.renew_interval_ms
 
 
-def judge_engine(record: EngineRecord | None, lock_held: bool | None, now: int) -> EngineVerdict:
+def judge_engine(
+    record: EngineRecord | None, lock_state: LockState | None, now: int
+) -> EngineVerdict:
     """Judge one engine (pure).
 
     :param record: its decoded record, or ``None`` when it does not decode.
-    :param lock_held: whether its lock is held now, or ``None`` when unknown (not probed).
+    :param lock_state: what the probe proved about its lock, or ``None`` when it was not
+        probed because the store has no session locks (the heartbeat alone decides).
     :param now: the judge's clock, in ms.
     """
     if record is None:
         return EngineVerdict.STALE
     if record.state == "closed":
         return EngineVerdict.CLOSED
-    if record.lock is not None and lock_held is False:
+    if record.lock is not None and lock_state is LockState.FREE:
         return EngineVerdict.CRASHED
     if now - record.heartbeat_at > stale_after_ms(record):
         return EngineVerdict.STALE
+    if record.lock is not None and lock_state is LockState.UNKNOWN:
+        return EngineVerdict.UNKNOWN
     return EngineVerdict.LIVE
 
 
@@ -117,15 +139,17 @@ def take_survey(
 ) -> Survey:
     """Read every engine record (one prefix scan) and probe their locks (one probe), then judge.
 
-    Only the locks of records in state ``"live"`` are probed; on a store without session locks
-    nothing is probed and the heartbeat alone decides.
+    Only the locks of records in state ``"live"`` are probed, each by the identity its record
+    publishes; on a store without session locks nothing is probed and the heartbeat alone
+    decides.
 
     :param now: the judge's clock, in ms.
     :param exclude: engine ids to leave out (the judge itself).
     :param own_lock: the name of the judge's own session lock, probed along. When it is not held,
         the store lost sessions rather than engines (a PostgreSQL restart, or this host cut off),
         so no lock is believed: every verdict falls back to the heartbeat (no ``CRASHED``).
-    :param probe: ``False`` probes no lock, as on a store without them (after a failed probe).
+    :param probe: ``False`` probes no lock (after a failed probe): every engine with a lock is
+        ``UNKNOWN`` (or ``STALE``), none ``CRASHED``.
     :param rows: the engine records' rows, when the caller scanned their prefix already (in
         the same statement as other reads); ``None`` scans it here.
     :raises StorageError: the scan or the probe failed.
@@ -133,25 +157,28 @@ def take_survey(
     skip = set(exclude)
     found = read_engine_records(storage) if rows is None else decode_engine_rows(rows)
     entries = [entry for entry in found if entry[0] not in skip]
-    locks = storage_session_locks(storage) if probe else None
-    names = {
-        record.lock
+    locks = storage_session_locks(storage)
+    asked = {
+        record.lock: record.lock_id
         for _, _, record in entries
         if record is not None and record.state == "live" and record.lock is not None
     }
-    held: set[str] = set()
+    states: dict[str, LockState] = {}
     own_held: bool | None = None
-    if locks is not None and names:
-        held = locks.held_session_locks(names | {own_lock} if own_lock is not None else names)
-        own_held = None if own_lock is None else own_lock in held
-    trusted = locks is not None and own_held is not False
+    if locks is not None and probe and asked:
+        if own_lock is not None:
+            # Only whether it is held matters for the judge's own lock: no identity asked.
+            asked = {**asked, own_lock: None} if own_lock not in asked else asked
+        states = locks.probe_session_locks(asked)
+        own_held = None if own_lock is None else states.get(own_lock) is LockState.HELD
+    trusted = own_held is not False
     statuses: list[EngineStatus] = []
     for engine_id, raw, record in entries:
-        lock_held: bool | None = None
-        if trusted and record is not None and record.lock in names:
-            lock_held = record.lock in held
-        verdict = judge_engine(record, lock_held, now)
-        statuses.append(EngineStatus(engine_id, verdict, record, raw, lock_held))
+        state: LockState | None = None
+        if locks is not None and trusted and record is not None and record.lock in asked:
+            state = states.get(record.lock, LockState.UNKNOWN)
+        verdict = judge_engine(record, state, now)
+        statuses.append(EngineStatus(engine_id, verdict, record, raw, state))
     return Survey(statuses, own_held)
 
 

@@ -2,12 +2,15 @@
 
 Every ``refresh_ms`` the watcher surveys the engine records and keeps the engines judged
 ``LIVE`` that hold a session lock; every ``poll_ms`` it probes just those locks (one probe for all
-of them) and calls ``on_dead(engine_id)`` for each whose lock is no longer held. Engines without
-a lock, or on a store without session locks, are left to the heartbeat and the claim TTL.
+of them, each by the identity its record publishes) and calls ``on_dead(engine_id)`` for each
+whose lock object is proven free (see :class:`~weft_sync.storage.session_locks.LockState`). A
+lock that is merely not seen (``UNKNOWN``: its file removed, the server restarted) is dropped
+from the probe until a survey sees the engine ``LIVE`` again: never reported. Engines without a
+lock, or on a store without session locks, are left to the heartbeat and the claim TTL.
 
 What it cannot see: a frozen engine keeps its lock, so it is never reported (its claims expire as
-usual); a PostgreSQL engine whose lock session was cut by a partition is reported although it
-runs (the takeover that follows is an epoch compare-and-swap, so it only moves work).
+usual). When the watcher finds its own engine's lock gone it takes it again and has the engine
+republish its record at once (``retake_own``), so that the others probe the new lock object.
 """
 
 from __future__ import annotations
@@ -23,7 +26,7 @@ from .._fork import process_bound_class
 from ..clock import Clock
 from ..errors import ClosedError, StorageError
 from ..storage import Storage
-from ..storage.session_locks import SessionLock, storage_session_locks
+from ..storage.session_locks import LockState, SessionLock, storage_session_locks
 from .verdicts import EngineVerdict, take_survey
 
 __all__ = ["LivenessWatcher", "THREAD_NAME"]
@@ -67,6 +70,8 @@ class LivenessWatcher:
         finds it gone too means the store lost sessions, not engines (a PostgreSQL restart, this
         host cut off): nothing is reported from that probe, and the watcher takes its own lock
         again at once (its engines' peers do the same), rather than at the next heartbeat.
+    :param retake_own: called instead of ``own_lock.ensure()`` when the own lock is found gone:
+        the engine's re-take that also republishes its record with the new lock identity.
     :raises ValueError: ``poll_ms`` or ``refresh_ms`` out of range, named in the message.
     """
 
@@ -80,6 +85,7 @@ class LivenessWatcher:
         refresh_ms: int = 1000,
         clock: Clock,
         own_lock: SessionLock | None = None,
+        retake_own: Callable[[], object] | None = None,
     ) -> None:
         if not callable(on_dead):
             raise TypeError(f"on_dead must be callable, got {on_dead!r}")
@@ -90,13 +96,15 @@ class LivenessWatcher:
         self._refresh_s = _interval("refresh_ms", refresh_ms, _MAX_REFRESH_MS) / 1000.0
         self._clock = clock
         self._own_lock = own_lock
+        self._retake_own = retake_own
         self._stop = threading.Event()
         self._lock = threading.Lock()  # guards _thread and _closed
         self._thread: threading.Thread | None = None
         self._closed = False
         self._fork_pid = os.getpid()
-        # Watcher thread only: engine id -> lock name, and the engines reported dead.
-        self._known: dict[str, str] = {}
+        # Watcher thread only: engine id -> (lock name, published identity), and the engines
+        # reported dead.
+        self._known: dict[str, tuple[str, str]] = {}
         self._reported: set[str] = set()
         self._errors = 0
         self._last_error_log = -_ERROR_LOG_EVERY_S
@@ -183,6 +191,8 @@ class LivenessWatcher:
 
     def _retake_own_lock(self) -> None:
         assert self._own_lock is not None
+        if self._retake_own is not None:
+            self._retake_own()  # ensure() and republish, on the engine's side
         held = self._own_lock.ensure()
         _log.info(
             "engine %s found its own session lock gone (%s); nothing reported from that probe",
@@ -199,13 +209,13 @@ class LivenessWatcher:
             self._retake_own_lock()
             return  # no lock can be believed: keep watching what was watched
         statuses = survey.statuses
-        known: dict[str, str] = {}
+        known: dict[str, tuple[str, str]] = {}
         dead: list[str] = []
         for status in statuses:
             record = status.record
             if status.verdict is EngineVerdict.LIVE and record is not None and record.lock:
-                if status.lock_held:
-                    known[status.engine_id] = record.lock
+                if status.lock_state is LockState.HELD and record.lock_id is not None:
+                    known[status.engine_id] = (record.lock, record.lock_id)
                     self._reported.discard(status.engine_id)
             elif status.verdict is EngineVerdict.CRASHED:
                 # Its lock went between two polls, or before this watcher first saw it (engines
@@ -221,15 +231,19 @@ class LivenessWatcher:
         if locks is None:
             return
         own = self._own_name()
-        probe = set(self._known.values())
-        held = locks.held_session_locks(probe | {own} if own is not None else probe)
-        if own is not None and own not in held:
+        asked: dict[str, str | None] = dict(self._known.values())
+        if own is not None:
+            asked[own] = None  # only whether it is held matters
+        states = locks.probe_session_locks(asked)
+        if own is not None and states.get(own) is not LockState.HELD:
             self._retake_own_lock()
             return
-        dead = [engine for engine, name in self._known.items() if name not in held]
-        if dead:
+        dead = [e for e, (name, _) in self._known.items() if states.get(name) is LockState.FREE]
+        # Proven free: reported. Not seen (UNKNOWN): left to the next survey, never reported.
+        gone = {e for e, (name, _) in self._known.items() if states.get(name) is not LockState.HELD}
+        if gone:
             # A new map, never a mutated one, so that watched() can copy it from any thread.
-            self._known = {e: name for e, name in self._known.items() if e not in dead}
+            self._known = {e: known for e, known in self._known.items() if e not in gone}
         self._report(dead)
 
     def _report(self, engines: list[str]) -> None:

@@ -7,8 +7,9 @@ One discovery (one reclaim pass) reads:
    (:func:`weft_sync.liveness.verdicts.survey_engines`). Live engines are not read further: the
    claim count each one publishes feeds the fair share, so an idle survivor counts as much as a
    busy one.
-2. **The by-engine entries of dead engines** — crashed (record live, lock gone), closed, or
-   stale (no heartbeat for a TTL plus the grace) — at most :data:`DEAD_ENGINE_READ_LIMIT` per
+2. **The by-engine entries of dead engines** — crashed (record live, its lock object proven
+   free), closed, stale (no heartbeat for a TTL plus the grace) or unknown (a lock not seen but
+   not proven free) — at most :data:`DEAD_ENGINE_READ_LIMIT` per
    engine per pass. A crashed or closed engine's holders may be taken over before they expire
    (:attr:`EngineDiscovery.dead_engines`; every takeover is still an epoch CAS on the exact
    bytes read, so a wrong verdict moves work and never lets two owners write). A stale engine's
@@ -234,9 +235,11 @@ class EngineIndexDiscovery:
 
     def _forget(self, status: EngineStatus) -> None:
         """Remove the record of a dead engine that has no claim left (any engine may)."""
-        if status.verdict is EngineVerdict.STALE and status.record is not None:
-            # A frozen engine may wake up; its record costs one row. Only a crash or a close
-            # is final.
+        if status.verdict is EngineVerdict.UNKNOWN or (
+            status.verdict is EngineVerdict.STALE and status.record is not None
+        ):
+            # A frozen engine may wake up, an unknown one is probably alive; its record costs
+            # one row. Only a crash or a close is final.
             return
         try:
             if forget_engine(self._storage, status):

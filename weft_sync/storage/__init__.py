@@ -59,6 +59,7 @@ _POSTGRES_PARAMS = (
     "renew_interval_ms",
     "statement_timeout",
     "lock_timeout",
+    "pooler",
 )
 
 
@@ -81,8 +82,10 @@ def open_storage(
     - ``postgresql://…`` or ``postgres://…`` (any libpq URL), with optional ``table``,
       ``min_size``, ``max_size``, ``timeout`` (seconds to wait for a pooled connection),
       ``renew_interval_ms``, ``statement_timeout`` and ``lock_timeout`` (seconds, or a duration
-      such as ``250ms``; see :class:`~weft_sync.storage.postgres.PostgresStorage`); every
-      other query parameter is passed to libpq, percent-encoded as libpq decodes it.
+      such as ``250ms``; see :class:`~weft_sync.storage.postgres.PostgresStorage`) and
+      ``pooler`` (``transaction`` behind a transaction-mode pooler such as pgbouncer,
+      ``session`` or ``none``); every other query parameter is passed to libpq,
+      percent-encoded as libpq decodes it.
 
     With ``read_only`` the store must already exist and nothing is ever created or written: the
     SQLite file is opened with ``mode=ro`` (no writer thread, no lock file, no table), the
@@ -208,7 +211,15 @@ def _open_postgres(url: str, read_only: bool, renew_interval_ms: int | None) -> 
             kwargs[name] = parse_bound_param(url, name, params[name])
     if "timeout" in params:
         kwargs["timeout"] = parse_seconds_param(url, "timeout", params["timeout"])
-    from .postgres import PostgresStorage
+    from .postgres import POOLER_MODES, PostgresStorage
+
+    if "pooler" in params:
+        if params["pooler"] not in POOLER_MODES:
+            raise ValueError(
+                f"parameter pooler={params['pooler']!r} in storage URL {redact_url(url)!r} must "
+                f"be one of {', '.join(POOLER_MODES)}"
+            )
+        kwargs["pooler"] = params["pooler"]
 
     storage: Storage = PostgresStorage(dsn, read_only=read_only, **kwargs)
     return storage

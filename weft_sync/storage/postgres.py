@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import os
@@ -38,6 +39,7 @@ from .base import (
 )
 from .fence_target import PostgresFenceTarget, PostgresIdentity, quote_identifier
 from .postgres_cas import ConditionalWrites
+from .postgres_deadline import CallDeadlines
 from .postgres_locked import IsolatedBatches
 from .postgres_locks import PostgresSessionLockMethods
 from .postgres_settings import (
@@ -46,7 +48,9 @@ from .postgres_settings import (
     ReplicationSettings,
     WaitBounds,
     check_pool_sizes,
+    check_session_settings,
     derive_wait_bounds,
+    expected_settings,
     merged_options,
 )
 from .postgres_sql import Plan, Queries, advisory_key
@@ -61,7 +65,18 @@ _Conn = psycopg.Connection[TupleRow]
 _CAPABILITIES: Final = StorageCapabilities(
     conditional_batch=True, multi_process=True, multi_host=True, session_locks=True
 )
+# Behind a transaction-mode pooler no session outlives a transaction: no session locks.
+_POOLED_CAPABILITIES: Final = StorageCapabilities(
+    conditional_batch=True, multi_process=True, multi_host=True, session_locks=False
+)
+POOLER_MODES: Final = ("transaction", "session", "none")
+"""``pooler=``: ``transaction`` (pgbouncer's transaction or statement pooling), ``session`` or
+``none`` (a direct connection, or one pooled per session: the default)."""
 _SERVER_TIME: Final = "SELECT (extract(epoch FROM clock_timestamp()) * 1000)::bigint"
+_SETTINGS: Final = "SELECT name, setting FROM pg_settings WHERE name = ANY(%s::text[])"
+_IDLE_SESSION_VERSION: Final = 140000  # idle_session_timeout exists from PostgreSQL 14
+# How long past its statement_timeout a call runs before the client cancels it.
+_CANCEL_MARGIN_S: Final = 0.25
 
 
 @process_bound_class
@@ -120,6 +135,16 @@ class PostgresStorage(ConditionalWrites, IsolatedBatches, PostgresSessionLockMet
         writes (raised as :class:`~weft_sync.errors.ReadOnlyStorageError`).
     :param renew_interval_ms: the claim renew interval the bounds are derived from; default
         5000 (``OwnershipOptions``'s default).
+    :param pooler: ``"transaction"`` when the DSN reaches the server through a transaction-mode
+        pooler (pgbouncer): no startup ``options`` are sent (the pooler refuses or drops them),
+        psycopg's automatic prepared statements are off (``prepare_threshold=None``: a prepared
+        statement would live on a server session the next transaction may not get), the store
+        offers no session locks (a lock would stay on the pooled server session after its
+        holder died), so crash detection falls back to the claim TTL (a warning says so), and
+        the statement bound is the client-side deadline alone (a cancel, which the pooler
+        forwards, then the connection cut). Read-only is refused there (it is session state).
+        ``"session"`` or ``"none"`` (default): as a direct connection; an open through a pooler
+        that drops the settings then fails, naming them.
     :raises ValueError: a bad table name, pool size or bound (negative, infinite, NaN), or a
         malformed ``dsn``.
     :raises StorageError: the server cannot be reached, or the table exists with another key
@@ -138,9 +163,18 @@ class PostgresStorage(ConditionalWrites, IsolatedBatches, PostgresSessionLockMet
         read_only: bool = False,
         renew_interval_ms: int | None = None,
         statement_timeout: float | Derived | None = DERIVED,
+        pooler: str = "none",
     ) -> None:
         if not isinstance(dsn, str):
             raise TypeError(f"dsn must be a connection string, got {type(dsn).__name__}")
+        if pooler not in POOLER_MODES:
+            raise ValueError(f"pooler must be one of {', '.join(POOLER_MODES)}, got {pooler!r}")
+        self._pooled = pooler == "transaction"
+        if self._pooled and read_only:
+            raise ValueError(
+                "read_only=True cannot be kept behind a transaction-mode pooler (it is session "
+                "state the pooler would hand to other clients); connect directly to read only"
+            )
         self._table = validate_table_name(table)
         check_pool_sizes(min_size, max_size)
         self._bounds = derive_wait_bounds(
@@ -154,22 +188,45 @@ class PostgresStorage(ConditionalWrites, IsolatedBatches, PostgresSessionLockMet
         self._max_size = max_size
         self._timeout = self._bounds.pool_timeout_s
         self._read_only = bool(read_only)
-        self._connect_kwargs = _connect_kwargs(dsn, self._bounds)
+        self._connect_kwargs = _connect_kwargs(dsn, self._bounds, pooled=self._pooled)
         self._q = Queries(self._table)
         self._lock = threading.Lock()  # guards _pool and _closed
         self._pool: ConnectionPool[_Conn] | None = None
         self._fork_pid = os.getpid()
         self._closed = False
         self._fence_target: PostgresFenceTarget | None = None
+        # A client-side bound on every call: cancelled a little after its statement_timeout
+        # (which a stalled server never enforces), cut shortly after that.
+        statement_s = self._bounds.statement_timeout_ms / 1000.0
+        self._deadlines: CallDeadlines | None = (
+            CallDeadlines(statement_s + _CANCEL_MARGIN_S, f"weft-pg-deadline[{self._table}]")
+            if statement_s
+            else None
+        )
         with self._translate("table setup"):
-            if self._read_only:
-                self._check_table()
-            else:
-                self._ensure_table()
+            version = self._check_table() if self._read_only else self._ensure_table()
+        idle_session = version >= _IDLE_SESSION_VERSION and not self._pooled
+        if idle_session:
+            self._connect_kwargs = _connect_kwargs(dsn, self._bounds, idle_session=True)
+        # Behind a transaction pooler nothing set on a session can be relied on: not checked.
+        self._expected = (
+            {}
+            if self._pooled
+            else expected_settings(_dsn_params(dsn), self._bounds, idle_session=idle_session)
+        )
+        if self._pooled:
+            _log.warning(
+                "weft_sync: PostgreSQL table %s is reached through a transaction-mode pooler: "
+                "no session locks, so a crashed engine's claims move when they expire (the "
+                "claim TTL), not at once; statements are bounded on the client side only",
+                self._table,
+            )
         pool = self._new_pool()
         try:
             with self._translate("connection pool start"):
                 pool.open(wait=True, timeout=self._timeout)
+                with pool.connection(timeout=self._timeout) as conn:
+                    self._check_settings(conn, "store's pooled session")
         except BaseException:
             pool.close()
             raise
@@ -178,10 +235,27 @@ class PostgresStorage(ConditionalWrites, IsolatedBatches, PostgresSessionLockMet
 
     # -- setup -------------------------------------------------------------------------------
 
-    def _ensure_table(self) -> None:
-        """Create the table if missing and check its key collation, on a direct connection."""
+    def _check_settings(self, conn: _Conn, where: str) -> None:
+        """Read back the settings this store set on ``conn``; refuse a session without them.
+
+        :raises StorageError: one is not in effect (named in the message).
+        """
+        if not self._expected:
+            return
+        rows = conn.execute(_SETTINGS, [list(self._expected)]).fetchall()
+        try:
+            check_session_settings({str(n): str(v) for n, v in rows}, self._expected, where)
+        except ValueError as exc:
+            raise StorageError(f"PostgreSQL table {self._table!r}: {exc}") from None
+
+    def _ensure_table(self) -> int:
+        """Create the table if missing and check its key collation, on a direct connection.
+
+        :returns: the server's ``server_version_num``.
+        """
         with psycopg.connect(self._dsn, **self._connect_kwargs) as conn:
             _refuse_standby(conn, self._dsn)
+            version = conn.info.server_version
             ident = sql.Identifier(self._table).as_string(conn)
             # The advisory lock serialises creation by several processes: CREATE TABLE IF NOT
             # EXISTS alone can still fail with a unique violation when two run at once.
@@ -196,17 +270,22 @@ class PostgresStorage(ConditionalWrites, IsolatedBatches, PostgresSessionLockMet
                 if row is None:
                     conn.execute(self._q.create)
                     _log.debug("created PostgreSQL table %s", self._table)
-                    return
+                    return version
         if row[0] not in ("C", "POSIX"):
             raise StorageError(
                 f"table {self._table!r} exists but its key column uses collation {row[0]!r}; "
                 f'weft_sync needs COLLATE "C" so keys sort in byte order: migrate the table or '
                 f"choose another table name"
             )
+        return version
 
-    def _check_table(self) -> None:
-        """Check that the table exists, on a direct read-only connection; create nothing."""
+    def _check_table(self) -> int:
+        """Check that the table exists, on a direct read-only connection; create nothing.
+
+        :returns: the server's ``server_version_num``.
+        """
         with psycopg.connect(self._dsn, **self._connect_kwargs) as conn:
+            version = conn.info.server_version
             ident = sql.Identifier(self._table).as_string(conn)
             row = conn.execute("SELECT to_regclass(%s) IS NOT NULL", [ident]).fetchone()
         if row is None or not row[0]:
@@ -214,6 +293,7 @@ class PostgresStorage(ConditionalWrites, IsolatedBatches, PostgresSessionLockMet
                 f"PostgreSQL database has no table {self._table!r} (opened read-only, so it is "
                 f"not created)"
             )
+        return version
 
     @staticmethod
     def _configure_read_only(conn: _Conn) -> None:
@@ -299,18 +379,32 @@ class PostgresStorage(ConditionalWrites, IsolatedBatches, PostgresSessionLockMet
         wait is bounded by the pool timeout.
         """
         pool = self._current_pool()
-        deadline = time.monotonic() + self._timeout
+        started = time.monotonic()
+        deadline = started + self._timeout
         with self._translate(action):
             while True:
                 conn = pool.getconn(timeout=max(0.0, deadline - time.monotonic()))
-                if not check or _alive(conn):
+                if not check:
+                    break
+                with self.guard_call(conn, started):
+                    alive = _alive(conn)
+                if alive:
                     break
                 pool.putconn(conn)
             try:
-                with conn:
+                with self.guard_call(conn, started), conn:
                     yield conn
             finally:
                 pool.putconn(conn)
+
+    def guard_call(
+        self, conn: _Conn, since: float | None = None
+    ) -> contextlib.AbstractContextManager[None]:
+        """Bound what runs on ``conn`` in the block on the client side, counting from ``since``
+        (see :mod:`~weft_sync.storage.postgres_deadline`); nothing when statements are
+        unbounded."""
+        deadlines = self._deadlines
+        return contextlib.nullcontext() if deadlines is None else deadlines.guard(conn, since)
 
     def _read(self, action: str, query: Any, params: Sequence[object]) -> list[TupleRow]:
         """Fetch the rows of one read-only statement on a connection lent without a check.
@@ -320,6 +414,7 @@ class PostgresStorage(ConditionalWrites, IsolatedBatches, PostgresSessionLockMet
         connection when it is returned) runs once more on a checked connection: a read is safe to
         repeat. Writes always use checked connections.
         """
+        started = time.monotonic()
         try:
             with self._connection(action, check=False) as conn:
                 return conn.execute(query, params, binary=True).fetchall()
@@ -327,6 +422,10 @@ class PostgresStorage(ConditionalWrites, IsolatedBatches, PostgresSessionLockMet
             cause = exc.__cause__
             if not isinstance(cause, psycopg.OperationalError) or isinstance(cause, PoolTimeout):
                 raise
+            if self._deadlines is not None and (
+                time.monotonic() - started > self._deadlines.bound_s / 2
+            ):
+                raise  # cut by its deadline (or nearly there): a retry would double the bound
             _log.debug("PostgreSQL %s failed on a pooled connection (%s); retrying", action, cause)
         with self._connection(action) as conn:
             return conn.execute(query, params, binary=True).fetchall()
@@ -335,7 +434,7 @@ class PostgresStorage(ConditionalWrites, IsolatedBatches, PostgresSessionLockMet
 
     @property
     def capabilities(self) -> StorageCapabilities:
-        return _CAPABILITIES
+        return _POOLED_CAPABILITIES if self._pooled else _CAPABILITIES
 
     def server_time_ms(self) -> int:
         """The database server's clock: milliseconds since the Unix epoch (one round trip).
@@ -505,6 +604,8 @@ class PostgresStorage(ConditionalWrites, IsolatedBatches, PostgresSessionLockMet
         _fork.untrack(self)
         if pool is not None:
             pool.close()
+        if self._deadlines is not None:
+            self._deadlines.close()
 
     def __enter__(self) -> PostgresStorage:
         return self
@@ -539,14 +640,13 @@ def _bound_ms(name: str, seconds: object) -> int | None:
     return max(1, math.ceil(seconds * 1000))
 
 
-def _connect_kwargs(dsn: str, bounds: WaitBounds) -> dict[str, Any]:
+def _dsn_params(dsn: str) -> dict[str, Any]:
     try:
-        params = conninfo_to_dict(dsn)
+        return conninfo_to_dict(dsn)
     except psycopg.ProgrammingError as exc:
         raise ValueError(
             f"invalid PostgreSQL connection string {redact_text(dsn)!r}: {redact_text(str(exc))}"
         ) from None
-    return merged_options(params, bounds)
 
 
 def _refuse_standby(conn: psycopg.Connection[Any], dsn: str) -> None:
@@ -560,3 +660,15 @@ def _refuse_standby(conn: psycopg.Connection[Any], dsn: str) -> None:
             f"store URL at the primary (a standby can only be inspected read-only, e.g. "
             f"'weft-sync doctor')"
         )
+
+
+def _connect_kwargs(
+    dsn: str, bounds: WaitBounds, *, idle_session: bool = False, pooled: bool = False
+) -> dict[str, Any]:
+    kwargs = merged_options(_dsn_params(dsn), bounds, idle_session=idle_session)
+    if pooled:
+        # A transaction pooler refuses (or drops) startup options, and a prepared statement
+        # lives on one server session that the next transaction may not get.
+        kwargs.pop("options", None)
+        kwargs["prepare_threshold"] = None
+    return kwargs

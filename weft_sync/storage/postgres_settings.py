@@ -12,9 +12,20 @@ interval unless the caller says otherwise:
 - the pool's wait for a connection: one renew interval;
 - libpq's ``connect_timeout``: the pool wait rounded up to whole seconds (libpq's minimum is 2).
 
-The two server settings are sent as ``-c`` switches in the connection's ``options``, so the
-server applies them from the first statement, with no extra round trip. A setting the DSN's own
-``options`` (or ``PGOPTIONS``) already makes is left as the caller wrote it.
+The server settings are sent as ``-c`` switches in the connection's ``options``, so the server
+applies them from the first statement, with no extra round trip. A setting the DSN's own
+``options`` (or ``PGOPTIONS``) already makes is left as the caller wrote it. Two more settings
+keep the server from ending sessions weft relies on (its lock sessions sit idle by design):
+
+- ``idle_session_timeout = 0`` (PostgreSQL 14 and later), whatever the database or role sets;
+- ``idle_in_transaction_session_timeout``: two renew intervals (no transaction of this store
+  stays open that long; a longer one is abandoned).
+
+Every connection also gets TCP keepalives and a ``tcp_user_timeout`` of one renew interval,
+unless the DSN sets its own (libpq ignores them on Unix sockets), so that a dead peer or a cut
+network fails a call instead of blocking it. After connecting, the store reads back what it
+set (:func:`expected_settings`, :func:`check_session_settings`): a bound that is not in effect
+(a pooler that drops ``options``, a server that refuses one) fails the open, naming it.
 """
 
 from __future__ import annotations
@@ -37,6 +48,8 @@ __all__ = [
     "WaitBounds",
     "check_pool_sizes",
     "check_connect_timeout",
+    "check_session_settings",
+    "expected_settings",
     "check_seconds",
     "derive_wait_bounds",
     "merged_options",
@@ -70,11 +83,16 @@ class WaitBounds:
     :param statement_timeout_ms: the server's ``statement_timeout`` (``0``: none).
     :param lock_timeout_ms: the server's ``lock_timeout`` (``0``: none).
     :param pool_timeout_s: how long a call waits for a pooled connection.
+    :param idle_in_transaction_ms: the server's ``idle_in_transaction_session_timeout``.
+    :param tcp_user_timeout_ms: libpq's ``tcp_user_timeout`` (unacknowledged data on a TCP
+        connection fails it after this long).
     """
 
     statement_timeout_ms: int
     lock_timeout_ms: int
     pool_timeout_s: float
+    idle_in_transaction_ms: int = 2 * DEFAULT_RENEW_INTERVAL_MS
+    tcp_user_timeout_ms: int = DEFAULT_RENEW_INTERVAL_MS
 
 
 def _check_ms(name: str, value: object) -> int:
@@ -124,6 +142,8 @@ def derive_wait_bounds(
         statement_timeout_ms=_check_ms("statement_timeout_ms", statement),
         lock_timeout_ms=_check_ms("lock_timeout_ms", lock),
         pool_timeout_s=check_seconds("timeout", pool),
+        idle_in_transaction_ms=2 * interval,
+        tcp_user_timeout_ms=interval,
     )
 
 
@@ -133,27 +153,84 @@ def _sets(options: str, setting: str) -> bool:
     return re.search(rf"(?:^|\s)(?:-c\s*|--){pattern}\s*=", options) is not None
 
 
-def merged_options(dsn_params: dict[str, Any], bounds: WaitBounds) -> dict[str, Any]:
+# libpq keepalive settings, unless the DSN sets its own: about 11 s of silence ends a connection.
+_KEEPALIVES: Final = {
+    "keepalives": 1,
+    "keepalives_idle": 5,
+    "keepalives_interval": 2,
+    "keepalives_count": 3,
+}
+
+
+def _own_options(dsn_params: dict[str, Any]) -> str:
+    own = dsn_params.get("options")
+    return str(own) if own is not None else os.environ.get("PGOPTIONS", "")
+
+
+def expected_settings(
+    dsn_params: dict[str, Any], bounds: WaitBounds, *, idle_session: bool
+) -> dict[str, int]:
+    """The server settings (in ms, as ``pg_settings`` shows them) this store sets itself.
+
+    A setting the DSN's ``options`` makes is the caller's, and not in the result.
+
+    :param idle_session: whether the server has ``idle_session_timeout`` (PostgreSQL 14+).
+    """
+    options = _own_options(dsn_params)
+    wanted = {
+        "statement_timeout": bounds.statement_timeout_ms,
+        "lock_timeout": bounds.lock_timeout_ms,
+        "idle_in_transaction_session_timeout": bounds.idle_in_transaction_ms,
+    }
+    if idle_session:
+        wanted["idle_session_timeout"] = 0
+    return {name: value for name, value in wanted.items() if not _sets(options, name)}
+
+
+def merged_options(
+    dsn_params: dict[str, Any], bounds: WaitBounds, *, idle_session: bool = False
+) -> dict[str, Any]:
     """Return the connection keyword arguments that apply ``bounds`` on top of the DSN's own.
 
     :param dsn_params: the DSN as ``psycopg.conninfo.conninfo_to_dict`` parses it.
+    :param idle_session: also send ``idle_session_timeout=0`` (a server of 14 or later).
     """
     kwargs: dict[str, Any] = {"autocommit": True}
-    own = dsn_params.get("options")
-    options = str(own) if own is not None else os.environ.get("PGOPTIONS", "")
-    extra = [
-        f"-c {name}={value}"
-        for name, value in (
-            ("statement_timeout", bounds.statement_timeout_ms),
-            ("lock_timeout", bounds.lock_timeout_ms),
-        )
-        if not _sets(options, name)
-    ]
+    options = _own_options(dsn_params)
+    wanted = expected_settings(dsn_params, bounds, idle_session=idle_session)
+    extra = [f"-c {name}={value}" for name, value in wanted.items()]
     if extra:
         kwargs["options"] = " ".join([options, *extra]).strip()
     if "connect_timeout" not in dsn_params:
         kwargs["connect_timeout"] = max(_MIN_CONNECT_TIMEOUT_S, math.ceil(bounds.pool_timeout_s))
+    kwargs.update({k: v for k, v in _KEEPALIVES.items() if k not in dsn_params})
+    if "tcp_user_timeout" not in dsn_params:
+        kwargs["tcp_user_timeout"] = bounds.tcp_user_timeout_ms
     return kwargs
+
+
+def check_session_settings(found: dict[str, str], wanted: dict[str, int], where: str) -> None:
+    """Refuse a session in which a setting this store relies on is not what it set.
+
+    :param found: ``pg_settings`` name -> setting (ms), as read back on the session.
+    :param wanted: what :func:`expected_settings` says.
+    :param where: which session, for the message.
+    :raises ValueError: naming every setting that differs (the caller wraps it).
+    """
+    wrong = [
+        f"{name} is {found[name]} ms, not {value} ms"
+        if name in found
+        else f"{name} is not reported by the server (wanted {value} ms)"
+        for name, value in wanted.items()
+        if found.get(name) != str(value)
+    ]
+    if wrong:
+        raise ValueError(
+            f"the {where} does not run with the bounds weft_sync set: {'; '.join(wrong)}. A "
+            f"connection pooler that drops startup options (pgbouncer with "
+            f"ignore_startup_parameters = options) or a server that overrides them does this; "
+            f"connect directly, or add pooler=transaction to the URL"
+        )
 
 
 def check_pool_sizes(min_size: object, max_size: object) -> None:

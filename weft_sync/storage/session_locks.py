@@ -12,6 +12,14 @@ lock, so it looks alive; a lock can also disappear while its holder lives (a Pos
 cut by a network partition or a server restart, until :meth:`SessionLock.ensure` takes it again).
 Callers must treat "not held" as evidence, never as proof that the holder stopped writing.
 
+So a bare "not held" is never read as a crash. Each lock publishes its :attr:`SessionLock.identity`
+(the lock file's device and inode; the PostgreSQL session's backend pid, the server's start time
+and the name its store's sessions carry), and :meth:`SupportsSessionLocks.probe_session_locks`
+answers :attr:`LockState.FREE` only when *that* lock object is provably free: the same file,
+unlocked; a session that ended on a server that has not restarted since, with none of its store's
+sessions left. A missing file, another inode, a restarted server or anything the probe cannot
+see answers :attr:`LockState.UNKNOWN`.
+
 Storages that offer the capability declare ``StorageCapabilities.session_locks`` and implement
 :class:`SupportsSessionLocks`; :func:`storage_session_locks` finds it (``None`` for stores
 without it, such as a test wrapper).
@@ -19,11 +27,13 @@ without it, such as a test wrapper).
 
 from __future__ import annotations
 
-from collections.abc import Collection
+import enum
+from collections.abc import Collection, Mapping
 from typing import Final, Protocol, runtime_checkable
 
 __all__ = [
     "MAX_SESSION_LOCK_NAME_LENGTH",
+    "LockState",
     "SessionLock",
     "SupportsSessionLocks",
     "storage_session_locks",
@@ -34,12 +44,31 @@ __all__ = [
 MAX_SESSION_LOCK_NAME_LENGTH: Final = 1024
 
 
+class LockState(str, enum.Enum):
+    """What a probe proves about one lock object (see the module docstring)."""
+
+    HELD = "held"
+    """Some process holds the name now."""
+    FREE = "free"
+    """The lock object named by the identity is provably free: its holder is gone."""
+    UNKNOWN = "unknown"
+    """Not held, but nothing proves its holder gone (file missing or replaced, server
+    restarted, another session of its store still connected, an identity that does not
+    parse)."""
+
+    def __str__(self) -> str:
+        return self.value
+
+
 @runtime_checkable
 class SessionLock(Protocol):
     """One named lock this process holds until :meth:`release` or its own end.
 
     - ``name``: the name it was taken under.
     - ``token``: an opaque description of what holds it (a file path, a lock key), safe to print.
+    - ``identity``: the lock object held now, as a short string a probe can check (see
+      :meth:`SupportsSessionLocks.probe_session_locks`); it changes when :meth:`ensure` takes
+      the lock again, and the holder publishes it again then.
     - ``ensure()``: whether it is still held; if it was lost (its database session ended) and can
       be taken again, it is, within a bounded time. Never raises for a lost lock: returns
       ``False`` (another process may have taken the name meanwhile).
@@ -55,6 +84,9 @@ class SessionLock(Protocol):
 
     @property
     def token(self) -> str: ...
+
+    @property
+    def identity(self) -> str: ...
 
     def ensure(self) -> bool: ...
 
@@ -72,6 +104,10 @@ class SupportsSessionLocks(Protocol):
     - ``held_session_locks(names)`` returns which of ``names`` some process holds now. It never
       takes a lock that others could notice for longer than a moment, and never disturbs a holder;
       a name never locked is not held. Raises ``StorageError`` when the store cannot be asked.
+    - ``probe_session_locks(locks)`` judges each ``name -> identity`` (an identity published by
+      a holder, or ``None``): :attr:`LockState.HELD` when the name is held,
+      :attr:`LockState.FREE` only when that exact lock object is provably free, else
+      :attr:`LockState.UNKNOWN` (always for ``None``). One probe for all; same errors as above.
     - ``forget_session_lock(name)`` tidies up what a dead holder left behind (a lock file); a
       no-op when the name is held or nothing is left.
 
@@ -83,6 +119,8 @@ class SupportsSessionLocks(Protocol):
 
     def held_session_locks(self, names: Collection[str]) -> set[str]: ...
 
+    def probe_session_locks(self, locks: Mapping[str, str | None]) -> dict[str, LockState]: ...
+
     def forget_session_lock(self, name: str) -> None: ...
 
 
@@ -90,7 +128,7 @@ def storage_session_locks(storage: object) -> SupportsSessionLocks | None:
     """Return ``storage`` as a session-lock provider, or ``None`` for a store without them.
 
     A store offers them when it declares ``StorageCapabilities.session_locks`` *and* has the
-    three methods: a wrapper that passes its inner store's capabilities through but not these
+    four methods: a wrapper that passes its inner store's capabilities through but not these
     methods (a test wrapper, say) gets ``None``, and its engines run on claim expiry alone.
     """
     capabilities = getattr(storage, "capabilities", None)

@@ -33,7 +33,7 @@ from .base import (
 from .cas import CasRow, validate_cas_rows
 from .fence_target import SqliteFenceTarget
 from .reads import validate_keys
-from .sqlite_identity import StoreIdentity
+from .sqlite_identity import OpenPath, StoreIdentity, refuse_second_name
 from .sqlite_locks import SqliteSessionLockMethods, SqliteSessionLocks
 from .sqlite_readers import ReaderConnections
 from .sqlite_schema import check_schema, create_schema, replaces_deleted_store
@@ -169,6 +169,8 @@ class SqliteStorage(SqliteSessionLockMethods):
         self._session_locks = SqliteSessionLocks(self._path, read_only=self._read_only)
         # A lock file without its database: a store was here and its file was deleted.
         replaces_deleted = not self._read_only and replaces_deleted_store(self._path)
+        # One file, one name: a hard-linked file would get a WAL and locks per name.
+        refuse_second_name(self._path)
         try:
             with sqlite_fork.opening():
                 if self._read_only:
@@ -183,7 +185,10 @@ class SqliteStorage(SqliteSessionLockMethods):
                             replaces_deleted=replaces_deleted,
                         )
                         self._identity.open()
+                        with self._file_lock.hold():
+                            self._identity.register_path(OpenPath(self._path))
         except BaseException:
+            self._identity.close()
             self._file_lock.close()
             raise
         sqlite_fork.track(self)

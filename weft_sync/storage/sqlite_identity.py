@@ -31,19 +31,21 @@ store.
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import logging
 import os
 import secrets
 import sqlite3
+import stat
 import threading
 from collections.abc import Callable
 from pathlib import Path
 from typing import Final
 
 from .._fork import pin
-from ..errors import StoreIdentityError
+from ..errors import StorageError, StoreIdentityError
 
-__all__ = ["StoreIdentity", "ensure_store_id"]
+__all__ = ["OpenPath", "StoreIdentity", "ensure_store_id", "refuse_second_name"]
 
 _log = logging.getLogger("weft_sync.storage.sqlite")
 
@@ -97,6 +99,7 @@ class StoreIdentity:
         self._store_id = 0
         # Whether the database file was seen holding at least its header (see check_truncated).
         self._had_header = False
+        self._open_path: OpenPath | None = None
 
     def open(self) -> None:
         """Open the anchor connection and record what it sees (the constructor's thread only)."""
@@ -112,9 +115,21 @@ class StoreIdentity:
         self._files = {suffix: _file_id(self._path + suffix) for suffix in _SUFFIXES}
         self.check_truncated()
 
+    def register_path(self, open_path: OpenPath) -> None:
+        """Publish this path (see :class:`OpenPath`) on the anchor connection; after :meth:`open`.
+
+        :raises StoreIdentityError: an engine has the file open through another path.
+        """
+        assert self._anchor is not None
+        open_path.register(self._anchor)
+        self._open_path = open_path
+
     def abandon_in_child(self, close: bool) -> None:
         """After a fork, in the child: close the inherited anchor when ``close``, else pin it
         (as the storage does with its other connections); check nothing."""
+        open_path, self._open_path = self._open_path, None
+        if open_path is not None:
+            open_path.close_in_child()
         anchor, self._anchor = self._anchor, None
         self._files = {}
         self._had_header = False
@@ -211,6 +226,9 @@ class StoreIdentity:
 
     def close(self) -> None:
         """Close the anchor connection (last, so SQLite may then checkpoint and tidy up)."""
+        open_path, self._open_path = self._open_path, None
+        if open_path is not None:
+            open_path.close()
         anchor, self._anchor = self._anchor, None
         if anchor is not None:
             with contextlib.suppress(sqlite3.Error):
@@ -231,3 +249,132 @@ class StoreIdentity:
     def _copy(error: StoreIdentityError) -> StoreIdentityError:
         # One object per raise, so threads raising it do not share one traceback.
         return StoreIdentityError(error.location, error.detail)
+
+
+# -- one store, one path -------------------------------------------------------------------------
+#
+# SQLite names a database's -wal and -shm files after the path it was opened by, and weft's
+# writer lock and session locks live next to that path too. The same file reached through a hard
+# link or a bind-mounted path therefore gets a log and locks of its own: two engines each alone in
+# their WAL both own a claim, and the file ends up corrupt. So a store is refused when its file
+# has more than one name (st_nlink > 1), or when an engine has it open through another path.
+#
+# Every open publishes its real path, device and inode in the table below (checkpointed at once,
+# so that an engine on another WAL of the same file reads it from the main file), and keeps a
+# shared flock on an "open" mark next to that path (``<real path>.weft-open``) while it is open.
+# A path row whose file is this same file and whose mark is locked names an engine that has the
+# store open through that other path now. Rows left by engines that are gone are removed.
+
+_PATHS_TABLE: Final = "weft_open_paths"
+_OPEN_MARK: Final = ".weft-open"
+
+
+def refuse_second_name(path: str) -> None:
+    """Refuse a database file that has more than one hard link, naming the others found.
+
+    :raises StoreIdentityError: the file at ``path`` has ``st_nlink > 1``.
+    """
+    try:
+        st = os.stat(path)
+    except OSError:
+        return  # no file yet (or no path to one): opening it says what is wrong
+    if not stat.S_ISREG(st.st_mode) or st.st_nlink <= 1:  # a directory's links are not names
+        return
+    others: list[str] = []
+    with contextlib.suppress(OSError):
+        directory = os.path.dirname(os.path.realpath(path))
+        for entry in os.scandir(directory):
+            if entry.inode() == st.st_ino and entry.path != os.path.realpath(path):
+                with contextlib.suppress(OSError):
+                    if entry.stat(follow_symlinks=False).st_dev == st.st_dev:
+                        others.append(entry.path)
+    also = f" (also {', '.join(repr(o) for o in sorted(others))})" if others else ""
+    raise StoreIdentityError(
+        path,
+        f"the database file has {st.st_nlink} hard links{also}: SQLite names its write-ahead "
+        f"log after the path, so engines opening it by different names would each write a log "
+        f"of their own and could both own a claim; open it through one name only",
+    )
+
+
+def _mark_held_by_others(mark: str) -> bool:
+    """Whether some process holds a shared flock on ``mark`` (an exclusive try fails)."""
+    try:
+        fd = os.open(mark, os.O_RDONLY | os.O_CLOEXEC)
+    except OSError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        return True
+    finally:
+        os.close(fd)
+    return False
+
+
+class OpenPath:
+    """This storage's entry in the store's table of open paths, and its ``open`` mark.
+
+    :param path: the database path the storage was given.
+    """
+
+    def __init__(self, path: str) -> None:
+        self._path = path
+        self._real = os.path.realpath(path)
+        self._mark = self._real + _OPEN_MARK
+        self._fd: int | None = None
+
+    def register(self, conn: sqlite3.Connection) -> None:
+        """Refuse a store open through another path; else publish this path and hold the mark.
+
+        :raises StoreIdentityError: an engine has this file open through another path now.
+        :raises StorageError: the file or its mark cannot be reached.
+        """
+        try:
+            self._register(conn)
+        except OSError as exc:
+            raise StorageError(f"cannot record the path {self._path!r} is open by: {exc}") from exc
+
+    def _register(self, conn: sqlite3.Connection) -> None:
+        st = os.stat(self._real)
+        mine = (st.st_dev, st.st_ino)
+        conn.execute(
+            f"CREATE TABLE IF NOT EXISTS {_PATHS_TABLE} "
+            "(path TEXT PRIMARY KEY, dev INTEGER NOT NULL, ino INTEGER NOT NULL)"
+        )
+        rows = conn.execute(f"SELECT path, dev, ino FROM {_PATHS_TABLE}").fetchall()
+        stale: list[str] = []
+        for other, dev, ino in rows:
+            if other == self._real:
+                continue
+            same_file = _file_id(other) == mine and (dev, ino) == mine
+            if same_file and _mark_held_by_others(os.path.realpath(other) + _OPEN_MARK):
+                raise StoreIdentityError(
+                    self._path,
+                    f"the same database file (device/inode {mine[0]}/{mine[1]}) is open through "
+                    f"{other!r} by another engine, and SQLite keeps a write-ahead log per path: "
+                    f"open it through {other!r} too, or through one path only",
+                )
+            stale.append(other)
+        with conn:
+            conn.executemany(f"DELETE FROM {_PATHS_TABLE} WHERE path = ?", [(p,) for p in stale])
+            conn.execute(
+                f"INSERT OR REPLACE INTO {_PATHS_TABLE} (path, dev, ino) VALUES (?, ?, ?)",
+                (self._real, *mine),
+            )
+        # Into the main file now: an engine on another path's WAL reads only what is there.
+        conn.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchall()
+        fd = os.open(self._mark, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        fcntl.flock(fd, fcntl.LOCK_SH)
+        self._fd = fd
+
+    def close(self) -> None:
+        """Let go of the mark (the row stays: it is removed by the next open that finds it)."""
+        fd, self._fd = self._fd, None
+        if fd is not None:
+            with contextlib.suppress(OSError):
+                os.close(fd)
+
+    def close_in_child(self) -> None:
+        """In a forked child: close the inherited descriptor without unlocking (shared flock)."""
+        self.close()

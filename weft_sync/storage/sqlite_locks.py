@@ -6,6 +6,15 @@ ends, however it ends. A probe opens the file read-only and tries a *shared* loc
 waiting: it gets one only if nobody holds the exclusive lock (and lets go at once). No process
 id is written or compared, so a recycled PID can never make a dead holder look alive.
 
+A missing file proves nothing (a tmp cleaner may have removed the directory under a live
+holder), and neither does a file at the path that is not the one the holder locked. So a holder
+writes a random nonce into its file once it holds the lock, and publishes the file's device,
+inode and nonce (:attr:`SqliteSessionLock.identity`; the nonce tells a file recreated on a reused
+inode from the one it locked), and
+:meth:`SqliteSessionLocks.probe` answers ``FREE`` only for that same file, at the path, with no
+lock on it. The directory is named after the database's real path, so every path to one store
+(a symlink, a relative path) finds the same files.
+
 ``flock`` locks belong to the open file description, which a forked child shares with its
 parent: an unlock in the child would drop the parent's lock, and a copy the child keeps open
 would keep the lock alive after the parent died. A child therefore closes its inherited
@@ -24,16 +33,17 @@ import functools
 import hashlib
 import logging
 import os
+import secrets
 import threading
 import time
-from collections.abc import Collection
+from collections.abc import Collection, Mapping
 from typing import TYPE_CHECKING, Final
 from urllib.parse import quote
 
 from .. import _fork
 from .._fork import process_bound
 from ..errors import StorageError
-from .session_locks import validate_lock_name, validate_lock_names
+from .session_locks import LockState, validate_lock_name, validate_lock_names
 
 _log = logging.getLogger(__name__)
 
@@ -50,8 +60,34 @@ _ACQUIRE_ATTEMPTS: Final = 20
 
 
 def lock_directory(database_path: str) -> str:
-    """The directory holding the lock files of the database at ``database_path``."""
-    return os.path.abspath(database_path) + ".weft-locks"
+    """The directory holding the lock files of the database at ``database_path``.
+
+    Named after the real path (symlinks resolved), so every path to one file finds one directory.
+    """
+    return os.path.realpath(database_path) + ".weft-locks"
+
+
+_NONCE_BYTES: Final = 8
+
+
+def file_identity(fd: int) -> str:
+    """The identity of the lock file open on ``fd``: ``"<st_dev>:<st_ino>:<nonce, hex>"``."""
+    st = os.fstat(fd)
+    nonce = os.pread(fd, _NONCE_BYTES, 0)
+    return f"{st.st_dev}:{st.st_ino}:{nonce.hex()}"
+
+
+def _parse_identity(identity: str) -> tuple[int, int, bytes] | None:
+    parts = identity.split(":")
+    if len(parts) != 3 or not parts[0].isdigit() or not parts[1].isdigit():
+        return None
+    try:
+        nonce = bytes.fromhex(parts[2])
+    except ValueError:
+        return None
+    if len(nonce) != _NONCE_BYTES:
+        return None
+    return int(parts[0]), int(parts[1]), nonce
 
 
 @functools.lru_cache(maxsize=4096)  # a watcher probes the same few names every 50 ms
@@ -86,6 +122,7 @@ class SqliteSessionLock:
         self._path = path
         self._lock = threading.Lock()  # guards _fd and _released
         self._fd: int | None = fd
+        self._identity = file_identity(fd)
         self._released = False
         self._pid = os.getpid()
         _fork.track(self)  # a forked child closes its copy
@@ -97,6 +134,12 @@ class SqliteSessionLock:
     @property
     def token(self) -> str:
         return f"flock:{self._path}"
+
+    @property
+    def identity(self) -> str:
+        """The device and inode of the file locked now (see :func:`file_identity`)."""
+        with self._lock:
+            return self._identity
 
     def ensure(self) -> bool:
         """Whether the lock is still held; re-take it if its file was removed under it."""
@@ -116,6 +159,8 @@ class SqliteSessionLock:
                 _log.debug("re-taking the session lock %r failed: %s", self._name, exc)
                 new_fd = None
             self._fd = new_fd
+            if new_fd is not None:
+                self._identity = file_identity(new_fd)
         if fd is not None:
             with contextlib.suppress(OSError):
                 os.close(fd)
@@ -188,6 +233,13 @@ def _take(path: str) -> int:
             os.close(fd)
             raise StorageError(f"the session lock file {path!r} is already held")
         if _same_file(fd, path):
+            try:
+                # Under the exclusive lock: whoever probes this file from now on reads this nonce.
+                os.ftruncate(fd, 0)
+                os.pwrite(fd, secrets.token_bytes(_NONCE_BYTES), 0)
+            except OSError as exc:
+                os.close(fd)
+                raise StorageError(f"cannot write the session lock file {path!r}: {exc}") from exc
             return fd
         # A releaser unlinked the file between our open and our flock: start over.
         os.close(fd)
@@ -224,6 +276,41 @@ class SqliteSessionLocks:
     def held(self, names: Collection[str]) -> set[str]:
         """Which of ``names`` are held; see ``SupportsSessionLocks.held_session_locks``."""
         return {name for name in validate_lock_names(names) if self._probe(name)}
+
+    def probe(self, locks: Mapping[str, str | None]) -> dict[str, LockState]:
+        """Judge each published identity; see ``SupportsSessionLocks.probe_session_locks``."""
+        validate_lock_names(list(locks))
+        return {name: self._probe_identity(name, identity) for name, identity in locks.items()}
+
+    def _probe_identity(self, name: str, identity: str | None) -> LockState:
+        path = self._path(name)
+        expected = None if identity is None else _parse_identity(identity)
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        except FileNotFoundError:
+            return LockState.UNKNOWN  # removed under its holder, or tidied after a crash
+        except OSError as exc:
+            raise StorageError(
+                f"cannot probe the session lock {name!r} at {path!r}: {exc}"
+            ) from exc
+        try:
+            try:
+                st = os.fstat(fd)
+                nonce = os.pread(fd, _NONCE_BYTES, 0)
+                fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+            except BlockingIOError:
+                return LockState.HELD
+            except OSError as exc:
+                if exc.errno in (errno.EAGAIN, errno.EWOULDBLOCK):
+                    return LockState.HELD
+                raise StorageError(
+                    f"cannot probe the session lock {name!r} at {path!r}: {exc}"
+                ) from exc
+        finally:
+            os.close(fd)  # closing drops the shared lock, if we got it
+        if expected is None or (st.st_dev, st.st_ino, nonce) != expected:
+            return LockState.UNKNOWN  # not the file its holder locked
+        return LockState.FREE
 
     def _probe(self, name: str) -> bool:
         path = self._path(name)
@@ -293,6 +380,12 @@ class SqliteSessionLockMethods:
         """Which of ``names`` some process holds now."""
         self._check_open()
         return self._session_locks.held(names)
+
+    @process_bound
+    def probe_session_locks(self, locks: Mapping[str, str | None]) -> dict[str, LockState]:
+        """Judge the lock objects holders published (see ``SupportsSessionLocks``)."""
+        self._check_open()
+        return self._session_locks.probe(locks)
 
     @process_bound
     def forget_session_lock(self, name: str) -> None:
