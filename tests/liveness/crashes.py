@@ -26,7 +26,7 @@ def dead_lock(storage: Storage, name: str) -> str:
     if isinstance(storage, SqliteStorage):
         lock = locks.acquire_session_lock(name)
         identity = lock.identity
-        lock._close_in_child()  # type: ignore[attr-defined]
+        lock._after_fork_in_child()  # type: ignore[attr-defined]
         return identity
     assert isinstance(storage, PostgresStorage)
     other = PostgresStorage(storage._dsn, table=storage._table)
