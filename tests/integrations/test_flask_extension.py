@@ -280,7 +280,7 @@ def test_flask_weft_lists_every_weft_sync_subcommand(weft: WeftSync, tmp_path: P
     # A subcommand's --help is weft-sync's own.
     shown = app.test_cli_runner().invoke(args=["weft", "show", "--help"])
     assert shown.exit_code == 0
-    assert "weft-sync show" in shown.output and "workflow_id" in shown.output
+    assert "usage: flask weft show" in shown.output and "workflow_id" in shown.output
 
 
 def test_flask_weft_claims_and_show_read_the_apps_store(weft: WeftSync, storage_url: str) -> None:
