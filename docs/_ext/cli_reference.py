@@ -14,6 +14,22 @@ from sphinx.application import Sphinx
 from sphinx.util.docutils import SphinxDirective
 
 
+def build_cli_parser() -> argparse.ArgumentParser:
+    """The ``weft-sync`` program's own argument parser (wherever the command line's module is)."""
+    import importlib
+
+    for name in ("weft_sync.cli.app", "weft_sync.cli"):
+        try:
+            module = importlib.import_module(name)
+        except ImportError:
+            continue
+        build = getattr(module, "_build_parser", None)
+        if build is not None:
+            parser: argparse.ArgumentParser = build()
+            return parser
+    raise RuntimeError("the weft-sync argument parser was not found")
+
+
 def _subcommands(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:
     for action in parser._actions:  # argparse offers no public way to list subparsers
         if isinstance(action, argparse._SubParsersAction):
@@ -27,9 +43,7 @@ class WeftCliDirective(SphinxDirective):
     has_content = False
 
     def run(self) -> list[nodes.Node]:
-        from weft_sync import cli
-
-        parser = cli._build_parser()
+        parser = build_cli_parser()
         result: list[nodes.Node] = [nodes.literal_block(text=parser.format_help())]
         for name, sub in _subcommands(parser).items():
             rubric = nodes.rubric(text=f"weft-sync {name}", ids=[nodes.make_id(f"cli-{name}")])
