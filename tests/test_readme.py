@@ -54,3 +54,15 @@ def test_the_readme_stays_short_enough_to_read_top_to_bottom() -> None:
     assert len(lines) <= 250, len(lines)
     for heading in ("## Set up", "## A plain script", "## Flask", "## Django", "## Cron"):
         assert any(line.startswith(heading) for line in lines), heading
+
+
+def test_the_readme_set_up_commands_are_the_ones_ci_runs() -> None:
+    text = README.read_text()
+    setup = text[text.index("## Set up") :]
+    block = re.search(r"```sh\n(.*?)```", setup, re.S)
+    assert block, "the README's set-up section has no commands"
+    commands = [line.split("#", 1)[0].strip() for line in block.group(1).splitlines()]
+    assert commands == ['python -m pip install -e ".[test]"', "python -m pytest"]
+    ci = (README.parent / ".ci" / "run").read_text()
+    for command in commands:
+        assert command.replace("pip install", "pip install -q") in ci or command in ci, command
