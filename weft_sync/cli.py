@@ -99,8 +99,8 @@ def _build_parser(prog: str = "weft-sync") -> argparse.ArgumentParser:
     )
     demo = command(
         "demo",
-        "worker processes share a temporary SQLite store; one is killed (takes ~5 s; "
-        "--url is refused: the demo writes its own store)",
+        "worker processes share a temporary SQLite store; one is killed (a few seconds; "
+        "--url is refused: the demo writes only its own store)",
     )
     demo.add_argument("--workers", type=int, default=3, help="worker processes (default 3)")
     demo.add_argument("--workflows", type=int, default=9, help="workflows to share (default 9)")
