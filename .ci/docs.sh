@@ -6,7 +6,6 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 python .ci/extra-requirements.py docs | python -m pip install -q -r /dev/stdin
-python .ci/extra-requirements.py sqlalchemy | python -m pip install -q -r /dev/stdin
 rm -rf docs/_build
 start=$(date +%s)
 python -m sphinx -W --keep-going -b html docs docs/_build/html
