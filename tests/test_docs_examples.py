@@ -160,3 +160,21 @@ def _env() -> dict[str, str]:
     import os
 
     return {k: v for k, v in os.environ.items() if not k.startswith("WEFT_SYNC_")}
+
+
+AUTODOC = re.compile(r"^\.\. auto(?:class|function|data|module):: (weft_sync[\w.]*)", re.MULTILINE)
+
+
+def test_the_api_reference_documents_public_names_only() -> None:
+    import importlib
+
+    targets = AUTODOC.findall((ROOT / "docs" / "reference" / "api.md").read_text())
+    assert len(targets) >= 20, targets
+    for target in targets:
+        module_name, _, name = target.rpartition(".")
+        if module_name == "weft_sync":  # a module of its own, or a top-level name
+            module = importlib.import_module("weft_sync")
+            assert name in module.__all__ or name in {"errors"}, target
+            continue
+        module = importlib.import_module(module_name)
+        assert name in getattr(module, "__all__", ()), f"{target} is not in {module_name}.__all__"
