@@ -3,8 +3,10 @@
 A ``python`` block runs as a script of its own, in a fresh directory, and must exit 0 with
 nothing on stderr (``-W error``: a warning fails it too). A block that needs what a test cannot
 give it (a Django project, a PostgreSQL URL) is marked with ``<!-- fragment: why -->`` on the
-line before it, and is only compiled. Every ``weft-sync`` command line in a ``sh`` block must be
-accepted by the program's own parser. Every relative link points at a file that exists.
+line before it, and is only compiled; one marked ``<!-- fence-example: NAME -->`` is run against
+real databases by ``tests/fencing/test_readme_fencing.py``. Every ``weft-sync`` command line in
+a ``sh`` block must be accepted by the program's own parser. Every relative link points at a
+file that exists.
 """
 
 from __future__ import annotations
@@ -27,6 +29,8 @@ PAGES = sorted(
 )
 FENCE = re.compile(r"^```(\w+)[^\n]*\n(.*?)^```", re.MULTILINE | re.DOTALL)
 FRAGMENT = re.compile(r"<!-- fragment: [^>]*\S[^>]*-->\s*$")
+FENCE_EXAMPLE = re.compile(r"<!-- fence-example: (\w+) -->\s*$")
+FENCE_TESTS = ROOT / "tests" / "fencing" / "test_readme_fencing.py"
 
 
 @dataclass(frozen=True)
@@ -36,6 +40,7 @@ class Block:
     language: str
     code: str
     fragment: bool
+    run_by: str | None = None  # the name another test runs this block by
 
     @property
     def name(self) -> str:
@@ -50,12 +55,15 @@ def _blocks() -> list[Block]:
             before = text[: match.start()].rstrip("\n").rsplit("\n", 1)[-1]
             line = text.count("\n", 0, match.start()) + 1
             fragment = bool(FRAGMENT.search(before))
-            found.append(Block(page, line, match.group(1), match.group(2), fragment))
+            elsewhere = FENCE_EXAMPLE.search(before)
+            run_by = elsewhere.group(1) if elsewhere else None
+            found.append(Block(page, line, match.group(1), match.group(2), fragment, run_by))
     return found
 
 
 BLOCKS = _blocks()
-PYTHON = [b for b in BLOCKS if b.language == "python" and not b.fragment]
+PYTHON = [b for b in BLOCKS if b.language == "python" and not b.fragment and not b.run_by]
+ELSEWHERE = [b for b in BLOCKS if b.run_by]
 FRAGMENTS = [b for b in BLOCKS if b.language == "python" and b.fragment]
 SHELL = [b for b in BLOCKS if b.language == "sh"]
 
@@ -85,6 +93,12 @@ def test_a_python_example_runs_as_written(block: Block, tmp_path: Path) -> None:
 
     assert done.returncode == 0, f"{block.name}\n{done.stdout}\n{done.stderr}"
     assert done.stderr == "", f"{block.name}\n{done.stderr}"
+
+
+@pytest.mark.parametrize("block", ELSEWHERE, ids=[b.name for b in ELSEWHERE])
+def test_an_example_run_by_another_test_is_the_one_it_runs(block: Block) -> None:
+    assert f'example("{block.run_by}")' in FENCE_TESTS.read_text(), block.name
+    compile(block.code, block.name, "exec")
 
 
 @pytest.mark.parametrize("block", FRAGMENTS, ids=[b.name for b in FRAGMENTS])
