@@ -25,6 +25,9 @@ from .storage import Condition, Delete, Put, SqliteStorage, open_storage
 if TYPE_CHECKING:
     from .storage.postgres import PostgresStorage
 
+__version__ = "0.2.0"
+"""This release; the package metadata reads it (``setup.cfg``: ``attr: weft_sync.__version__``)."""
+
 __all__ = [
     "ClaimHandle",
     "ClaimMetrics",

@@ -19,6 +19,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Final, TextIO
 
+from . import __version__
 from . import cli_commands as commands
 from .errors import WeftError
 
@@ -48,14 +49,17 @@ Exit codes: 0 success, 1 a problem was found or the store failed, 2 usage error,
 _URL_HELP = "store URL (sqlite:///path.db or postgresql://...); default $WEFT_SYNC_URL"
 
 
-def _build_parser() -> argparse.ArgumentParser:
+def _build_parser(prog: str = "weft-sync") -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="weft-sync",
+        prog=prog,
         description="Inspect and operate weft_sync workflow ownership claims.",
         epilog=_EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("--url", help=_URL_HELP)
+    parser.add_argument(
+        "--version", action="version", version=f"%(prog)s {__version__}", help="print the version"
+    )
     # Each command takes --url too; SUPPRESS keeps an absent one from hiding the global one.
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("--url", default=argparse.SUPPRESS, help=_URL_HELP)
@@ -93,7 +97,11 @@ def _build_parser() -> argparse.ArgumentParser:
         metavar="N",
         help="an epoch known to exceed every one handed out (default: derived from the clock)",
     )
-    demo = command("demo", "worker processes share a temporary SQLite store; one is killed")
+    demo = command(
+        "demo",
+        "worker processes share a temporary SQLite store; one is killed (a few seconds; "
+        "--url is refused: the demo writes only its own store)",
+    )
     demo.add_argument("--workers", type=int, default=3, help="worker processes (default 3)")
     demo.add_argument("--workflows", type=int, default=9, help="workflows to share (default 9)")
     demo.add_argument("--keep", metavar="DIR", help="keep the demo's store in DIR")
@@ -133,13 +141,17 @@ def _add_json(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", action="store_true", help="print JSON (raw values)")
 
 
-def _store(args: argparse.Namespace) -> commands.StoreRef:
+def _store(
+    args: argparse.Namespace, configured: tuple[str, str] | None, prog: str
+) -> commands.StoreRef:
     if args.url:
-        return commands.StoreRef(str(args.url), "--url")
+        return commands.StoreRef(str(args.url), "--url", prog)
+    if configured is not None:
+        return commands.StoreRef(configured[0], configured[1], prog)
     env = os.environ.get("WEFT_SYNC_URL")
     if env:
-        return commands.StoreRef(env, "$WEFT_SYNC_URL")
-    return commands.StoreRef(DEFAULT_URL, "the default URL")
+        return commands.StoreRef(env, "$WEFT_SYNC_URL", prog)
+    return commands.StoreRef(DEFAULT_URL, "the default URL", prog)
 
 
 @contextmanager
@@ -159,9 +171,13 @@ def _stop_signals() -> Iterator[threading.Event]:
 
 
 def _dispatch(
-    args: argparse.Namespace, out: TextIO, handlers: Mapping[str, WorkflowHandler] | None
+    args: argparse.Namespace,
+    out: TextIO,
+    handlers: Mapping[str, WorkflowHandler] | None,
+    configured: tuple[str, str] | None,
+    prog: str,
 ) -> int:
-    store = _store(args)
+    store = _store(args, configured, prog)
     table: dict[str, Callable[[], int]] = {
         "claims": lambda: commands.claims(store, args.json, out),
         "workflows": lambda: commands.workflows(store, args.status, args.limit, args.json, out),
@@ -173,7 +189,9 @@ def _dispatch(
         "cancel": lambda: commands.cancel(store, args.workflow_id, out),
         "release": lambda: commands.release(store, args.workflow_id, out),
         "repair-epoch": lambda: commands.repair_epoch(store, args.workflow_id, args.at_least, out),
-        "demo": lambda: commands.demo(args.workers, args.workflows, args.keep, out),
+        "demo": lambda: commands.demo(
+            args.workers, args.workflows, args.keep, out, url_given=bool(args.url)
+        ),
     }
     return table[args.command]()
 
@@ -197,15 +215,22 @@ def main(
     out: TextIO | None = None,
     *,
     handlers: Mapping[str, WorkflowHandler] | None = None,
+    configured_url: tuple[str, str] | None = None,
+    prog: str = "weft-sync",
 ) -> int:
     """Run the command line; return its exit code (see the module docstring).
 
     :param handlers: workflow type -> handler for ``maintain`` (what a Flask or Django
         integration registered), in addition to a ``--handler`` on the command line, which
         takes precedence for the types it names.
+    :param configured_url: ``(url, where it was configured)`` from an integration, e.g.
+        ``(url, "settings.WEFT_SYNC")``: used when no ``--url`` is given (before
+        ``$WEFT_SYNC_URL``), and named in every error about that URL.
+    :param prog: how the operator runs the command line, used in usage lines and in the
+        commands that messages suggest (``"manage.py weft_sync"``, ``"flask weft"``).
     """
     try:
-        args = _build_parser().parse_args(argv)
+        args = _build_parser(prog).parse_args(argv)
     except SystemExit as exc:
         # argparse already printed the usage error (or the help); hand back its exit code.
         if exc.code is None:
@@ -213,7 +238,7 @@ def main(
         return exc.code if isinstance(exc.code, int) else EXIT_USAGE
     stream = out if out is not None else sys.stdout
     try:
-        code = _dispatch(args, stream, handlers)
+        code = _dispatch(args, stream, handlers, configured_url, prog)
         stream.flush()
         return code
     except BrokenPipeError:

@@ -1,9 +1,11 @@
 """A runnable demonstration: worker processes share one SQLite store and take over a dead peer.
 
 Run it with ``weft-sync demo`` or ``python -m weft_sync demo``. Each worker is a separate process
-with its own claim registry and background renewal; the parent kills one worker with SIGKILL and
-watches the others take its workflows over with new epochs, then shows that a write fenced on the
-dead worker's epoch is refused by the store.
+with its own :class:`~weft_sync.Ownership` (background renewal, reclaim and crash detection, a
+handler for the workflows' type), as a host runs it; the parent kills one worker with SIGKILL and
+watches the others take its workflows over with new epochs — seen crashed through its session
+lock, before its claims expire — then shows that a write fenced on the dead worker's epoch is
+refused by the store.
 """
 
 from __future__ import annotations
@@ -23,9 +25,10 @@ from pathlib import Path
 from typing import Any
 
 from . import keys
-from .clock import system_clock
-from .codec import WorkflowRecord, decode_epoch, decode_holder, encode_epoch, encode_workflow_record
-from .maintenance.bootstrap import bootstrap_workflow_lease_ownership
+from .codec import HolderRecord, decode_epoch, decode_holder, encode_epoch
+from .handlers import ReclaimedWorkflow
+from .options import OwnershipOptions
+from .ownership import Ownership
 from .storage import Condition, Put, open_storage
 
 __all__ = ["DemoSettings", "run_demo"]
@@ -35,7 +38,7 @@ Printer = Callable[[str], None]
 
 @dataclass(frozen=True)
 class DemoSettings:
-    """Knobs of the demo; the defaults finish in about ten seconds."""
+    """Knobs of the demo; the defaults finish in about five seconds."""
 
     workers: int = 3
     workflows: int = 9
@@ -58,7 +61,6 @@ def _worker_main(
     Workers talk to the parent through files and their own stdout only: a multiprocessing queue
     or event can be left locked by the worker the demo kills, hanging everyone else.
     """
-    storage = open_storage(url)
 
     def say(line: str) -> None:
         # One write per line: drives run on several pool threads, and print() writes the text
@@ -66,39 +68,38 @@ def _worker_main(
         sys.stdout.write(f"  {name}: {line}\n")
         sys.stdout.flush()
 
-    def on_reclaimed(workflow_id: str) -> None:
-        say(f"took over {workflow_id} at epoch {boot.registry.current_epoch(workflow_id)}")
+    def resume_payout(ctx: ReclaimedWorkflow) -> None:
+        # Runs on this worker's handler thread, as the workflow's new owner.
+        say(f"took over {ctx.workflow_id} at epoch {ctx.epoch}")
 
-    boot = bootstrap_workflow_lease_ownership(
-        storage=storage,
-        clock=system_clock,
-        claim_ttl_ms=settings.claim_ttl_ms,
-        claim_renew_interval_ms=settings.claim_renew_interval_ms,
-        on_workflow_claim_reclaimed=on_reclaimed,
-        warn=lambda w: say(f"warning: {w}"),
+    options = OwnershipOptions(
+        claim_ttl=settings.claim_ttl_ms, claim_renew_interval=settings.claim_renew_interval_ms
     )
-    for workflow_id in workflow_ids:
-        result = boot.registry.acquire(workflow_id)
-        say(f"claimed {workflow_id}: {result.status} at epoch {result.epoch}")
-    boot.renewal_task.start()
-    partial = Path(engine_file + ".tmp")
-    partial.write_text(boot.registry.engine_id)
-    partial.rename(engine_file)  # the file appearing whole is the "ready" signal
-    while not Path(stop_file).exists():
-        time.sleep(0.05)
-    boot.renewal_task.close(timeout=5)
-    boot.registry.release_all()
+    with Ownership.open(
+        url,
+        options=options,
+        handlers={"payout": resume_payout},
+        warn=lambda w: say(f"warning: {w}"),
+    ) as ownership:
+        for workflow_id in workflow_ids:
+            ownership.workflows.start(workflow_id, "payout", input={"amount": 100})
+            epoch = ownership.registry.current_epoch(workflow_id)
+            say(f"started {workflow_id}: claimed at epoch {epoch}")
+        partial = Path(engine_file + ".tmp")
+        partial.write_text(ownership.engine_id)
+        partial.rename(engine_file)  # the file appearing whole is the "ready" signal
+        while not Path(stop_file).exists():
+            time.sleep(0.05)
     say("stopped and released its claims")
-    storage.close()
 
 
-def _holders(url: str, workflow_ids: list[str]) -> dict[str, tuple[str, int]]:
-    with open_storage(url) as storage:
-        found: dict[str, tuple[str, int]] = {}
+def _holders(url: str, workflow_ids: list[str]) -> dict[str, HolderRecord]:
+    with open_storage(url, read_only=True) as storage:
+        found: dict[str, HolderRecord] = {}
         for workflow_id in workflow_ids:
             holder = decode_holder(storage.get(keys.workflow_owner_holder(workflow_id)))
             if holder is not None:
-                found[workflow_id] = (holder.engine_id, holder.epoch)
+                found[workflow_id] = holder
         return found
 
 
@@ -117,13 +118,10 @@ def run_demo(
         url = f"sqlite:///{Path(store_dir or tmp) / 'demo.db'}"
         ids = [f"payout-{n:02d}" for n in range(settings.workflows)]
         out(f"1. Store: {url}")
-        with open_storage(url) as storage:
-            for workflow_id in ids:
-                record = WorkflowRecord(workflow_id, "payout", "running", created_at=system_clock())
-                storage.put(keys.workflow(workflow_id), encode_workflow_record(record))
-                storage.put(keys.workflow_status_index("running", workflow_id), b"")
-        out(f"   wrote {len(ids)} running workflows")
-        out(f"2. Starting {settings.workers} worker processes; each claims a share")
+        out(
+            f"2. Starting {settings.workers} worker processes; each starts (and so claims) its "
+            f"share of {len(ids)} payout workflows"
+        )
         stop_file = Path(tmp) / "stop"
         workers: list[_Worker] = []
         try:
@@ -249,40 +247,57 @@ def _kill_and_watch(
     names = {worker.engine_id: worker.name for worker in workers}
     victim = workers[0]
     before = _holders(url, ids)
-    victim_ids = sorted(w for w, (engine, _) in before.items() if engine == victim.engine_id)
-    bound_ms = settings.claim_ttl_ms + 3 * settings.claim_renew_interval_ms
+    victim_ids = sorted(w for w, h in before.items() if h.engine_id == victim.engine_id)
+    ttl_bound_ms = settings.claim_ttl_ms + 2 * settings.claim_renew_interval_ms
     out(
         f"3. Renewals keep every claim alive. Killing {victim.name} (SIGKILL) while it holds "
         f"{', '.join(victim_ids)}"
     )
-    out(f"   its claims are taken over within TTL + 2 x renew + one interval = {bound_ms} ms")
+    out(
+        "   the survivors watch every engine's session lock: they should see it crashed and "
+        "take its claims over within about 100-200 ms, long before the claims expire (without "
+        f"crash detection: up to TTL + 2 x renew interval = {ttl_bound_ms} ms after its last "
+        "renewal)"
+    )
     os.kill(victim.process.pid, signal.SIGKILL)
     killed_at = time.monotonic()
     after = before
     while time.monotonic() < killed_at + settings.takeover_deadline_s:
         after = _holders(url, ids)
-        if all(w in after and after[w][0] != victim.engine_id for w in victim_ids):
+        if all(w in after and after[w].engine_id != victim.engine_id for w in victim_ids):
             break
-        time.sleep(0.1)
+        time.sleep(0.02)
     elapsed_ms = int((time.monotonic() - killed_at) * 1000)
-    taken = [w for w in victim_ids if w in after and after[w][0] != victim.engine_id]
+    taken = [w for w in victim_ids if w in after and after[w].engine_id != victim.engine_id]
     out(f"4. {len(taken)} of {len(victim_ids)} taken over {elapsed_ms} ms after the kill:")
+    early = 0
     for workflow_id in victim_ids:
-        old_epoch = before[workflow_id][1]
-        engine, epoch = after.get(workflow_id, ("nobody", old_epoch))
-        out(f"   {workflow_id}: epoch {old_epoch} -> {epoch}, held by {names.get(engine, engine)}")
+        old = before[workflow_id]
+        new = after.get(workflow_id)
+        if new is None or new.engine_id == victim.engine_id:
+            out(f"   {workflow_id}: epoch {old.epoch}, still held by the dead {victim.name}")
+            continue
+        # Taken before the dead holder's claim expired: only crash detection does that.
+        how = "before its claim expired" if new.claimed_at < old.expires_at else "after expiry"
+        early += new.claimed_at < old.expires_at
+        out(
+            f"   {workflow_id}: epoch {old.epoch} -> {new.epoch}, held by "
+            f"{names.get(new.engine_id, new.engine_id)}, {how}"
+        )
+    if victim_ids and early == len(victim_ids):
+        out("   every claim moved before it expired: the crash was detected, not waited out")
     ok = len(taken) == len(victim_ids) and _show_fence(out, url, victim_ids, before)
     out("5. Stopping the surviving workers (they release their claims).")
     return 0 if ok else 1
 
 
 def _show_fence(
-    out: Printer, url: str, victim_ids: list[str], before: dict[str, tuple[str, int]]
+    out: Printer, url: str, victim_ids: list[str], before: dict[str, HolderRecord]
 ) -> bool:
     if not victim_ids:
         return True
     workflow_id = victim_ids[0]
-    stale_epoch = before[workflow_id][1]
+    stale_epoch = before[workflow_id].epoch
     with open_storage(url) as storage:
         current = decode_epoch(storage.get(keys.workflow_owner_epoch(workflow_id)))
         fence = Condition(keys.workflow_owner_epoch(workflow_id), encode_epoch(stale_epoch))

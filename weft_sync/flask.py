@@ -469,7 +469,12 @@ def _delegating_command(name: str, help_text: str) -> click.Command:
         state = _state_of(None)
         # maintain drives what it takes over with this app's handlers, in an app context.
         handlers = {t: _in_app_context(app, fn) for t, fn in state.handlers().items()}
-        code = main(["--url", state.url, name, *args], handlers=handlers)
+        code = main(
+            [name, *args],
+            handlers=handlers,
+            configured_url=(state.url, "app.config['WEFT_SYNC_URL']"),
+            prog="flask weft",
+        )
         click.get_current_context().exit(code)
 
     return command

@@ -4,13 +4,15 @@ that write need an existing store too (only ``doctor --fix`` creates one)."""
 from __future__ import annotations
 
 import os
+import sqlite3
 from pathlib import Path
 
 import pytest
 
 from tests.cli.helpers import abandon, assert_one_line_no_traceback, run_cli
+from weft_sync import Ownership
 from weft_sync.errors import StorageError
-from weft_sync.storage import Storage, open_storage
+from weft_sync.storage import SqliteStorage, Storage, open_storage
 
 READ_COMMANDS = [
     ["claims"],
@@ -127,3 +129,33 @@ def test_a_writing_command_adds_no_table_to_another_database(
 
     assert_one_line_no_traceback(capsys.readouterr().err, "no table 'app_t_", "not created")
     assert not _table_exists(url)
+
+
+@pytest.mark.parametrize("argv", [*READ_COMMANDS, ["doctor"]], ids=[*IDS, "doctor"])
+def test_a_read_command_on_a_cleanly_closed_sqlite_store_leaves_no_file_behind(
+    tmp_path: Path, argv: list[str]
+) -> None:
+    url = f"sqlite:///{tmp_path / 'jobs.db'}"
+    with Ownership.open(url, background="manual") as ownership:
+        ownership.workflows.start("wf-1", "job")
+    before = sorted(os.listdir(tmp_path))
+    assert not [name for name in before if name.endswith(("-wal", "-shm"))]
+
+    code, _ = run_cli("--url", url, *argv)
+
+    assert code == 0
+    assert sorted(os.listdir(tmp_path)) == before
+
+
+def test_a_read_only_sqlite_store_refuses_write_statements_on_its_connections(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "jobs.db"
+    SqliteStorage(path).close()
+    with SqliteStorage(path, read_only=True) as store:
+        conn = store._connect()
+        try:
+            with pytest.raises(sqlite3.OperationalError, match="readonly"):
+                conn.execute("INSERT INTO weft_kv (key, value) VALUES ('k', x'00')")
+        finally:
+            conn.close()

@@ -230,7 +230,8 @@ def test_doctor_passes_every_check_on_a_healthy_store_and_says_what_it_checked(
     assert "[ok] open the store: the file or table exists and answers reads" in checks
     assert "[ok] mode marker: 'workflow-lease'" in checks
     assert "[ok] clock sanity: 0 of 1 claims expire more than a day ahead" in checks
-    assert "[info] compare-and-swap probe skipped: it writes; 'doctor --fix' runs it" in checks
+    skipped = "compare-and-swap probe skipped: it writes; 'weft-sync doctor --fix' runs it"
+    assert f"[info] {skipped}" in checks
     assert "[info] expired claims awaiting takeover: 1" in checks
 
 

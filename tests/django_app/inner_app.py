@@ -14,6 +14,7 @@ import sqlite3
 import threading
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import django
@@ -371,6 +372,24 @@ def test_the_management_command_turns_cli_errors_into_command_errors() -> None:
         pytest.raises(CommandError, match=r"settings\.WEFT_SYNC"),
     ):
         run("claims")
+
+
+def test_the_management_command_names_the_settings_and_its_own_command_in_messages(
+    tmp_path: Path,
+) -> None:
+    missing = f"sqlite:///{tmp_path / 'missing.db'}"
+    out, stderr = io.StringIO(), io.StringIO()
+    with override_settings(WEFT_SYNC={"URL": missing}), pytest.raises(CommandError) as failed:
+        call_command("weft_sync", "doctor", stdout=out, stderr=stderr)
+    assert failed.value.returncode == 1
+    report = out.getvalue()
+    assert "from settings.WEFT_SYNC" in report
+    assert "'manage.py weft_sync doctor --fix' creates it" in report
+    assert "'weft-sync " not in report
+
+    with override_settings(WEFT_SYNC={"URL": missing}), pytest.raises(CommandError):
+        call_command("weft_sync", "claims", stdout=io.StringIO(), stderr=stderr)
+    assert "from settings.WEFT_SYNC" in stderr.getvalue()
 
 
 # -- the admin -------------------------------------------------------------------------------

@@ -1,4 +1,4 @@
-"""The README's "Fencing your own tables" examples run as written, against real databases."""
+"""The fencing guide's examples (docs/guides/fencing.md) run as written, against real databases."""
 
 from __future__ import annotations
 
@@ -18,14 +18,15 @@ from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
 from weft_sync import Ownership
 
-README = Path(__file__).resolve().parents[2] / "README.md"
+ROOT = Path(__file__).resolve().parents[2]
+GUIDE = ROOT / "docs" / "guides" / "fencing.md"
 
 
 def example(name: str) -> str:
     match = re.search(
-        rf"<!-- fence-example: {name} -->\n```python\n(.*?)```", README.read_text(), re.S
+        rf"<!-- fence-example: {name} -->\n```python\n(.*?)```", GUIDE.read_text(), re.S
     )
-    assert match, f"the README has no {name!r} fencing example"
+    assert match, f"the fencing guide has no {name!r} fencing example"
     return match.group(1)
 
 
@@ -135,7 +136,7 @@ def test_django_example(tmp_path: Path) -> None:
             _DJANGO_CHECK,
         ]
     )
-    env = {**os.environ, "PYTHONPATH": str(README.parent)}
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
     done = subprocess.run(
         [sys.executable, "-c", textwrap.dedent(script)],
         capture_output=True,

@@ -345,6 +345,8 @@ def test_a_store_without_the_marker_is_scanned_in_full_until_the_backfill_marks_
     for wid in ids:  # hand the records' claims to an old engine, without index entries
         writer.registry.release(wid)
     _old_holders(storage, "engine-old", 3, expires_at=START + TTL_MS)
+    # A store from before the index never had the marker (this one was born with it).
+    storage.delete(keys.OWNER_INDEX_MARKER)
     assert not index_marker_present(storage)
     counting = ReadCounting(storage)
     discovery = _discovery(counting, clock, engine_id="engine-b", window=1)  # type: ignore[arg-type]

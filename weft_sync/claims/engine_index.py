@@ -300,6 +300,21 @@ def _apply(storage: Storage, batches: list[Batch]) -> tuple[int, int]:
     return committed, len(results) - committed
 
 
+def mark_newborn_store(storage: Storage, now: int) -> bool:
+    """Write the index marker on a store that holds no claim yet; return whether it did.
+
+    Called when a store is first stamped with its ownership mode: with no holder and no entry
+    in it, every holder it will hold is written by this version, each with its entry, so the
+    marker is true from the start and discovery never runs the full scans (nor a backfill) for
+    claims written before the store's first maintenance pass. A store that already holds
+    claims is left to the backfill, which checks them.
+    """
+    if any(storage.scan(prefix, limit=1) for prefix in _PHASE_PREFIX.values()):
+        return False
+    _write_marker(storage, now)
+    return index_marker_present(storage)
+
+
 def _write_marker(storage: Storage, now: int) -> None:
     marker: bytes = msgpack.packb(
         {"version": MARKER_VERSION, "completed_at": now}, use_bin_type=True

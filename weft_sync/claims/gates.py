@@ -21,6 +21,7 @@ from ..codec import ModeMarker, decode_mode_marker, encode_mode_marker
 from ..errors import CorruptOwnershipMarkerError, OwnershipModeMismatchError, StorageCapabilityError
 from ..keys import OWNERSHIP_MODE_MARKER
 from ..storage.base import Condition, Put, Storage, storage_conditional_batch
+from .engine_index import mark_newborn_store
 
 __all__ = [
     "OWNERSHIP_MODES",
@@ -109,6 +110,9 @@ def assert_ownership_mode_marker(
     )
     if stamped:
         _log.info("stamped the store with ownership mode %r", checked)
+        # A store stamped here is new: born with its by-engine index marker when it holds no
+        # claim yet (see mark_newborn_store), so its first claims never cost full scans.
+        mark_newborn_store(storage, clock())
         return
     raw = storage.get(OWNERSHIP_MODE_MARKER)
     if raw is None:

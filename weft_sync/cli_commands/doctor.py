@@ -45,17 +45,18 @@ def doctor(store: StoreRef, fix: bool, out: TextIO) -> int:
         storage = store.open(read_only=not fix, create=fix)
     except CommandError as exc:
         report("FAIL", f"open the store: {one_line(str(exc))}")
-        hint = "; 'weft-sync doctor --fix' creates it" if isinstance(exc, StoreMissing) else ""
+        missing = isinstance(exc, StoreMissing)
+        hint = f"; '{store.command('doctor --fix')}' creates it" if missing else ""
         out.write(f"1 problem(s) found{hint}\n")
         return 1
     with storage:
         report("ok", "open the store: the file or table exists and answers reads")
-        _check_store(storage, fix, report)
+        _check_store(storage, fix, report, store)
     out.write("no problems found\n" if problems == 0 else f"{problems} problem(s) found\n")
     return 0 if problems == 0 else 1
 
 
-def _check_store(storage: Storage, fix: bool, report: Report) -> None:
+def _check_store(storage: Storage, fix: bool, report: Report, store: StoreRef) -> None:
     caps = storage.capabilities
     report(
         "ok" if caps.conditional_batch else "FAIL",
@@ -69,7 +70,8 @@ def _check_store(storage: Storage, fix: bool, report: Report) -> None:
         storage.conditional_batch([], [Delete(probe)])
         report("ok" if first and not second else "FAIL", "compare-and-swap refuses a stale write")
     else:
-        report("info", "compare-and-swap probe skipped: it writes; 'doctor --fix' runs it")
+        fix_command = store.command("doctor --fix")
+        report("info", f"compare-and-swap probe skipped: it writes; '{fix_command}' runs it")
     raw = storage.get(keys.OWNERSHIP_MODE_MARKER)
     marker = decode_mode_marker(raw)
     if raw is None:
@@ -89,7 +91,7 @@ def _check_store(storage: Storage, fix: bool, report: Report) -> None:
         "FAIL" if view.undecodable else "ok",
         f"holder records: {view.undecodable} do not decode",
     )
-    _check_epochs(storage, report)
+    _check_epochs(storage, report, store)
     report("info", f"expired claims awaiting takeover: {sum(view.expired.values())}")
     report("info", f"running workflows without a holder: {len(view.running_without_holder)}")
     _report_replication(storage, report)
@@ -163,7 +165,7 @@ def _far_future(storage: Storage, now: int) -> list[str]:
     ]
 
 
-def _check_epochs(storage: Storage, report: Report) -> None:
+def _check_epochs(storage: Storage, report: Report, store: StoreRef) -> None:
     # A corrupt epoch fails closed (nothing can acquire the workflow), and only an operator can
     # say which epoch is safely above every one handed out: name each key and the repair.
     corrupt = find_corrupt_epochs(storage, limit=CORRUPT_EPOCHS_SHOWN + 1)
@@ -179,5 +181,5 @@ def _check_epochs(storage: Storage, report: Report) -> None:
             report(
                 "FAIL",
                 f"  {item.key!r} ({item.size} bytes): refused until repaired with "
-                f"'weft-sync repair-epoch {item.workflow_id}'",
+                f"'{store.command('repair-epoch ' + item.workflow_id)}'",
             )

@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 import contextlib
 import importlib
+import os
+import sys
 import threading
 from collections import Counter
 from collections.abc import Callable, Mapping
@@ -38,6 +40,12 @@ def load_handler(spec: str) -> WorkflowHandler:
     module_name, sep, attr = spec.partition(":")
     if not sep or not module_name or not attr:
         raise UsageError(f"--handler must be MODULE:FUNCTION, got {spec!r}")
+    # The ``weft-sync`` script's sys.path starts with the script's own directory, where
+    # ``python -m weft_sync`` puts the working directory: import from it the same way, so both
+    # find ``examples.jobs`` or ``myapp.handlers`` next to where the operator runs them.
+    cwd = os.getcwd()
+    if cwd not in sys.path and "" not in sys.path:
+        sys.path.insert(0, cwd)
     try:
         handler = getattr(importlib.import_module(module_name), attr)
     except Exception as exc:  # the module's own import-time failure is the operator's to fix

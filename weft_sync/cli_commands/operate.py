@@ -13,7 +13,7 @@ from ..clock import system_clock
 from ..codec import decode_epoch, decode_holder, try_decode_workflow_record
 from ..storage import Condition, storage_conditional_batch
 from ..workflows import WorkflowNotFoundError, Workflows
-from .output import CommandError, NotFound, StoreRef, human_time
+from .output import CommandError, NotFound, StoreRef, UsageError, human_time
 
 __all__ = ["RELEASE_ATTEMPTS", "cancel", "demo", "release", "repair_epoch"]
 
@@ -54,7 +54,7 @@ def release(store: StoreRef, workflow_id: str, out: TextIO) -> int:
                 if record is None or status in _DRIVEN_STATUSES:
                     raise CommandError(
                         f"{wid!r} is a {status} workflow, not a bare claim; use "
-                        f"'weft-sync cancel {wid}' to stop it and depose its owner"
+                        f"'{store.command('cancel ' + wid)}' to stop it and depose its owner"
                     )
             holder_key = keys.workflow_owner_holder(wid)
             holder_raw = storage.get(holder_key)
@@ -109,12 +109,24 @@ def _holder_text(holder_raw: bytes) -> str:
     return f"held by {holder.engine_id}, {state}, expiry {human_time(holder.expires_at, now)}"
 
 
-def demo(workers: int, workflow_count: int, keep: str | None, out: TextIO) -> int:
-    """Run the multi-process takeover demonstration."""
+def demo(
+    workers: int, workflow_count: int, keep: str | None, out: TextIO, *, url_given: bool = False
+) -> int:
+    """Run the multi-process takeover demonstration.
+
+    :param url_given: ``--url`` was on the command line: refused, since the demo creates,
+        fills and deletes a store of its own and must never write into one of yours.
+    :raises UsageError: ``url_given``, or too few workers or workflows.
+    """
     from ..demo import DemoSettings, run_demo
 
+    if url_given:
+        raise UsageError(
+            "demo does not take --url: it runs on a temporary SQLite store of its own (and "
+            "never writes into yours); use 'demo --keep DIR' to keep that store for inspection"
+        )
     if workers < 2 or workflow_count < 1:
-        raise ValueError(
+        raise UsageError(
             f"demo needs --workers >= 2 and --workflows >= 1, got {workers}, {workflow_count}"
         )
 

@@ -49,11 +49,19 @@ class StoreRef:
     """The store a command works on, and where its URL came from (for error messages).
 
     :param url: the store URL, credentials included; show :attr:`shown` instead.
-    :param source: ``"--url"``, ``"$WEFT_SYNC_URL"`` or ``"the default URL"``.
+    :param source: ``"--url"``, ``"$WEFT_SYNC_URL"``, ``"the default URL"``, or where an
+        integration configured it (``"settings.WEFT_SYNC"``, ``"app.config['WEFT_SYNC_URL']"``).
+    :param prog: how the operator runs the command line (``"weft-sync"``,
+        ``"manage.py weft_sync"``, ``"flask weft"``), for the commands that hints suggest.
     """
 
     url: str
     source: str
+    prog: str = "weft-sync"
+
+    def command(self, rest: str) -> str:
+        """The command line ``rest`` as the operator would type it, e.g. ``doctor --fix``."""
+        return f"{self.prog} {rest}"
 
     @property
     def shown(self) -> str:

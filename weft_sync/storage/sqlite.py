@@ -147,7 +147,11 @@ class SqliteStorage(SqliteSessionLockMethods):
         self._read_only = bool(read_only)
         # Resolved once: a later chdir() must not move the store under a read-only instance
         # or under the fence's same-file proof.
-        self._ro_uri = f"file:{quote(os.path.abspath(self._path))}?mode=ro"
+        # ``mode=rw`` (never create) plus ``query_only`` rather than ``mode=ro``: a read-only
+        # connection cannot remove the ``-wal``/``-shm`` files its open creates, while the last
+        # read-write connection to close does, so inspecting a cleanly closed store leaves no
+        # file behind. ``query_only`` makes SQLite refuse every write statement.
+        self._ro_uri = f"file:{quote(os.path.abspath(self._path))}?mode=rw"
         self._fence_target = SqliteFenceTarget(self._path, self._table)
         quoted = f'"{self._table}"'
         self._sql_get = f"SELECT value FROM {quoted} WHERE key = ?"
@@ -228,6 +232,8 @@ class SqliteStorage(SqliteSessionLockMethods):
             uri=self._read_only,
         )
         try:
+            if self._read_only:
+                conn.execute("PRAGMA query_only = ON")
             conn.execute(f"PRAGMA busy_timeout = {self._busy_timeout_ms:d}")
             conn.execute(f"PRAGMA synchronous = {self._synchronous}")
             # Each write request runs in a savepoint, whose journal keeps the original of every

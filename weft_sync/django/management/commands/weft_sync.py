@@ -56,14 +56,20 @@ class Command(BaseCommand):
                 "('manage.py weft_sync --help-cli' lists them)",
                 returncode=cli.EXIT_USAGE,
             )
-        url = options["url"] or (None if _names_url(argv) else _settings_url())
-        if url is not None:
-            argv = ["--url", url, *argv]
+        if options["url"]:
+            argv = ["--url", options["url"], *argv]
+        configured = None if _names_url(argv) else (_settings_url(), "settings.WEFT_SYNC")
         out, err = _Lines(self.stdout), _Lines(self.stderr)
         # Live, not buffered: ``maintain --interval`` reports warnings while it runs.
         with redirect_stderr(cast(TextIO, err)):
             try:
-                code = cli.main(argv, out=cast(TextIO, out), handlers=_settings_handlers(argv))
+                code = cli.main(
+                    argv,
+                    out=cast(TextIO, out),
+                    handlers=_settings_handlers(argv),
+                    configured_url=configured,
+                    prog="manage.py weft_sync",
+                )
             finally:
                 out.flush()
                 err.flush()
