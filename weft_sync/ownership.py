@@ -9,8 +9,9 @@ Threading model:
 
 - Each ``Ownership`` has one lock guarding its lifecycle state, the live ``claim()`` handles and
   the ``on_lost`` callbacks. Registry calls, storage I/O, callbacks and logging happen outside it.
-- Workflow handlers (:mod:`weft_sync.handlers`) run on maintenance threads, after the reclaim
-  pass took the claim over; they must not call :meth:`Ownership.close`.
+- Workflow handlers (:mod:`weft_sync.handlers`) run on the engine's handler threads
+  (:mod:`weft_sync.handler_executor`), after the reclaim pass took the claim over; they must
+  not call :meth:`Ownership.close`.
 - Lost claims are reported by the registry through a warning sink this object installs; the sink
   runs on whichever thread found the loss (usually a maintenance thread), marks the matching
   handle lost, calls the ``on_lost`` callbacks (their exceptions are logged, never raised into
@@ -48,9 +49,11 @@ from .errors import (
     WorkflowClaimUnavailableError,
 )
 from .fencing import HostFence
+from .fencing.core import open_fence_writes
 from .handlers import HandlerTable, ReclaimedWorkflow, WorkflowHandler
 from .handles import ClaimHandle
 from .keys import validate_workflow_id
+from .ledger.driving import DriverTracker
 from .maintenance.reclaim_target import EligibilityPredicate
 from .maintenance.targets import PassResult
 from .maintenance.task import RenewalTask
@@ -114,12 +117,15 @@ class Ownership:
         self._task: RenewalTask = parts.task
         self._metrics: ClaimMetrics = parts.metrics
         self._crash = parts.crash
+        self._drivers = parts.drivers
+        self._handler_executor = parts.handler_executor
         self._fence = HostFence(
             storage,
             self._registry,
             warn=self._on_warning,
             epoch_of=self._registry.epoch_lookup(),  # fenced() checks the process itself
         )
+        self._workflows.bind_host_writes(lambda wid: open_fence_writes(wid, storage))
         _LIVE.add(self)
 
     # ----------------------------------------------------------------------------------------
@@ -277,15 +283,29 @@ class Ownership:
         self._task.start()
         self._crash.start_watching()
 
-    def run_maintenance(self) -> PassResult:
+    def run_maintenance(self, *, wait_handlers: float | None = None) -> PassResult:
         """Run one full maintenance pass now, on this thread, and return its result.
 
         Hosts opened with ``background="manual"`` call this at least once per renew interval.
+        The handlers of the workflows the pass reclaimed run on the handler threads; this call
+        returns once no handler is queued or running (a cron host's script can exit then),
+        or after ``wait_handlers`` seconds (``0``: at once). Called from a handler, it does
+        not wait.
 
+        :param wait_handlers: the most seconds to wait for handlers; ``None``: no bound.
         :raises ClosedError: after ``close()`` or in a forked child.
         """
         self._require_open("run_maintenance()")
-        return self._task.run_once()
+        result = self._task.run_once()
+        executor = self._handler_executor
+        if wait_handlers != 0 and not executor.is_handler_thread():
+            executor.wait_idle(wait_handlers)
+        return result
+
+    @property
+    def drivers(self) -> DriverTracker:
+        """Who drives each workflow claim this engine holds (see :mod:`.ledger.driving`)."""
+        return self._drivers
 
     def close(self, timeout: float | None = 10.0) -> None:
         """Stop maintenance, release every claim and close the store this object opened.
@@ -299,11 +319,16 @@ class Ownership:
         In a child that inherited this object across ``os.fork()`` it does nothing: the parent
         still owns the claims.
 
-        :raises RuntimeError: called from inside a maintenance pass (an ``on_reclaimed`` or
-            ``on_lost`` callback); it would wait for itself. Call it from another thread.
+        :raises RuntimeError: called from inside a maintenance pass (an ``on_lost`` callback)
+            or from a workflow handler; it would wait for itself. Call it from another thread.
         """
         if self._process_state() is not _State.OPEN:
             return
+        if self._handler_executor.is_handler_thread():
+            raise RuntimeError(
+                "Ownership.close() was called from a workflow handler; close() waits for the "
+                "handlers, so it would wait for itself: close it from another thread"
+            )
         try:
             # Probes for re-entry from a maintenance thread before anything changes.
             self._task.wait_idle(0)
@@ -329,6 +354,7 @@ class Ownership:
                 owns_storage=self._owns_storage,
                 timeout=timeout,
                 crash=self._crash,
+                handlers=self._handler_executor,
             )
         finally:
             with self._lock:

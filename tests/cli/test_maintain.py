@@ -296,7 +296,7 @@ def test_maintain_interval_shows_a_failing_handler_on_stderr_in_one_line(
         argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=cli_env()
     ) as proc:
         try:
-            line = OutputReader(proc, stderr=True).wait_for(r"weft-sync: .*\n")[0]
+            line = OutputReader(proc, stderr=True).wait_for(r"weft-sync: error: .*\n")[0]
             proc.send_signal(signal.SIGTERM)
             out, rest = proc.communicate(timeout=WAIT_S)
         finally:
@@ -305,7 +305,7 @@ def test_maintain_interval_shows_a_failing_handler_on_stderr_in_one_line(
     assert proc.returncode == 0
     assert line == (
         "weft-sync: error: handler for workflow type 'report' raised on workflow 'wf-1' "
-        "(epoch 2); the claim is kept and the workflow driven again on a later pass "
+        "(epoch 2); its claim is released for a redrive "
         "(RuntimeError: cannot drive wf-1 at postgresql://app:***@db/main)\n"
     )
     assert "Traceback" not in rest.decode()

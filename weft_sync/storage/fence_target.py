@@ -59,6 +59,10 @@ class FenceBinding:
     :param read_epoch_parts: ``read_epoch`` split around its parameters, for a connection that
         can send the statement with its parameters inlined as literals together with its
         ``BEGIN`` (one round trip instead of two); ``None`` where the family has no use for it.
+    :param read_value: put_value: delete_value: read (locking the row where the family has
+        row locks), upsert and delete one key of the store's table inside the host's
+        transaction (parameters: the key, and the value for ``put_value``); the ledger writes a
+        workflow's final state with them when it finishes inside a fenced block.
     """
 
     read_epoch: str
@@ -67,6 +71,9 @@ class FenceBinding:
     confirm: Callable[[Sequence[tuple[Any, ...]]], bool] | None = None
     opened_on: Callable[[Any], bool] | None = None
     read_epoch_parts: tuple[str, ...] | None = None
+    read_value: str | None = None
+    put_value: str | None = None
+    delete_value: str | None = None
 
 
 @runtime_checkable
@@ -172,6 +179,9 @@ class SqliteFenceTarget:
             recheck="PRAGMA database_list",
             confirm=confirm,
             opened_on=self._opened_on(schema),
+            read_value=f"SELECT value FROM {table} WHERE key = ?",
+            put_value=f"INSERT OR REPLACE INTO {table} (key, value) VALUES (?, ?)",
+            delete_value=f"DELETE FROM {table} WHERE key = ?",
         )
 
     def _opened_on(self, schema: str) -> Callable[[Any], bool] | None:
@@ -255,4 +265,10 @@ class PostgresFenceTarget:
         return FenceBinding(
             read_epoch=PG_READ_EPOCH.format(table=table),
             read_epoch_parts=tuple(part.format(table=table) for part in PG_READ_EPOCH.split("%s")),
+            read_value=f"SELECT value FROM {table} WHERE key = %s FOR UPDATE",
+            put_value=(
+                f"INSERT INTO {table} (key, value) VALUES (%s, %s) "
+                "ON CONFLICT (key) DO UPDATE SET value = EXCLUDED.value"
+            ),
+            delete_value=f"DELETE FROM {table} WHERE key = %s",
         )
