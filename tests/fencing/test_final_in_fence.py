@@ -68,9 +68,12 @@ def test_a_deposed_owner_finishing_in_a_fence_is_refused_before_anything_is_writ
     with own.fenced("job-1", conn) as handle:
         env.write(handle, "report-1", "draft")
     env.take_over("job-1")
-    with pytest.raises(EngineDeposedError), pytest.warns(WorkflowClaimLostWarning):
-        with own.fenced("job-1", conn) as handle:
-            env.write(handle, "report-1", "done")
-            own.workflows.complete("job-1")
+    with (
+        pytest.raises(EngineDeposedError),
+        pytest.warns(WorkflowClaimLostWarning),
+        own.fenced("job-1", conn) as handle,
+    ):
+        env.write(handle, "report-1", "done")
+        own.workflows.complete("job-1")
     assert env.rows() == {"report-1": "draft"}
     assert _status(env, "job-1") == "running"
