@@ -384,7 +384,9 @@ class Ownership:
 
         The claim is acquired, or taken over (epoch + 1) when its holder expired more than the
         takeover grace ago, so the claim of a crashed process blocks its id for at most the TTL
-        plus the grace. With ``wait``, attempts repeat with jittered delays for up to ``wait``
+        plus the grace; a holder whose engine the crash probe saw crashed is taken over at once
+        (a waiter wakes when the probe reports it). The block's thread is the claim's driver.
+        With ``wait``, attempts repeat with jittered delays for up to ``wait``
         seconds (leader election for a cron job: ``claim("nightly", wait=60)``).
 
         On exit the claim is released (only at the handle's epoch, so a newer generation of the
@@ -437,7 +439,10 @@ class Ownership:
     def _acquire(self, workflow_id: str, wait_s: float | None) -> ClaimHandle:
         wid = validate_workflow_id(workflow_id)
         result = claim_with_wait(
-            lambda: self._attempt_claim(wid), wait_s, lambda: self._require_open("claim()")
+            lambda: self._attempt_claim(wid),
+            wait_s,
+            lambda: self._require_open("claim()"),
+            sleep=self._crash.wait_for_death,
         )
         if result.epoch is None:
             raise WorkflowClaimUnavailableError(wid, result.held_by)
@@ -461,7 +466,7 @@ class Ownership:
             busy = wid in self._handles
         if busy:
             return ClaimAttempt(None, self._registry.engine_id)
-        return attempt_claim(self._registry, self._metrics, wid)
+        return attempt_claim(self._registry, self._metrics, wid, self._crash.dead_engines())
 
     def _finish(self, handle: ClaimHandle, *, body_failed: bool) -> None:
         wid = handle.workflow_id
