@@ -141,6 +141,11 @@ class OwnershipOptions:
     :param handler_max_attempts: drives of one workflow on this engine that may end without
         finishing it (raised, returned, driver thread gone) before this engine fails it with
         the last error instead of releasing it for another redrive.
+    :param on_fork: what an engine with ``background="thread"`` does when its process forks
+        (:mod:`weft_sync.prefork`): ``"stop"`` (default) stops its background maintenance,
+        crash probe and handlers in the forking process, with a warning, so a pre-fork master
+        drives nothing; ``"continue"`` keeps them running (a host forking helper processes).
+        Forks made by the engine's own handler threads never stop it.
     :raises ValueError: a duration is invalid, the pair breaks the safety rules,
         ``time_source`` is not ``"local"``, ``"store"`` or ``None``, ``reclaim_discovery`` is
         not ``"auto"`` or ``"scan"``, or ``crash_poll_interval`` is zero.
@@ -154,6 +159,7 @@ class OwnershipOptions:
     handler_workers: int = 4
     handler_stuck_after: Duration | None = "5m"
     handler_max_attempts: int = 5
+    on_fork: Literal["stop", "continue"] = "stop"
     claim_ttl_ms: int = field(init=False)
     claim_renew_interval_ms: int = field(init=False)
     crash_poll_interval_ms: int | None = field(init=False)
@@ -198,6 +204,8 @@ class OwnershipOptions:
                     f"{self.handler_stuck_after!r}; use None to never warn"
                 )
         object.__setattr__(self, "handler_stuck_after_ms", stuck_ms)
+        if self.on_fork not in ("stop", "continue"):
+            raise ValueError(f"on_fork must be 'stop' or 'continue', got {self.on_fork!r}")
 
 
 def _check_positive_int(name: str, value: object) -> None:

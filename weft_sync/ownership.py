@@ -36,6 +36,7 @@ from contextlib import AbstractContextManager, contextmanager
 from types import TracebackType
 from typing import Any, Literal, TypeVar
 
+from . import prefork
 from .claiming import ClaimAttempt, attempt_claim, claim_is_gone, claim_with_wait, validate_wait
 from .claims.registry import ClaimRegistry, WarnSink
 from .claims.results import ReleaseStatus
@@ -119,6 +120,7 @@ class Ownership:
         self._crash = parts.crash
         self._drivers = parts.drivers
         self._handler_executor = parts.handler_executor
+        self._on_fork = settings.options.on_fork
         self._fence = HostFence(
             storage,
             self._registry,
@@ -282,6 +284,8 @@ class Ownership:
         self._require_open("start()")
         self._task.start()
         self._crash.start_watching()
+        if self._on_fork == "stop":
+            prefork.watch(self)
 
     def run_maintenance(self, *, wait_handlers: float | None = None) -> PassResult:
         """Run one full maintenance pass now, on this thread, and return its result.
@@ -361,7 +365,28 @@ class Ownership:
                 self._state = _State.CLOSED
                 self._handles.clear()
             _LIVE.discard(self)
+            prefork.unwatch(self)
             _log.info("closed ownership of engine %s", self._registry.engine_id)
+
+    def _stop_before_fork(self) -> bool:
+        """This process is about to fork: stop background work here (see :mod:`.prefork`).
+
+        Runs on the forking thread, before the fork. A fork from one of this engine's handler
+        threads stops nothing. Nothing is written: the claims held are left to expire.
+        """
+        if self._state is not _State.OPEN or self._pid != os.getpid():
+            return False
+        if self._handler_executor.is_handler_thread():
+            return False
+        self._task.stop()
+        self._crash.stop_watching(1.0)
+        self._handler_executor.close(0)
+        _log.warning(
+            "engine %s: background maintenance stopped in process %d before a fork",
+            self._registry.engine_id,
+            os.getpid(),
+        )
+        return True
 
     def __enter__(self) -> Ownership:
         return self
