@@ -239,10 +239,11 @@ class HandlerTable:
             )
             return
         drivers, executor = self._runtime()
-        drivers.expect(workflow_id, epoch)
         handler = self.get(record.type)
         if handler is None and self._on_reclaimed is None:
+            drivers.expect(workflow_id, epoch)
             return
+        drivers.expect(workflow_id, epoch, queued=True)
         self._count_start(workflow_id, record.type, epoch)
         reclaimed = ReclaimedWorkflow(workflow_id, record.type, epoch, record, ownership, workflows)
         executor.submit(workflow_id, record.type, lambda: self._run(reclaimed, handler))
@@ -278,14 +279,15 @@ class HandlerTable:
             # on_reclaimed hands the id to the host, which drives it in workflows.drive(): the
             # claim awaits that driver as after start(); a callback that raises gives it back.
             assert self._on_reclaimed is not None
+            drivers.expect(wid, epoch)  # from now on it awaits the host's drive()
             try:
                 with self._span(wid, wtype, epoch):
                     self._on_reclaimed(wid)
             except Exception as exc:
                 self._metrics.record_handler_failure(wtype)
                 _log.exception("on_reclaimed raised on workflow %r (epoch %d)", wid, epoch)
-                driver = drivers.enter(wid, epoch, "on_reclaimed callback")
-                drivers.leave(driver, exc)
+                with contextlib.suppress(RuntimeError):  # the host's drive() has it already
+                    drivers.leave(drivers.enter(wid, epoch, "on_reclaimed callback"), exc)
             return
         try:
             with (

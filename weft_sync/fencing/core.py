@@ -542,6 +542,11 @@ class _OpenBlock:
             return
         _run_hooks(hooks, exc is None)
 
+    @property
+    def inner(self) -> AbstractContextManager[object]:
+        """The fenced block itself (the family's fast block, or the generic one)."""
+        return self._inner
+
     def writes(self) -> HostStoreWrites:
         """The store's table as this block's host transaction sees it (proven on first use)."""
         if self._host is None:

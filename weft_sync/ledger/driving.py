@@ -63,6 +63,12 @@ class Driver:
     epoch: int
     kind: str
     thread: threading.Thread
+    nested: bool = False
+    """Entered on the thread already driving the claim (a handler's own ``drive()`` block):
+    the outer drive decides what happens to the claim."""
+    replaced: bool = False
+    """A handler whose claim a ``drive()`` block on another thread took on (a hand-off): the
+    block decides what happens to the claim, not the handler's end."""
 
 
 @dataclass(slots=True)
@@ -70,6 +76,7 @@ class _Tracked:
     epoch: int
     since: int
     driver: Driver | None = None
+    queued: bool = False  # a handler run waits for a free handler thread: driven by then
 
 
 class DriveContext:
@@ -165,13 +172,19 @@ class DriverTracker:
 
     # -- claims and drivers ------------------------------------------------------------------
 
-    def expect(self, workflow_id: str, epoch: int) -> None:
-        """Track a claim just taken at ``epoch``; it awaits a driver for one renew interval."""
+    def expect(self, workflow_id: str, epoch: int, *, queued: bool = False) -> None:
+        """Track a claim just taken at ``epoch``; it awaits a driver for one renew interval.
+
+        :param queued: its handler run is queued on the handler executor: it counts as driven
+            until the run starts (and its grace starts afresh if it hands the claim on).
+        """
         now = self._registry.clock()
         with self._lock:
             current = self._tracked.get(workflow_id)
             if current is None or current.epoch != epoch:
-                self._tracked[workflow_id] = _Tracked(epoch, now)
+                self._tracked[workflow_id] = _Tracked(epoch, now, queued=queued)
+            elif current.driver is None:
+                current.since, current.queued = now, queued
 
     @contextmanager
     def driving(
@@ -200,11 +213,16 @@ class DriverTracker:
             tracked = self._tracked.get(workflow_id)
             if tracked is None or tracked.epoch != epoch:
                 tracked = self._tracked[workflow_id] = _Tracked(epoch, now)
+            tracked.queued = False
             other = tracked.driver
-            if other is not None and other.thread.is_alive() and other.thread is not driver.thread:
+            busy = None
+            if other is not None and other.thread is driver.thread:
+                driver.nested = True
+            elif other is not None and other.thread.is_alive() and other.kind != "handler":
                 busy = other
             else:
-                busy = None
+                if other is not None:
+                    other.replaced = True  # a handler handed its claim on to this block
                 tracked.driver = driver
         if busy is not None:
             raise RuntimeError(
@@ -221,6 +239,8 @@ class DriverTracker:
             host code which enters ``drive()``), and is released only if none comes.
         """
         wid = driver.workflow_id
+        if driver.nested or driver.replaced:
+            return
         with self._lock:
             tracked = self._tracked.get(wid)
             if tracked is not None and tracked.driver is driver:
@@ -281,7 +301,7 @@ class DriverTracker:
                         del self._tracked[wid]
                 continue
             driver = entry.driver
-            if driver is not None and driver.thread.is_alive():
+            if (driver is not None and driver.thread.is_alive()) or entry.queued:
                 continue
             if driver is not None:
                 undriven.append((wid, entry.epoch, f"its {driver.kind} thread ended"))
