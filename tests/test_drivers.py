@@ -342,3 +342,67 @@ def _capture(body: object, errors: list[BaseException]) -> None:
         body()  # type: ignore[operator]
     except BaseException as exc:
         errors.append(exc)
+
+
+def test_handler_runs_queued_behind_a_busy_executor_are_not_taken_for_undriven_claims(
+    storage: Storage, clock: ManualClock
+) -> None:
+    options = OwnershipOptions(claim_ttl=TTL_MS, claim_renew_interval=RENEW_MS, handler_workers=1)
+    release = threading.Event()
+    started: list[str] = []
+
+    def slow(ctx: ReclaimedWorkflow) -> None:
+        started.append(ctx.workflow_id)
+        release.wait(WAIT_S)
+        ctx.workflows.complete(ctx.workflow_id)
+
+    with opened_engines(storage, clock, options) as make:
+        dead = make("engine-dead")
+        for i in range(3):
+            dead.workflows.start(f"job-{i}", "job")
+        clock.advance(PAST_GRACE_MS)
+        survivor = make("engine-b", handlers={"job": slow})
+        try:
+            survivor.run_maintenance(wait_handlers=0)
+            clock.advance(RENEW_MS * 3)  # far past the grace, two runs still queued
+            survivor.run_maintenance(wait_handlers=0)
+            assert survivor.metrics.snapshot().claims_without_driver == 0
+            assert sorted(survivor.registry.list_held_workflow_ids()) == [
+                "job-0",
+                "job-1",
+                "job-2",
+            ]
+        finally:
+            release.set()
+        survivor.run_maintenance(wait_handlers=WAIT_S)
+        assert sorted(started) == ["job-0", "job-1", "job-2"]
+        for i in range(3):
+            assert survivor.workflows.get(f"job-{i}").status == "completed"  # type: ignore[union-attr]
+
+
+def test_a_handler_can_hand_its_claim_to_a_drive_block_on_another_thread(
+    make_ownership: MakeOwnership, storage: Storage, clock: ManualClock
+) -> None:
+    dead = make_ownership("engine-dead")
+    dead.workflows.start("job-1", "job")
+    clock.advance(PAST_GRACE_MS)
+    finished = threading.Event()
+    threads: list[threading.Thread] = []
+
+    def hand_off(ctx: ReclaimedWorkflow) -> None:
+        def work() -> None:
+            with ctx.workflows.drive(ctx.workflow_id) as drive:
+                drive.complete({"by": "job thread"})
+            finished.set()
+
+        thread = threading.Thread(target=work, name="job-thread")
+        threads.append(thread)
+        thread.start()  # may enter drive() before this handler returns
+
+    survivor = make_ownership("engine-b", handlers={"job": hand_off})
+    survivor.run_maintenance()
+    assert finished.wait(WAIT_S)
+    for thread in threads:
+        thread.join(WAIT_S)
+    assert survivor.workflows.get("job-1").status == "completed"  # type: ignore[union-attr]
+    assert survivor.drivers.attempts("job-1") == 0
