@@ -159,7 +159,7 @@ class Ownership:
             30 s, renew 5 s, the backend's time source: the database clock on PostgreSQL).
         :param handlers: workflow type -> handler. A running workflow of one of these types whose
             owner died is taken over here and its handler called with a
-            :class:`~weft_sync.handlers.ReclaimedWorkflow`, on a maintenance thread (see
+            :class:`~weft_sync.handlers.ReclaimedWorkflow`, on a handler thread (see
             :mod:`weft_sync.handlers`). More can be added with :meth:`handler`.
         :param max_claims: the most claims this engine holds before its reclaim passes stop
             taking over (``None``: no limit). Each pass takes at most a fair share of the

@@ -306,7 +306,12 @@ class Workflows:
     def complete(self, workflow_id: str, result: Any = None) -> WorkflowRecord:
         """Mark the running workflow ``completed`` with ``result``; release its claim in that write.
 
-        :raises EngineDeposedError: this engine no longer owns the workflow.
+        Inside ``Ownership.fenced(workflow_id, conn)`` (or Django's ``fenced_atomic``) on the
+        store's own database, the write is made in the host's transaction and commits (or rolls
+        back) with the host's rows; the claim is released when that transaction commits.
+
+        :raises EngineDeposedError: this engine no longer owns the workflow (whatever its
+            status).
         :raises WorkflowStateError: the workflow is not running.
         :raises ValueError: ``result`` is not MessagePack-encodable.
         """
@@ -418,6 +423,8 @@ class Workflows:
         ``ctx.complete()``, ``ctx.fail()`` or ``ctx.suspend()``. Leaving the block with an
         exception, or without finishing, releases the claim for a redrive by a handler (the
         attempts are counted; see :mod:`weft_sync.ledger.driving`); the exception propagates.
+        Inside a handler (the thread already driving it) the block is nested and the handler
+        decides; on another thread it takes the claim over from the handler (a hand-off).
 
         :raises WorkflowClaimUnavailableError: another engine holds a live claim on it.
         :raises WorkflowNotFoundError: no such workflow.
