@@ -11,7 +11,8 @@ released claim).
 
     python bench/bare_claim_takeover.py [--repeats N] [--url URL]
 
-Without ``--url`` each run uses a fresh SQLite file in a temporary directory. Prints the median,
+Without ``--url`` each run uses a fresh SQLite file in a temporary directory (with it, a fresh
+claim id per run). Prints the median,
 the runs, and the load average.
 """
 
@@ -26,6 +27,7 @@ import sys
 import tempfile
 import threading
 import time
+import uuid
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -39,7 +41,7 @@ HOLDER = """
 import sys, time
 from weft_sync import Ownership
 own = Ownership.open(sys.argv[1])
-with own.claim("nightly") as handle:
+with own.claim(sys.argv[2]) as handle:
     print("held", handle.epoch, flush=True)
     time.sleep(3600)
 """
@@ -48,8 +50,9 @@ with own.claim("nightly") as handle:
 def one_run(url: str) -> tuple[float, int]:
     """Seconds from the holder's SIGKILL to the waiter's takeover, and the epoch it took."""
     env = dict(os.environ, PYTHONPATH=str(ROOT))
+    claim_id = f"nightly-{uuid.uuid4().hex[:8]}"  # a fresh id per run, also on a shared store
     holder = subprocess.Popen(
-        [sys.executable, "-c", HOLDER, url], stdout=subprocess.PIPE, text=True, env=env
+        [sys.executable, "-c", HOLDER, url, claim_id], stdout=subprocess.PIPE, text=True, env=env
     )
     try:
         assert holder.stdout is not None
@@ -62,7 +65,7 @@ def one_run(url: str) -> tuple[float, int]:
 
             def wait_for_claim() -> None:
                 started.set()
-                with waiter_side.claim("nightly", wait=60) as handle:
+                with waiter_side.claim(claim_id, wait=60) as handle:
                     taken["at"] = time.monotonic()
                     taken["epoch"] = handle.epoch
 
