@@ -7,6 +7,8 @@ driver of :data:`tests.fencing.hosts.CASES`, both backends.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from tests.fencing.hosts import HostEnv
@@ -77,3 +79,42 @@ def test_a_deposed_owner_finishing_in_a_fence_is_refused_before_anything_is_writ
         own.workflows.complete("job-1")
     assert env.rows() == {"report-1": "draft"}
     assert _status(env, "job-1") == "running"
+
+
+def test_complete_in_a_sqlite_fence_does_not_wait_for_a_renewal_blocked_behind_it(
+    tmp_path: Path,
+) -> None:
+    import sqlite3
+    import threading
+    import time
+
+    from tests.claims.gated import WarningSink
+    from tests.fencing.hosts import make_env
+
+    env = make_env("sqlite", "sqlite3", tmp_path, None)
+    try:
+        sink = WarningSink()
+        own = env.ownership(storage=env.storage_url + "&busy_timeout_ms=20000", warn=sink)
+        own.workflows.start("job-1", "report")
+        own.drivers.enter("job-1", 1, "the test's thread")
+        conn = sqlite3.connect(env.db_url, timeout=20.0, check_same_thread=False)
+        renewals: list[object] = []
+        with own.fenced("job-1", conn) as handle:
+            env.write(handle, "report-1", "done")
+            # A renewal pass now waits for this transaction's write lock.
+            renewer = threading.Thread(target=lambda: renewals.append(own.run_maintenance()))
+            renewer.start()
+            deadline = time.monotonic() + 10
+            while "job-1" not in own.registry._table.in_flight and time.monotonic() < deadline:
+                time.sleep(0.01)
+            assert "job-1" in own.registry._table.in_flight, "no renewal got in flight"
+            started = time.monotonic()
+            own.workflows.complete("job-1")
+            assert time.monotonic() - started < 2.0  # not the 20 s busy timeout
+        renewer.join(30)
+        conn.close()
+        assert env.rows() == {"report-1": "done"}
+        assert own.workflows.get("job-1").status == "completed"  # type: ignore[union-attr]
+        assert sink.received == []  # the renewal that lost its holder is no lost claim
+    finally:
+        env.close()

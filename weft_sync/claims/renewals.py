@@ -481,6 +481,11 @@ class Renewals:
                         result = entry.renewed = RenewResult(_RENEWED, wid)
                     results[wid] = outcomes[wid] = result
                     continue
+                if wid not in claims:
+                    # Released locally meanwhile (a release folded into a host's transaction
+                    # committed while this renewal waited for its lock): nothing is lost.
+                    results[wid] = outcomes[wid] = RenewResult(RenewStatus.NOT_HELD, wid)
+                    continue
                 if claims.get(wid) is entry:
                     del claims[wid]
                     # The window starts at this renewal's own clock reading.

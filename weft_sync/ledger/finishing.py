@@ -28,7 +28,7 @@ from .. import keys
 from ..claims.registry import ReleasePreparation
 from ..claims.transitions import extract_put_value
 from ..clock import Clock
-from ..codec import WorkflowRecord, decode_workflow_record
+from ..codec import WorkflowRecord, decode_holder, decode_workflow_record
 from ..errors import FencedWriteConflict
 from ..storage.base import Condition, Delete, Operation, Put, Storage, storage_conditional_batch
 from .fencing import Fence
@@ -103,16 +103,15 @@ class SelfTransitions:
             f"the {operation} outcome of workflow {wid!r}",
             {"status": status, **fields, "finished_at": finished_at},
         )
-        preparation = registry.prepare_release_fragment(wid, expected_epoch=held_epoch)
+        lookup = self.host_writes
+        host = None if lookup is None else lookup(wid)
+        # In a host's transaction a renewal of this claim may be waiting for that very
+        # transaction's lock (SQLite): do not wait for it, judge the holder as read there.
+        preparation = registry.prepare_release_fragment(
+            wid, expected_epoch=held_epoch, wait=host is None
+        )
         if preparation is None:
             self._fence.deposed(wid)
-        lookup = self.host_writes
-        host = None
-        try:
-            host = None if lookup is None else lookup(wid)
-        except BaseException:
-            registry.finish_folded_release(wid, preparation, False)
-            raise
         if host is not None:
             return self._finish_in_host(
                 host, wid, preparation, status, operation, finished_at, outcome
@@ -139,9 +138,20 @@ class SelfTransitions:
         """The final write through the host's fenced transaction; released when it commits."""
         registry = self._fence.registry()
         try:
-            # Epoch and holder first: deposed comes before any state.
+            # Epoch and holder first: deposed comes before any state. The holder may be newer
+            # than the bytes the preparation knows (a renewal that committed meanwhile); it
+            # must still be this engine's at this epoch.
+            holder_key = keys.workflow_owner_holder(wid)
             for condition in preparation.fragment.conditions:
-                if host.get(condition.key) != condition.expected:
+                found = host.get(condition.key)
+                if found == condition.expected:
+                    continue
+                holder = decode_holder(found) if condition.key == holder_key else None
+                if (
+                    holder is None
+                    or holder.engine_id != registry.engine_id
+                    or holder.epoch != preparation.epoch
+                ):
                     self._fence.deposed(wid)
             raw = host.get(keys.workflow(wid))
             if raw is None:
