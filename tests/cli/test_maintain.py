@@ -196,8 +196,10 @@ def test_maintain_interval_exits_0_and_releases_its_claims_on_a_signal(
     storage_url: str, storage: Storage, signum: signal.Signals
 ) -> None:
     abandon(storage_url, "wf-1")
+    # The handler drives until the engine closes: a handler that returned would hand its claim
+    # on, and it would be released (with a warning) one renew interval later.
     argv = cli_command(
-        "maintain", "--interval", "--handler", "tests.cli.handler:resume",
+        "maintain", "--interval", "--handler", "tests.cli.handler:resume_until_closed",
         "--claim-ttl", "1s", "--renew-interval", "100ms", "--url", storage_url,
     )  # fmt: skip
     with subprocess.Popen(
