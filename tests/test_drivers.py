@@ -140,7 +140,8 @@ def test_a_second_thread_cannot_drive_a_workflow_already_driven(
         worker.start()
         worker.join(WAIT_S)
         ctx.complete()
-    assert len(errors) == 1 and "already driven" in str(errors[0])
+    assert [type(e) for e in errors] == [WorkflowClaimUnavailableError]
+    assert getattr(errors[0], "held_by", None) == engine.engine_id
 
 
 # -- claims with no live driver ------------------------------------------------------------------
@@ -380,29 +381,49 @@ def test_handler_runs_queued_behind_a_busy_executor_are_not_taken_for_undriven_c
             assert survivor.workflows.get(f"job-{i}").status == "completed"  # type: ignore[union-attr]
 
 
-def test_a_handler_can_hand_its_claim_to_a_drive_block_on_another_thread(
+def test_a_handler_can_hand_its_claim_to_host_code_that_drives_it_after_it_returned(
     make_ownership: MakeOwnership, storage: Storage, clock: ManualClock
 ) -> None:
     dead = make_ownership("engine-dead")
     dead.workflows.start("job-1", "job")
     clock.advance(PAST_GRACE_MS)
-    finished = threading.Event()
-    threads: list[threading.Thread] = []
+    handed: list[str] = []
 
-    def hand_off(ctx: ReclaimedWorkflow) -> None:
-        def work() -> None:
-            with ctx.workflows.drive(ctx.workflow_id) as drive:
-                drive.complete({"by": "job thread"})
-            finished.set()
+    survivor = make_ownership(
+        "engine-b", handlers={"job": lambda ctx: handed.append(ctx.workflow_id)}
+    )
+    survivor.run_maintenance()  # returns once the handler returned
+    assert handed == ["job-1"]
+    assert holder_engine(storage, "job-1") == "engine-b"  # handed on, not released
 
-        thread = threading.Thread(target=work, name="job-thread")
-        threads.append(thread)
-        thread.start()  # may enter drive() before this handler returns
-
-    survivor = make_ownership("engine-b", handlers={"job": hand_off})
-    survivor.run_maintenance()
-    assert finished.wait(WAIT_S)
-    for thread in threads:
-        thread.join(WAIT_S)
+    # The host's own thread enters drive() within the grace and finishes it.
+    with survivor.workflows.drive("job-1") as ctx:
+        ctx.complete({"by": "host thread"})
     assert survivor.workflows.get("job-1").status == "completed"  # type: ignore[union-attr]
     assert survivor.drivers.attempts("job-1") == 0
+
+
+def test_host_code_cannot_drive_a_workflow_while_its_handler_runs(
+    make_ownership: MakeOwnership, clock: ManualClock
+) -> None:
+    dead = make_ownership("engine-dead")
+    dead.workflows.start("job-1", "job")
+    clock.advance(PAST_GRACE_MS)
+    inside = threading.Event()
+    release = threading.Event()
+
+    def slow(ctx: ReclaimedWorkflow) -> None:
+        inside.set()
+        release.wait(WAIT_S)
+        ctx.workflows.complete(ctx.workflow_id)
+
+    survivor = make_ownership("engine-b", handlers={"job": slow})
+    survivor.run_maintenance(wait_handlers=0)
+    try:
+        assert inside.wait(WAIT_S)
+        with pytest.raises(WorkflowClaimUnavailableError), survivor.workflows.drive("job-1"):
+            pytest.fail("two drivers of one claim")
+    finally:
+        release.set()
+    survivor.run_maintenance(wait_handlers=WAIT_S)
+    assert survivor.workflows.get("job-1").status == "completed"  # type: ignore[union-attr]

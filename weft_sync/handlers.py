@@ -48,6 +48,7 @@ from typing import TYPE_CHECKING, Final, TypeVar
 
 from .claims.registry import ClaimRegistry
 from .codec import WorkflowRecord
+from .errors import WorkflowClaimUnavailableError
 from .handler_executor import HandlerExecutor
 from .ledger.driving import DriverTracker
 from .ledger.records import validate_name
@@ -290,10 +291,16 @@ class HandlerTable:
                     drivers.leave(drivers.enter(wid, epoch, "on_reclaimed callback"), exc)
             return
         try:
-            with (
-                drivers.driving(wid, epoch, "handler", hand_off=True),
-                self._span(wid, wtype, epoch),
-            ):
+            driving = drivers.driving(wid, epoch, "handler", hand_off=True)
+            driving.__enter__()
+        except WorkflowClaimUnavailableError:
+            # Host code of this engine drives it already (it entered drive() meanwhile).
+            _log.debug("workflow %r is driven here already; its handler is not called", wid)
+            return
+        try:
+            with contextlib.ExitStack() as stack:
+                stack.push(driving)
+                stack.enter_context(self._span(wid, wtype, epoch))
                 handler(reclaimed)
         except Exception as exc:
             with self._lock:

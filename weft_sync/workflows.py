@@ -424,12 +424,12 @@ class Workflows:
         exception, or without finishing, releases the claim for a redrive by a handler (the
         attempts are counted; see :mod:`weft_sync.ledger.driving`); the exception propagates.
         Inside a handler (the thread already driving it) the block is nested and the handler
-        decides; on another thread it takes the claim over from the handler (a hand-off).
+        decides; on another thread, while a handler or another block drives it, it is refused.
 
-        :raises WorkflowClaimUnavailableError: another engine holds a live claim on it.
+        :raises WorkflowClaimUnavailableError: another engine holds a live claim on it, or
+            another thread of this engine drives it already (``held_by`` is this engine).
         :raises WorkflowNotFoundError: no such workflow.
         :raises WorkflowStateError: it is neither running nor suspended.
-        :raises RuntimeError: another thread is driving it already.
         """
         wid = keys.validate_workflow_id(workflow_id)
         registry = self._fence.registry()

@@ -14,7 +14,8 @@ A drive *ends unfinished* when its ``drive()`` block raises or returns, or its h
 while this engine still holds the claim at the drive's epoch (``complete``, ``fail``,
 ``suspend``, ``cancel`` and a lost claim all end the claim, so a finished drive is one whose
 claim is gone). A handler that *returns* without finishing hands the claim on: it awaits a
-driver again for one renew interval (host code it passed the id to enters ``drive()``). A drive
+driver again for one renew interval (host code it passed the id to enters ``drive()`` once the
+handler returned; while a handler runs, a ``drive()`` on another thread is refused). A drive
 whose thread is no longer alive ends unfinished at the next check, and so does a claim awaiting
 a driver past its grace. Each of these is counted as an attempt
 of that workflow on this engine; below ``max_attempts`` the claim is released (epoch kept), so
@@ -42,6 +43,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from ..claims.registry import ClaimRegistry
+from ..errors import WorkflowClaimUnavailableError
 from ..metrics import ClaimMetrics
 
 if TYPE_CHECKING:
@@ -66,9 +68,6 @@ class Driver:
     nested: bool = False
     """Entered on the thread already driving the claim (a handler's own ``drive()`` block):
     the outer drive decides what happens to the claim."""
-    replaced: bool = False
-    """A handler whose claim a ``drive()`` block on another thread took on (a hand-off): the
-    block decides what happens to the claim, not the handler's end."""
 
 
 @dataclass(slots=True)
@@ -205,7 +204,9 @@ class DriverTracker:
     def enter(self, workflow_id: str, epoch: int, kind: str) -> Driver:
         """Register the current thread as the driver of the claim at ``epoch``.
 
-        :raises RuntimeError: a live driver on another thread already drives this claim.
+        :raises WorkflowClaimUnavailableError: a live driver on another thread of this engine
+            (a ``drive()`` block or a handler) already drives this claim (``held_by`` is this
+            engine's id). One claim has one driver.
         """
         driver = Driver(workflow_id, epoch, kind, threading.current_thread())
         now = self._registry.clock()
@@ -213,22 +214,24 @@ class DriverTracker:
             tracked = self._tracked.get(workflow_id)
             if tracked is None or tracked.epoch != epoch:
                 tracked = self._tracked[workflow_id] = _Tracked(epoch, now)
-            tracked.queued = False
             other = tracked.driver
             busy = None
             if other is not None and other.thread is driver.thread:
                 driver.nested = True
-            elif other is not None and other.thread.is_alive() and other.kind != "handler":
+            elif other is not None and other.thread.is_alive():
                 busy = other
             else:
-                if other is not None:
-                    other.replaced = True  # a handler handed its claim on to this block
+                tracked.queued = False
                 tracked.driver = driver
         if busy is not None:
-            raise RuntimeError(
-                f"workflow {workflow_id!r} (epoch {epoch}) is already driven by {busy.kind} on "
-                f"thread {busy.thread.name}; one claim has one driver"
+            _log.debug(
+                "workflow %r (epoch %d) is already driven by %s on thread %s",
+                workflow_id,
+                epoch,
+                busy.kind,
+                busy.thread.name,
             )
+            raise WorkflowClaimUnavailableError(workflow_id, self._registry.engine_id)
         return driver
 
     def leave(self, driver: Driver, error: BaseException | None, *, hand_off: bool = False) -> None:
@@ -239,7 +242,7 @@ class DriverTracker:
             host code which enters ``drive()``), and is released only if none comes.
         """
         wid = driver.workflow_id
-        if driver.nested or driver.replaced:
+        if driver.nested:
             return
         with self._lock:
             tracked = self._tracked.get(wid)
