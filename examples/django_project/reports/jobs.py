@@ -33,6 +33,7 @@ from weft_sync import (
     WorkflowClaimUnavailableError,
 )
 from weft_sync.django import fenced_atomic, get_ownership
+from weft_sync.workflows import WorkflowStateError
 
 from . import runner
 from .models import Report, ReportEvent
@@ -113,9 +114,10 @@ def drive_report(ownership: Ownership, job_id: str) -> None:
     except EngineDeposedError:
         _log.warning("report %s: another process took it over at page %d", job_id, page)
         _event(job_id, ReportEvent.REFUSED, ownership.engine_id, page=page)
-    except WorkflowClaimUnavailableError:
-        # Its claim was given to a handler meanwhile (it waited too long in the queue).
-        _log.info("report %s is driven by another engine", job_id)
+    except (WorkflowClaimUnavailableError, WorkflowStateError):
+        # It waited too long in the queue: its claim went to a handler meanwhile, which drives
+        # it (or already finished it).
+        _log.info("report %s is driven (or was finished) by a handler", job_id)
 
 
 def _event(job_id: str, kind: str, engine: str, *, page: int | None = None) -> None:
