@@ -30,6 +30,7 @@ from weft_sync import (
     EngineDeposedError,
     Ownership,
     ReclaimedWorkflow,
+    WeftError,
     WorkflowClaimUnavailableError,
 )
 from weft_sync.django import fenced_atomic, get_ownership
@@ -130,6 +131,9 @@ def _drive_on_report_thread(job_id: str) -> None:
     try:
         # A failure leaves drive() and so releases the claim: a handler resumes the report.
         drive_report(get_ownership(), job_id)
+    except WeftError as exc:
+        # The store failed (a lock timeout, a lost connection): nothing to debug in this code.
+        _log.warning("report %s stopped (%s); a handler resumes it", job_id, exc)
     except Exception:
         _log.exception("report %s failed; a handler resumes it", job_id)
     finally:
