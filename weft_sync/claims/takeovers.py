@@ -99,10 +99,10 @@ class Takeovers:
         fragment, previous, early = judged
         if not storage_conditional_batch(self._storage, fragment.conditions, fragment.operations):
             return self._lost(wid, self._storage.get(keys.workflow_owner_holder(wid)))
-        (fresh,) = self._refresh_if_stale([(wid, fragment)], now)
+        (fresh,), stamp = self._refresh_if_stale([(wid, fragment)], now)
         if fresh is None:
             return self._lost(wid, self._storage.get(keys.workflow_owner_holder(wid)))
-        return self._acquired(wid, fresh, now, previous, early)
+        return self._acquired(wid, fresh, stamp, previous, early)
 
     def takeover_many(
         self, ids: Sequence[str], chunk_size: int, dead: frozenset[str] = frozenset()
@@ -180,14 +180,15 @@ class Takeovers:
             for (wid, fragment, _, _), ok in zip(planned, committed, strict=True)
             if ok is True
         ]
-        fresh = dict(zip([wid for wid, _ in won], self._refresh_if_stale(won, now), strict=True))
+        refreshed, stamp = self._refresh_if_stale(won, now)
+        fresh = dict(zip([wid for wid, _ in won], refreshed, strict=True))
         lost: list[str] = []
         for (wid, _fragment, previous, early), ok in zip(planned, committed, strict=True):
             if isinstance(ok, Exception):
                 # Its row was locked by another session: not judged, so not a lost race.
                 outcomes[wid] = ok
             elif ok and (written := fresh[wid]) is not None:
-                outcomes[wid] = self._acquired(wid, written, now, previous, early)
+                outcomes[wid] = self._acquired(wid, written, stamp, previous, early)
             else:
                 lost.append(wid)
         if lost:
@@ -256,7 +257,9 @@ class Takeovers:
             raise
         return with_claim_entry(fragment, wid, self._engine_id, holder_bytes), holder, early
 
-    def _refresh_if_stale(self, won: list[tuple[str, Fragment]], now: int) -> list[Fragment | None]:
+    def _refresh_if_stale(
+        self, won: list[tuple[str, Fragment]], now: int
+    ) -> tuple[list[Fragment | None], int]:
         """The fragments to track for takeovers just committed, renewed first when stale.
 
         The holders were written with expiry ``now + ttl``, ``now`` read before the commit.
@@ -264,12 +267,14 @@ class Takeovers:
         store) may have written holders that are about to expire, or already have: the clock
         is read again after the commit and those holders renewed at once from it, in one
         transaction. A holder replaced meanwhile (taken straight back) is ``None``: lost.
+        Also returns the time the tracked claims were last written at (their local renew
+        deadline counts from it): ``now``, or the fresh reading once all were renewed.
         """
         if not won:
-            return []
+            return [], now
         after = self._clock()
         if after - now <= self._renew_interval_ms:
-            return [fragment for _, fragment in won]
+            return [fragment for _, fragment in won], now
         renewals = [
             build_renew_transition(
                 workflow_id=wid,
@@ -290,7 +295,7 @@ class Takeovers:
             renewed = self._commit(renewals)
         except Exception:
             _log.warning("could not renew stale takeovers; kept as written", exc_info=True)
-            return [fragment for _, fragment in won]
+            return [fragment for _, fragment in won], now
         fresh: list[Fragment | None] = []
         for (wid, fragment), renewal, ok in zip(won, renewals, renewed, strict=True):
             if ok is True:
@@ -304,7 +309,7 @@ class Takeovers:
                 fresh.append(fragment)  # not judged: the renewal pass settles it
             else:
                 fresh.append(None)
-        return fresh
+        return fresh, after if all(ok is True or ok is False for ok in renewed) else now
 
     def _commit(self, fragments: list[Fragment]) -> list[Judged]:
         """Commit the fragments in one transaction; one on a row locked elsewhere fails alone."""
