@@ -58,21 +58,29 @@ HANDLERS: dict[str, WorkflowHandler] = {INVOICE_BATCH: resume_invoice_batch}
 def run_pass(url_or_storage: str | Storage, out: TextIO = sys.stdout) -> int:
     """Run one maintenance pass over the store; print a summary; return the exit code."""
     with Ownership.open(url_or_storage, handlers=HANDLERS, background="manual") as ownership:
+        # Returns once the handlers of what the pass took over have run (handler threads).
         result = ownership.run_maintenance()
+        # A handler that raised released its claim for a later run: shown as an error.
+        raised = ownership.handlers.take_failures()
         reclaim = result.reclaim
         if reclaim is None or reclaim.status == "discovery-failed":
             error = None if reclaim is None else reclaim.error
             print(f"reclaim discovery failed: {error}", file=sys.stderr)
             return 1
+        driven = [o for o in reclaim.outcomes if o.status == "reclaimed"]
         out.write(
-            f"renewed {result.renewed_count}, reclaimed {reclaim.reclaimed_count} of "
+            f"renewed {result.renewed_count}, reclaimed "
+            f"{len([o for o in driven if o.workflow_id not in raised])} of "
             f"{len(reclaim.outcomes)} candidates\n"
         )
         failed = 0
         # Each engine attempts candidates in its own order; print them sorted.
         for outcome in sorted(reclaim.outcomes, key=lambda o: o.workflow_id):
             line = f"  {outcome.workflow_id}: {outcome.status.value}"
-            if outcome.status == "reclaimed":
+            if outcome.workflow_id in raised:
+                failed += 1
+                line = f"  {outcome.workflow_id}: error ({raised[outcome.workflow_id]!r})"
+            elif outcome.status == "reclaimed":
                 finished = ownership.workflows.get_outcome(outcome.workflow_id)
                 if finished is not None:
                     line += f", {finished.status} with {finished.result}"

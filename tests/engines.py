@@ -37,3 +37,12 @@ def opened_engines(
     finally:
         for ownership in opened:
             ownership.close()
+
+
+def adopt_claims(ownership: Ownership) -> None:
+    """Make the calling thread the driver of every claim ``ownership`` holds (a host whose own
+    threads drive what its handlers handed on, for tests about claiming rather than driving)."""
+    for wid in ownership.registry.list_held_workflow_ids():
+        epoch = ownership.registry.current_epoch(wid)
+        if epoch is not None:
+            ownership.drivers.enter(wid, epoch, "test thread")

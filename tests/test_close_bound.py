@@ -129,6 +129,7 @@ def test_close_with_interval_maintenance_joins_every_thread_under_the_lock(
     )
     for wid in IDS:
         victim.workflows.start(wid, "job")
+        victim.drivers.enter(wid, 1, "test thread")  # driven: only close() releases them
     store = victim.storage
     with write_lock_in_another_process(db_path), caplog.at_level(logging.WARNING):
         before = _transactions(store)

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from tests.engines import MakeOwnership, opened_engines
+from tests.engines import MakeOwnership, adopt_claims, opened_engines
 from tests.maintenance.discovery_helpers import Driven
 from tests.workflows.helpers import holder_engine
 from weft_sync.clock import ManualClock
@@ -54,8 +54,11 @@ def _dead_engine_with(make_ownership: MakeOwnership, count: int) -> list[str]:
 
 
 def _own_work(ownership: Ownership, count: int) -> None:
+    """Start ``count`` workflows that the test's thread drives for the rest of the test."""
     for n in range(count):
-        ownership.workflows.start(f"{ownership.engine_id}-own-{n}", "own")
+        wid = f"{ownership.engine_id}-own-{n}"
+        record = ownership.workflows.start(wid, "own")
+        ownership.drivers.enter(record.workflow_id, 1, "test thread")
 
 
 def _renew_own(ownership: Ownership) -> None:
@@ -150,6 +153,7 @@ def test_what_busy_engines_leave_is_taken_once_the_fair_share_window_passed(
         bystander.run_maintenance()
         clock.advance(1)
         survivor.run_maintenance()
+        adopt_claims(survivor)
         taken.append(driven.counts().get("engine-b", 0))
         clock.advance(RENEW_MS - 1)
 
@@ -176,6 +180,7 @@ def test_max_claims_bounds_what_one_engine_takes_over(
 
     for _ in range(3):
         capped.run_maintenance()
+        adopt_claims(capped)
         clock.advance(RENEW_MS)
 
     assert driven.counts() == {"engine-b": 4}
@@ -187,6 +192,7 @@ def test_max_claims_bounds_what_one_engine_takes_over(
     rest = Driven()
     unlimited = make_ownership("engine-c", handlers={JOB: rest})
     unlimited.run_maintenance()
+    adopt_claims(unlimited)
     assert rest.counts() == {"engine-c": 7}
     clock.advance(2 * RENEW_MS)
     _renew_own(capped)

@@ -317,6 +317,7 @@ parent = Ownership.open(url, options=options, background="manual", engine_id="pa
 block = parent.claim("wf-parent")
 handle = block.__enter__()
 parent.workflows.start("wf-run", "job")
+parent.drivers.enter("wf-run", 1, "the script's thread")  # driven here until complete()
 before = sessions()
 pid = os.fork()
 if pid == 0:

@@ -186,7 +186,7 @@ def test_all_zero_snapshot_still_prints_the_full_schema() -> None:
     sample_lines = [line for line in text.splitlines() if line and not line.startswith("#")]
     assert all(line.endswith((" 0", " 0.0")) for line in sample_lines)
     # Every family is announced, the ones without samples yet included.
-    assert text.count("# TYPE ") == 16
+    assert text.count("# TYPE ") == 18
     assert "weft_workflow_claims_active 0" in sample_lines
     assert 'weft_workflow_claims_lost_total{cause="deadline"} 0' in sample_lines
     assert 'weft_workflow_claim_pass_seconds_count{subpass="reclaim"} 0' in sample_lines

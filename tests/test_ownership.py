@@ -311,7 +311,7 @@ def test_close_waits_for_a_pass_in_flight_before_releasing(
     assert holder_engine(storage, "wf-1") is None
 
 
-def test_close_gives_up_waiting_for_a_stuck_pass_after_the_timeout(
+def test_close_abandons_a_stuck_on_reclaimed_callback_after_the_timeout(
     make_ownership: MakeOwnership, storage: Storage
 ) -> None:
     drive = BlockingDrive()
@@ -319,14 +319,18 @@ def test_close_gives_up_waiting_for_a_stuck_pass_after_the_timeout(
     _write_running(storage, "wf-1")
     maintenance = Worker(ownership.run_maintenance, "maintenance")
     assert drive.entered.wait(WAIT_S)
+    (handler_thread,) = [t for t in threading.enumerate() if t.name.startswith("weft-handler-")]
 
-    with watch_log("weft_sync.maintenance.task") as log:
+    with watch_log("weft_sync.handler_executor") as log:
         ownership.close(timeout=0.05)
 
     assert ownership.closed
     assert any("still running" in m for m in log.messages(logging.WARNING))
+    assert holder_engine(storage, "wf-1") is None
     drive.release.set()
     maintenance.join()
+    handler_thread.join(WAIT_S)
+    assert not handler_thread.is_alive()
 
 
 # -- failed bootstrap ----------------------------------------------------------------------------

@@ -5,7 +5,9 @@ lock, any unit of work a host names by id). The reclaim pass never clears those,
 takes over workflow records this engine can drive; so ``claim()`` itself takes over a holder that
 expired more than the takeover grace ago (epoch + 1, the same fenced takeover the reclaim pass
 makes). A crashed process's ``claim()`` therefore blocks its id for at most the TTL plus the
-grace, never forever.
+grace, never forever; and when this engine's crash probe (``background="thread"``) sees the
+holder's engine crashed, at once: a waiter wakes when the probe reports a crash and takes the
+claim over before its expiry (still fenced: epoch + 1, conditioned on the bytes it read).
 
 With ``wait``, attempts repeat with jittered, growing delays until one succeeds or ``wait``
 seconds have passed. Nothing here holds a lock; the caller's ``still_open`` check runs before
@@ -18,7 +20,7 @@ import logging
 import math
 import random
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from typing import Final
 
@@ -66,8 +68,14 @@ def validate_wait(wait: object) -> float | None:
     return seconds
 
 
-def attempt_claim(registry: ClaimRegistry, metrics: ClaimMetrics, workflow_id: str) -> ClaimAttempt:
-    """Acquire ``workflow_id``, or take it over if its holder expired past the grace.
+def attempt_claim(
+    registry: ClaimRegistry,
+    metrics: ClaimMetrics,
+    workflow_id: str,
+    dead_engines: Collection[str] = (),
+) -> ClaimAttempt:
+    """Acquire ``workflow_id``, or take it over if its holder expired past the grace, or names
+    one of ``dead_engines`` (engines the crash probe saw crashed: taken before expiry).
 
     Counts ``acquired``, ``takeover``, ``backoff_skipped`` or ``lost_race`` in ``metrics``.
     """
@@ -78,7 +86,7 @@ def attempt_claim(registry: ClaimRegistry, metrics: ClaimMetrics, workflow_id: s
             metrics.record_claim_attempt("acquired")
             return ClaimAttempt(acquired.epoch, token=acquired.token or b"")
         held_by = acquired.held_by
-        taken = registry.takeover(workflow_id)
+        taken = registry.takeover(workflow_id, dead_engines=dead_engines)
         if taken.status is TakeoverStatus.ACQUIRED and taken.epoch is not None:
             metrics.record_claim_attempt("takeover")
             return ClaimAttempt(taken.epoch, token=taken.token or b"")

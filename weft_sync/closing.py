@@ -1,6 +1,7 @@
 """How :meth:`Ownership.close <weft_sync.ownership.Ownership.close>` ends an engine by one deadline.
 
-In order: the maintenance task stops and its passes in flight are waited for, the ledger
+In order: the maintenance task stops and its passes in flight are waited for, the handlers
+running are waited for (half of what is left of the timeout, then abandoned), the ledger
 refuses new work, claim operations in flight are waited for, every claim is released, and the
 store is closed if the engine opened it. With a timeout, a store that can bound its lock waits
 (:class:`~weft_sync.storage.wait_bound.SupportsWaitBound`, SQLite) is told the deadline first,
@@ -22,6 +23,7 @@ from .storage.wait_bound import SupportsWaitBound
 if TYPE_CHECKING:
     from .claims.registry import ClaimRegistry
     from .crash_detection import CrashDetection
+    from .handler_executor import HandlerExecutor
     from .maintenance.task import RenewalTask
     from .storage import Storage
     from .workflows import Workflows
@@ -42,9 +44,13 @@ def close_engine(
     owns_storage: bool,
     timeout: float | None,
     crash: CrashDetection | None = None,
+    handlers: HandlerExecutor | None = None,
 ) -> None:
     """Close the engine's parts in order, all by ``timeout`` seconds from now (``None``: no bound).
 
+    The handler executor (``handlers``) stops taking runs and waits for the running ones up to
+    half of what is left of the bound; a handler still running then is abandoned (one warning
+    each) and its claim released with the others, so its later writes are refused.
     A store the engine did not open is not closed; the bound set on it is lifted again. The
     crash probe (``crash``) stops first; the engine's liveness record is removed (or marked
     closed when claims are left) and its session lock released after the claims.
@@ -58,6 +64,9 @@ def close_engine(
             if crash is not None:
                 crash.stop_watching(timeout)
             task.close(timeout if bounded is None or timeout is None else timeout + _PASS_GRACE_S)
+            if handlers is not None:
+                # Half of what is left: the releases below get the rest, whatever handlers do.
+                handlers.close(None if deadline is None else (deadline - time.monotonic()) / 2)
         finally:
             workflows.close()
             # Waits for claim operations racing close() (start, claim, resume) so that the

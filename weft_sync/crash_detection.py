@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Callable
 
 from .clock import Clock
@@ -29,6 +30,7 @@ _log = logging.getLogger(__name__)
 
 _REFRESH_MS = 1_000
 _WATCHER_JOIN_S = 5.0
+_KEPT_DEAD = 1_000
 
 
 class CrashDetection:
@@ -39,14 +41,42 @@ class CrashDetection:
         liveness: EngineLiveness,
         make_watcher: Callable[[], LivenessWatcher] | None,
         held_count: Callable[[], int],
+        remember_dead_s: float = 30.0,
     ) -> None:
+        self._remember_dead_s = remember_dead_s
         self._liveness = liveness
         self._held_count = held_count
         self._make_watcher = make_watcher
-        # _lock guards _watcher and _closed.
+        # _lock guards _watcher, _closed and _dead; _death is notified when _dead grows.
         self._lock = threading.Lock()
+        self._death = threading.Condition(self._lock)
         self._watcher: LivenessWatcher | None = None
         self._closed = False
+        self._dead: dict[str, float] = {}
+
+    def note_dead(self, engine_id: str) -> None:
+        """Remember that the probe saw ``engine_id`` crashed, and wake the claim waiters."""
+        with self._lock:
+            self._dead.pop(engine_id, None)
+            self._dead[engine_id] = time.monotonic()
+            while len(self._dead) > _KEPT_DEAD:
+                del self._dead[next(iter(self._dead))]
+            self._death.notify_all()
+
+    def dead_engines(self) -> frozenset[str]:
+        """The engines the probe saw crashed within the last claim TTL.
+
+        Older verdicts are forgotten: the claims of a crash have expired by then anyway, and
+        an engine id a host reuses after a restart must not stay "dead".
+        """
+        horizon = time.monotonic() - self._remember_dead_s
+        with self._lock:
+            return frozenset(e for e, seen in self._dead.items() if seen >= horizon)
+
+    def wait_for_death(self, timeout: float) -> None:
+        """Sleep up to ``timeout`` seconds, waking early when the probe sees an engine crash."""
+        with self._lock:
+            self._death.wait(timeout)
 
     def beat(self) -> None:
         """Write the heartbeat with the number of claims held now."""
@@ -108,8 +138,12 @@ def build_crash_detection(
     )
     liveness.start()
 
+    noted: list[CrashDetection] = []
+
     def on_dead(dead_engine: str) -> None:
         _log.info("weft_sync: engine %s is gone; reclaiming its claims now", dead_engine)
+        for detection in noted:
+            detection.note_dead(dead_engine)
         request_reclaim()
 
     make_watcher = None
@@ -131,4 +165,8 @@ def build_crash_detection(
                 retake_own=lambda: liveness.beat(held_count()),
             )
 
-    return CrashDetection(liveness, make_watcher, held_count)
+    detection = CrashDetection(
+        liveness, make_watcher, held_count, remember_dead_s=claim_ttl_ms / 1000
+    )
+    noted.append(detection)
+    return detection

@@ -15,8 +15,11 @@ from dataclasses import dataclass
 from .claims.registry import ClaimRegistry, WarnSink
 from .claims.store_clock import resolve_store_clock
 from .crash_detection import CrashDetection, build_crash_detection
+from .handler_executor import HandlerExecutor
 from .handlers import HandlerTable
+from .ledger.driving import DriverTracker
 from .maintenance.bootstrap import bootstrap_workflow_lease_ownership
+from .maintenance.targets import PassKind, PassResult
 from .maintenance.task import RenewalTask
 from .metrics import ClaimMetrics
 from .observability import build_instrumentation
@@ -37,6 +40,8 @@ class EngineParts:
     task: RenewalTask
     metrics: ClaimMetrics
     crash: CrashDetection
+    drivers: DriverTracker
+    handler_executor: HandlerExecutor
 
 
 def build_engine(storage: Storage, settings: EngineSettings, warn: WarnSink) -> EngineParts:
@@ -66,6 +71,7 @@ def build_engine(storage: Storage, settings: EngineSettings, warn: WarnSink) -> 
     )
     options = settings.options
     heartbeat = _Heartbeat()
+    after_pass = _Heartbeat()
     boot = bootstrap_workflow_lease_ownership(
         storage=storage,
         clock=settings.clock,
@@ -85,8 +91,25 @@ def build_engine(storage: Storage, settings: EngineSettings, warn: WarnSink) -> 
         fair_share=True,
         reclaim_discovery=options.reclaim_discovery,
         heartbeat=heartbeat,
+        on_pass_complete=lambda result: _after_renewal(result, after_pass),
     )
     workflows.bind_registry(boot.registry)
+    drivers = DriverTracker(
+        boot.registry,
+        metrics,
+        max_attempts=options.handler_max_attempts,
+        dispose=workflows.fail,
+    )
+    executor = HandlerExecutor(
+        options.handler_workers,
+        engine_id=engine_id,
+        clock=settings.clock,
+        stuck_after_ms=options.handler_stuck_after_ms,
+        metrics=metrics,
+    )
+    workflows.bind_drivers(drivers)
+    table.bind_runtime(drivers, executor)
+    boot.reclaim_target.set_deferral(drivers.deferred)
     crash = build_crash_detection(
         storage,
         engine_id=engine_id,
@@ -98,16 +121,32 @@ def build_engine(storage: Storage, settings: EngineSettings, warn: WarnSink) -> 
         held_count=lambda: len(boot.registry.list_held_workflow_ids()),
         watching=settings.background == "thread",
     )
-    heartbeat.sink = crash.beat
-    return EngineParts(table, workflows, boot.registry, boot.renewal_task, boot.metrics, crash)
+    heartbeat.sinks = (crash.beat,)
+    after_pass.sinks = (drivers.check, executor.check_stuck)
+    return EngineParts(
+        table, workflows, boot.registry, boot.renewal_task, boot.metrics, crash, drivers, executor
+    )
+
+
+def _after_renewal(result: PassResult, checks: _Heartbeat) -> None:
+    # The driver and stuck-handler checks run once per renewal (a full pass or a renewal slot).
+    if result.kind in (PassKind.FULL, PassKind.RENEWAL):
+        checks()
 
 
 class _Heartbeat:
-    """The renewal task's after-renewal hook, bound to the engine record once it exists."""
+    """Hooks bound once their parts exist (the engine record's beat after each renewal; the
+    driver and stuck-handler checks after each pass). Each runs even when one before raised."""
 
     def __init__(self) -> None:
-        self.sink: Callable[[], None] | None = None
+        self.sinks: tuple[Callable[[], object], ...] = ()
 
     def __call__(self) -> None:
-        if self.sink is not None:
-            self.sink()
+        failure: BaseException | None = None
+        for sink in self.sinks:
+            try:
+                sink()
+            except Exception as exc:
+                failure = exc
+        if failure is not None:
+            raise failure

@@ -16,13 +16,21 @@ rule: an engine reclaims a workflow record only when it can drive it, that is wh
 An engine with none of the three reclaims no workflow records at all: taking over work nobody
 here drives would strand it.
 
-Threading: handlers run on a maintenance thread (a worker of the renewal task's pool, or the
-thread calling ``Ownership.run_maintenance()``), several at once for different workflows. A
-handler may write through ``ctx.workflows`` and call any method of ``ctx.ownership`` except
-``close()`` (which would wait for the pass the handler runs in, and raises ``RuntimeError``).
-A handler that raises is logged, counted in
-``weft_workflow_claim_handler_failures_total{type}``, and the workflow is kept claimed and
-driven again on a later pass: it is never released, since it may have started its side effects.
+Threading: handlers run on the engine's handler executor (:mod:`weft_sync.handler_executor`:
+``OwnershipOptions(handler_workers=4)`` threads of their own, never a maintenance thread), so a
+slow or hung handler delays no renewal, reclaim or poll. A handler may write through
+``ctx.workflows`` and call any method of ``ctx.ownership`` except ``close()``.
+
+A handler is its workflow's driver while it runs (:mod:`weft_sync.ledger.driving`): it should
+finish the workflow (``complete``/``fail``/``suspend``). A handler that raises (logged and
+counted in ``weft_workflow_claim_handler_failures_total{type}``) releases the claim at once; one
+that returns without finishing hands it on (host code it gave the id to may enter
+``workflows.drive()``) and the claim is released when no driver came within one renew interval.
+Either way the next reclaim pass drives the workflow again, after a backoff, up to
+``handler_max_attempts`` unfinished drives on this engine; then the workflow is failed with the
+last error. A redriven workflow starts again from its checkpoint: handlers must be idempotent
+up to it, as after any takeover. A handler running past ``handler_stuck_after`` is warned about
+once and counted in ``weft_workflow_claim_handler_stuck_total{type}``; it keeps its claim.
 
 The table has one lock, guarding its handler map; handlers, storage reads and logging run
 outside it.
@@ -36,10 +44,13 @@ import threading
 from collections.abc import Callable, Mapping
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, TypeVar
+from typing import TYPE_CHECKING, Final, TypeVar
 
 from .claims.registry import ClaimRegistry
 from .codec import WorkflowRecord
+from .errors import WorkflowClaimUnavailableError
+from .handler_executor import HandlerExecutor
+from .ledger.driving import DriverTracker
 from .ledger.records import validate_name
 from .maintenance.reclaim_target import EligibilityPredicate
 from .metrics import ClaimMetrics
@@ -52,6 +63,8 @@ if TYPE_CHECKING:
 __all__ = ["HandlerTable", "ReclaimedWorkflow", "WorkflowHandler", "validate_handlers"]
 
 _log = logging.getLogger(__name__)
+
+_KEPT_FAILURES: Final = 500
 
 
 @dataclass(frozen=True, slots=True)
@@ -133,12 +146,16 @@ class HandlerTable:
         self._is_eligible = is_eligible
         self._metrics = metrics
         self._tracing = tracing
-        # _lock guards _handlers, _bound and _failed_at (the epoch of each workflow whose last
-        # drive raised: its next drive at that epoch is a redrive).
+        # _lock guards _handlers, _bound, _drivers, _executor, _failures (what the handler calls
+        # raised since take_failures() last took them) and _failed_at (the epoch of each
+        # workflow whose last handler call raised: its next drive is a redrive).
         self._lock = threading.Lock()
         self._handlers: dict[str, WorkflowHandler] = {}
         self._failed_at: dict[str, int] = {}
+        self._failures: dict[str, Exception] = {}
         self._bound: tuple[Ownership, Workflows, ClaimRegistry] | None = None
+        self._drivers: DriverTracker | None = None
+        self._executor: HandlerExecutor | None = None
         for workflow_type, handler in (handlers or {}).items():
             self.register(workflow_type, handler)
 
@@ -196,17 +213,18 @@ class HandlerTable:
         return self._on_reclaimed is not None
 
     def drive(self, workflow_id: str, record: WorkflowRecord | None = None) -> None:
-        """Drive a workflow the reclaim target just claimed: its handler, else ``on_reclaimed``.
+        """Hand a workflow the reclaim target just claimed to its driver; return at once.
 
-        Runs on the maintenance thread that reclaimed it. Nothing is called when the claim or
-        the running record is gone by now (whoever changed it drives that generation), nor for
-        a type that is eligible only through ``is_eligible``: the host drives those itself.
+        Called on the maintenance thread that reclaimed it: the handler (else ``on_reclaimed``)
+        is queued on the handler executor and runs there. Nothing is queued when the claim or
+        the running record is gone by now (whoever changed it drives that generation). A type
+        eligible only through ``is_eligible`` is driven by the host, in ``workflows.drive()``:
+        its claim awaits that driver for one renew interval (see
+        :mod:`weft_sync.ledger.driving`), as does one handed to ``on_reclaimed``.
 
         :param record: the record the reclaim target's re-check read after it won the claim;
             read here when not given.
-
-        :raises Exception: what the handler or ``on_reclaimed`` raised (the reclaim target keeps
-            the claim and drives it again on a later pass).
+        :raises ClosedError: the engine is closing (the claim is released with the others).
         """
         with self._lock:
             bound = self._bound
@@ -221,46 +239,92 @@ class HandlerTable:
                 "reclaimed workflow %r is no longer ours or running; not driven", workflow_id
             )
             return
+        drivers, executor = self._runtime()
         handler = self.get(record.type)
         if handler is None and self._on_reclaimed is None:
+            drivers.expect(workflow_id, epoch)
             return
+        drivers.expect(workflow_id, epoch, queued=True)
         self._count_start(workflow_id, record.type, epoch)
+        reclaimed = ReclaimedWorkflow(workflow_id, record.type, epoch, record, ownership, workflows)
+        executor.submit(workflow_id, record.type, lambda: self._run(reclaimed, handler))
+
+    def bind_runtime(self, drivers: DriverTracker, executor: HandlerExecutor) -> None:
+        """Bind the driver tracker and the handler executor (the engine builder calls it)."""
+        with self._lock:
+            self._drivers = drivers
+            self._executor = executor
+
+    def take_failures(self) -> dict[str, Exception]:
+        """What handler calls raised since the last call, by workflow id (the first few hundred);
+        ``maintain --once`` reports them."""
+        with self._lock:
+            failures, self._failures = self._failures, {}
+        return failures
+
+    def _runtime(self) -> tuple[DriverTracker, HandlerExecutor]:
+        with self._lock:
+            drivers, executor = self._drivers, self._executor
+        if drivers is None or executor is None:
+            raise RuntimeError("the handler table has no handler executor bound yet")
+        return drivers, executor
+
+    def _run(self, reclaimed: ReclaimedWorkflow, handler: WorkflowHandler | None) -> None:
+        """One drive on a handler thread: the handler is the claim's driver while it runs."""
+        drivers, _ = self._runtime()
+        wid, wtype, epoch = reclaimed.workflow_id, reclaimed.type, reclaimed.epoch
+        if reclaimed.ownership.registry.current_epoch(wid) != epoch:
+            _log.debug("workflow %r changed hands before its handler ran; not driven", wid)
+            return
+        if handler is None:
+            # on_reclaimed hands the id to the host, which drives it in workflows.drive(): the
+            # claim awaits that driver as after start(); a callback that raises gives it back.
+            assert self._on_reclaimed is not None
+            drivers.expect(wid, epoch)  # from now on it awaits the host's drive()
+            try:
+                with self._span(wid, wtype, epoch):
+                    self._on_reclaimed(wid)
+            except Exception as exc:
+                self._metrics.record_handler_failure(wtype)
+                _log.exception("on_reclaimed raised on workflow %r (epoch %d)", wid, epoch)
+                with contextlib.suppress(RuntimeError):  # the host's drive() has it already
+                    drivers.leave(drivers.enter(wid, epoch, "on_reclaimed callback"), exc)
+            return
         try:
-            with self._span(workflow_id, record.type, epoch):
-                if handler is None:
-                    assert self._on_reclaimed is not None
-                    self._on_reclaimed(workflow_id)
-                else:
-                    handler(
-                        ReclaimedWorkflow(
-                            workflow_id, record.type, epoch, record, ownership, workflows
-                        )
-                    )
-        except Exception:
+            driving = drivers.driving(wid, epoch, "handler", hand_off=True)
+            driving.__enter__()
+        except WorkflowClaimUnavailableError:
+            # Host code of this engine drives it already (it entered drive() meanwhile).
+            _log.debug("workflow %r is driven here already; its handler is not called", wid)
+            return
+        try:
+            with contextlib.ExitStack() as stack:
+                stack.push(driving)
+                stack.enter_context(self._span(wid, wtype, epoch))
+                handler(reclaimed)
+        except Exception as exc:
             with self._lock:
-                self._failed_at[workflow_id] = epoch
-            self._metrics.record_handler_failure(record.type)
-            if handler is None:
-                raise
+                self._failed_at[wid] = epoch
+                if len(self._failures) < _KEPT_FAILURES:
+                    self._failures[wid] = exc
+            self._metrics.record_handler_failure(wtype)
             _log.exception(
-                "handler for workflow type %r raised on workflow %r (epoch %d); the claim is "
-                "kept and the workflow driven again on a later pass",
-                record.type,
-                workflow_id,
+                "handler for workflow type %r raised on workflow %r (epoch %d); its claim is "
+                "released for a redrive",
+                wtype,
+                wid,
                 epoch,
             )
-            raise
+            return
         with self._lock:
-            self._failed_at.pop(workflow_id, None)
-        self._metrics.record_driven(record.type)
+            self._failed_at.pop(wid, None)
+        self._metrics.record_driven(wtype)
 
     def _count_start(self, workflow_id: str, workflow_type: str, epoch: int) -> None:
-        """Count a first drive at ``epoch`` as reclaimed, a drive after a failed one as redrive."""
+        """Count a first drive as reclaimed, a drive after a failed one as a redrive."""
         with self._lock:
-            redrive = self._failed_at.get(workflow_id) == epoch
-        if redrive:
-            self._metrics.record_redrive()
-        else:
+            redrive = workflow_id in self._failed_at
+        if not redrive:
             self._metrics.record_reclaimed(workflow_type)
 
     def _span(

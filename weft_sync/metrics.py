@@ -94,6 +94,8 @@ REDRIVES_FAMILY: Final = "weft_workflow_claim_redrives_total"
 RECLAIM_CANDIDATES_FAMILY: Final = "weft_workflow_claim_reclaim_candidates"
 RECLAIM_BACKLOG_FAMILY: Final = "weft_workflow_claim_reclaim_backlog"
 SKIPPED_TICKS_FAMILY: Final = "weft_workflow_claim_skipped_ticks_total"
+WITHOUT_DRIVER_FAMILY: Final = "weft_workflow_claims_without_driver"
+HANDLER_STUCK_FAMILY: Final = "weft_workflow_claim_handler_stuck_total"
 
 
 @dataclass(frozen=True, slots=True)
@@ -117,6 +119,9 @@ class MetricsSnapshot:
     :param reclaim_candidates: reclaim_backlog: what the last reclaim pass found, and how many of
         those were neither taken over by this engine nor won by another one.
     :param skipped_ticks: interval ticks skipped because the slot's last run was still going.
+    :param claims_without_driver: claims the last driver check found held with no live driver
+        past the grace (they were released for a redrive).
+    :param handler_stuck: handler runs that went past ``handler_stuck_after``, per workflow type.
     """
 
     attempts: dict[str, int]
@@ -135,6 +140,8 @@ class MetricsSnapshot:
     reclaim_candidates: int = 0
     reclaim_backlog: int = 0
     skipped_ticks: dict[str, int] = field(default_factory=dict)
+    claims_without_driver: int = 0
+    handler_stuck: dict[str, int] = field(default_factory=dict)
 
 
 def _check_count(name: str, value: object) -> int:
@@ -182,7 +189,13 @@ class ClaimMetrics:
         self._delay = Histogram(self._delay_bounds)
         self._margin: float | None = None
         self._lost: dict[str, int] = dict.fromkeys(CLAIM_LOSS_CAUSES, 0)
-        self._by_type: dict[str, dict[str, int]] = {"reclaimed": {}, "driven": {}, "failed": {}}
+        self._by_type: dict[str, dict[str, int]] = {
+            "reclaimed": {},
+            "driven": {},
+            "failed": {},
+            "stuck": {},
+        }
+        self._without_driver = 0
         self._redrives = 0
         self._candidates = 0
         self._backlog = 0
@@ -239,6 +252,19 @@ class ClaimMetrics:
         """Count one drive attempted again after a failed one."""
         with self._lock:
             self._redrives += 1
+
+    def record_handler_stuck(self, workflow_type: str) -> None:
+        """Count one handler run of ``workflow_type`` that went past ``handler_stuck_after``."""
+        self._count_type("stuck", workflow_type)
+
+    def set_claims_without_driver(self, count: int) -> None:
+        """Set how many held claims the last driver check found with no live driver.
+
+        :raises ValueError: ``count`` is not an integer in ``0 .. 2**53 - 1``.
+        """
+        _check_count("claims without driver", count)
+        with self._lock:
+            self._without_driver = count
 
     def set_reclaim_backlog(self, candidates: int, backlog: int) -> None:
         """Set what the last reclaim pass found and how much of it is still stranded.
@@ -322,6 +348,8 @@ class ClaimMetrics:
                 reclaim_candidates=self._candidates,
                 reclaim_backlog=self._backlog,
                 skipped_ticks=dict(self._skipped),
+                claims_without_driver=self._without_driver,
+                handler_stuck=dict(self._by_type["stuck"]),
             )
 
     def reset(self) -> None:
@@ -497,6 +525,20 @@ def metric_families(snapshot: MetricsSnapshot) -> list[Family]:
             "Interval ticks that skipped a slot whose previous run was still going",
             ("slot",),
             tuple(((s,), snapshot.skipped_ticks.get(s, 0)) for s in SUBPASSES),
+        ),
+        Family(
+            WITHOUT_DRIVER_FAMILY,
+            "gauge",
+            "Held claims the last driver check found with no live driver past the grace",
+            (),
+            (((), snapshot.claims_without_driver),),
+        ),
+        Family(
+            HANDLER_STUCK_FAMILY,
+            "counter",
+            "Handler runs that went past handler_stuck_after, by workflow type",
+            ("type",),
+            _labelled(snapshot.handler_stuck),
         ),
     ]
 

@@ -133,6 +133,19 @@ class OwnershipOptions:
         once instead of after their TTL; ``None`` turns the probe off (crashes are then seen at
         the next reclaim pass, and claims of an engine without a lock after the TTL). Values
         longer than the renew interval are clamped to it.
+    :param handler_workers: how many workflow handlers run at once, on the engine's own handler
+        threads (never on the maintenance threads, so a slow or hung handler delays no renewal,
+        reclaim or poll). Further reclaimed workflows wait in a queue for a free thread.
+    :param handler_stuck_after: a handler running longer than this is warned about (once per
+        run) and counted in ``weft_workflow_claim_handler_stuck_total{type}``; ``None`` never.
+    :param handler_max_attempts: drives of one workflow on this engine that may end without
+        finishing it (raised, returned, driver thread gone) before this engine fails it with
+        the last error instead of releasing it for another redrive.
+    :param on_fork: what an engine with ``background="thread"`` does when its process forks
+        (:mod:`weft_sync.prefork`): ``"stop"`` (default) stops its background maintenance,
+        crash probe and handlers in the forking process, with a warning, so a pre-fork master
+        drives nothing; ``"continue"`` keeps them running (a host forking helper processes).
+        Forks made by the engine's own handler threads never stop it.
     :raises ValueError: a duration is invalid, the pair breaks the safety rules,
         ``time_source`` is not ``"local"``, ``"store"`` or ``None``, ``reclaim_discovery`` is
         not ``"auto"`` or ``"scan"``, or ``crash_poll_interval`` is zero.
@@ -143,9 +156,14 @@ class OwnershipOptions:
     time_source: Literal["local", "store"] | None = None
     reclaim_discovery: Literal["auto", "scan"] = "auto"
     crash_poll_interval: Duration | None = "50ms"
+    handler_workers: int = 4
+    handler_stuck_after: Duration | None = "5m"
+    handler_max_attempts: int = 5
+    on_fork: Literal["stop", "continue"] = "stop"
     claim_ttl_ms: int = field(init=False)
     claim_renew_interval_ms: int = field(init=False)
     crash_poll_interval_ms: int | None = field(init=False)
+    handler_stuck_after_ms: int | None = field(init=False)
 
     def __post_init__(self) -> None:
         ttl_ms = parse_duration(self.claim_ttl)
@@ -175,6 +193,24 @@ class OwnershipOptions:
         object.__setattr__(self, "claim_ttl_ms", ttl_ms)
         object.__setattr__(self, "claim_renew_interval_ms", renew_ms)
         object.__setattr__(self, "crash_poll_interval_ms", poll_ms)
+        _check_positive_int("handler_workers", self.handler_workers)
+        _check_positive_int("handler_max_attempts", self.handler_max_attempts)
+        stuck_ms = None
+        if self.handler_stuck_after is not None:
+            stuck_ms = parse_duration(self.handler_stuck_after)
+            if stuck_ms == 0:
+                raise ValueError(
+                    f"handler_stuck_after must be more than 0, got "
+                    f"{self.handler_stuck_after!r}; use None to never warn"
+                )
+        object.__setattr__(self, "handler_stuck_after_ms", stuck_ms)
+        if self.on_fork not in ("stop", "continue"):
+            raise ValueError(f"on_fork must be 'stop' or 'continue', got {self.on_fork!r}")
+
+
+def _check_positive_int(name: str, value: object) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"{name} must be a whole number >= 1, got {value!r}")
 
 
 @dataclass(frozen=True, slots=True)

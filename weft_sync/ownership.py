@@ -9,8 +9,9 @@ Threading model:
 
 - Each ``Ownership`` has one lock guarding its lifecycle state, the live ``claim()`` handles and
   the ``on_lost`` callbacks. Registry calls, storage I/O, callbacks and logging happen outside it.
-- Workflow handlers (:mod:`weft_sync.handlers`) run on maintenance threads, after the reclaim
-  pass took the claim over; they must not call :meth:`Ownership.close`.
+- Workflow handlers (:mod:`weft_sync.handlers`) run on the engine's handler threads
+  (:mod:`weft_sync.handler_executor`), after the reclaim pass took the claim over; they must
+  not call :meth:`Ownership.close`.
 - Lost claims are reported by the registry through a warning sink this object installs; the sink
   runs on whichever thread found the loss (usually a maintenance thread), marks the matching
   handle lost, calls the ``on_lost`` callbacks (their exceptions are logged, never raised into
@@ -35,7 +36,7 @@ from contextlib import AbstractContextManager, contextmanager
 from types import TracebackType
 from typing import Any, Literal, TypeVar
 
-from . import _fork
+from . import _fork, prefork
 from .claiming import ClaimAttempt, attempt_claim, claim_is_gone, claim_with_wait, validate_wait
 from .claims.registry import ClaimRegistry, WarnSink
 from .claims.results import ReleaseStatus
@@ -49,9 +50,11 @@ from .errors import (
     WorkflowClaimUnavailableError,
 )
 from .fencing import HostFence
+from .fencing.core import open_fence_writes
 from .handlers import HandlerTable, ReclaimedWorkflow, WorkflowHandler
 from .handles import ClaimHandle
 from .keys import validate_workflow_id
+from .ledger.driving import DriverTracker
 from .maintenance.reclaim_target import EligibilityPredicate
 from .maintenance.targets import PassResult
 from .maintenance.task import RenewalTask
@@ -115,12 +118,16 @@ class Ownership:
         self._task: RenewalTask = parts.task
         self._metrics: ClaimMetrics = parts.metrics
         self._crash = parts.crash
+        self._drivers = parts.drivers
+        self._handler_executor = parts.handler_executor
+        self._on_fork = settings.options.on_fork
         self._fence = HostFence(
             storage,
             self._registry,
             warn=self._on_warning,
             epoch_of=self._registry.epoch_lookup(),  # fenced() checks the process itself
         )
+        self._workflows.bind_host_writes(lambda wid: open_fence_writes(wid, storage))
         _fork.track(self)
 
     # ----------------------------------------------------------------------------------------
@@ -152,7 +159,7 @@ class Ownership:
             30 s, renew 5 s, the backend's time source: the database clock on PostgreSQL).
         :param handlers: workflow type -> handler. A running workflow of one of these types whose
             owner died is taken over here and its handler called with a
-            :class:`~weft_sync.handlers.ReclaimedWorkflow`, on a maintenance thread (see
+            :class:`~weft_sync.handlers.ReclaimedWorkflow`, on a handler thread (see
             :mod:`weft_sync.handlers`). More can be added with :meth:`handler`.
         :param max_claims: the most claims this engine holds before its reclaim passes stop
             taking over (``None``: no limit). Each pass takes at most a fair share of the
@@ -277,16 +284,32 @@ class Ownership:
         self._require_open("start()")
         self._task.start()
         self._crash.start_watching()
+        if self._on_fork == "stop":
+            prefork.watch(self)
 
-    def run_maintenance(self) -> PassResult:
+    def run_maintenance(self, *, wait_handlers: float | None = None) -> PassResult:
         """Run one full maintenance pass now, on this thread, and return its result.
 
         Hosts opened with ``background="manual"`` call this at least once per renew interval.
+        The handlers of the workflows the pass reclaimed run on the handler threads; this call
+        returns once no handler is queued or running (a cron host's script can exit then),
+        or after ``wait_handlers`` seconds (``0``: at once). Called from a handler, it does
+        not wait.
 
+        :param wait_handlers: the most seconds to wait for handlers; ``None``: no bound.
         :raises ClosedError: after ``close()`` or in a forked child.
         """
         self._require_open("run_maintenance()")
-        return self._task.run_once()
+        result = self._task.run_once()
+        executor = self._handler_executor
+        if wait_handlers != 0 and not executor.is_handler_thread():
+            executor.wait_idle(wait_handlers)
+        return result
+
+    @property
+    def drivers(self) -> DriverTracker:
+        """Who drives each workflow claim this engine holds (see :mod:`.ledger.driving`)."""
+        return self._drivers
 
     def close(self, timeout: float | None = 10.0) -> None:
         """Stop maintenance, release every claim and close the store this object opened.
@@ -300,11 +323,16 @@ class Ownership:
         In a child that inherited this object across ``os.fork()`` it does nothing: the parent
         still owns the claims.
 
-        :raises RuntimeError: called from inside a maintenance pass (an ``on_reclaimed`` or
-            ``on_lost`` callback); it would wait for itself. Call it from another thread.
+        :raises RuntimeError: called from inside a maintenance pass (an ``on_lost`` callback)
+            or from a workflow handler; it would wait for itself. Call it from another thread.
         """
         if self._process_state() is not _State.OPEN:
             return
+        if self._handler_executor.is_handler_thread():
+            raise RuntimeError(
+                "Ownership.close() was called from a workflow handler; close() waits for the "
+                "handlers, so it would wait for itself: close it from another thread"
+            )
         try:
             # Probes for re-entry from a maintenance thread before anything changes.
             self._task.wait_idle(0)
@@ -330,13 +358,35 @@ class Ownership:
                 owns_storage=self._owns_storage,
                 timeout=timeout,
                 crash=self._crash,
+                handlers=self._handler_executor,
             )
         finally:
             with self._lock:
                 self._state = _State.CLOSED
                 self._handles.clear()
             _fork.untrack(self)
+            prefork.unwatch(self)
             _log.info("closed ownership of engine %s", self._registry.engine_id)
+
+    def _stop_before_fork(self) -> bool:
+        """This process is about to fork: stop background work here (see :mod:`.prefork`).
+
+        Runs on the forking thread, before the fork. A fork from one of this engine's handler
+        threads stops nothing. Nothing is written: the claims held are left to expire.
+        """
+        if self._state is not _State.OPEN or self._pid != os.getpid():
+            return False
+        if self._handler_executor.is_handler_thread():
+            return False
+        self._task.stop()
+        self._crash.stop_watching(1.0)
+        self._handler_executor.close(0)
+        _log.warning(
+            "engine %s: background maintenance stopped in process %d before a fork",
+            self._registry.engine_id,
+            os.getpid(),
+        )
+        return True
 
     def __enter__(self) -> Ownership:
         return self
@@ -359,7 +409,9 @@ class Ownership:
 
         The claim is acquired, or taken over (epoch + 1) when its holder expired more than the
         takeover grace ago, so the claim of a crashed process blocks its id for at most the TTL
-        plus the grace. With ``wait``, attempts repeat with jittered delays for up to ``wait``
+        plus the grace; a holder whose engine the crash probe saw crashed is taken over at once
+        (a waiter wakes when the probe reports it). The block's thread is the claim's driver.
+        With ``wait``, attempts repeat with jittered delays for up to ``wait``
         seconds (leader election for a cron job: ``claim("nightly", wait=60)``).
 
         On exit the claim is released (only at the handle's epoch, so a newer generation of the
@@ -412,7 +464,10 @@ class Ownership:
     def _acquire(self, workflow_id: str, wait_s: float | None) -> ClaimHandle:
         wid = validate_workflow_id(workflow_id)
         result = claim_with_wait(
-            lambda: self._attempt_claim(wid), wait_s, lambda: self._require_open("claim()")
+            lambda: self._attempt_claim(wid),
+            wait_s,
+            lambda: self._require_open("claim()"),
+            sleep=self._crash.wait_for_death,
         )
         if result.epoch is None:
             raise WorkflowClaimUnavailableError(wid, result.held_by)
@@ -436,7 +491,7 @@ class Ownership:
             busy = wid in self._handles
         if busy:
             return ClaimAttempt(None, self._registry.engine_id)
-        return attempt_claim(self._registry, self._metrics, wid)
+        return attempt_claim(self._registry, self._metrics, wid, self._crash.dead_engines())
 
     def _finish(self, handle: ClaimHandle, *, body_failed: bool) -> None:
         wid = handle.workflow_id

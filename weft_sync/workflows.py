@@ -37,7 +37,8 @@ import builtins
 import logging
 import os
 import threading
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from contextlib import contextmanager
 from typing import Any
 
 from . import keys
@@ -49,8 +50,11 @@ from .codec import (
 )
 from .errors import (
     ClosedError,
+    EngineDeposedError,
     FencedWriteConflict,
+    WorkflowClaimUnavailableError,
 )
+from .ledger.driving import DriveContext, DriverTracker
 from .ledger.external import EXTERNAL_MAX_ATTEMPTS, SUSPENDABLE_STATUSES, ExternalTransitions
 from .ledger.fencing import (
     Fence,
@@ -59,7 +63,7 @@ from .ledger.fencing import (
     checked_host_operations,
     default_warn,
 )
-from .ledger.finishing import SelfTransitions
+from .ledger.finishing import HostWritesLookup, SelfTransitions
 from .ledger.listing import list_records
 from .ledger.records import (
     ACTIVE_STATUSES,
@@ -132,9 +136,10 @@ class Workflows:
         self._clock = clock
         self._fork_pid = os.getpid()  # see process_bound_class
         self._metrics = metrics
-        # _lock guards _registry and _closed.
+        # _lock guards _registry, _drivers and _closed.
         self._lock = threading.Lock()
         self._registry: ClaimRegistry | None = None
+        self._drivers: DriverTracker | None = None
         self._closed = False
         self._fence = Fence(storage, self._current_registry, warn or default_warn, fence_observers)
         self._signals = SignalBuffer(storage, self._fence, clock)
@@ -232,7 +237,9 @@ class Workflows:
         registry = self._fence.registry()
         # In flight for the registry's close(): it waits for this start before releasing all.
         with registry.operation("Workflows.start()"):
-            return self._starts.start(registry, wid, type, input)
+            record = self._starts.start(registry, wid, type, input)
+        self._expect_driver(registry, wid)
+        return record
 
     def get(self, workflow_id: str) -> WorkflowRecord | None:
         """The workflow's record, or ``None``.
@@ -299,7 +306,12 @@ class Workflows:
     def complete(self, workflow_id: str, result: Any = None) -> WorkflowRecord:
         """Mark the running workflow ``completed`` with ``result``; release its claim in that write.
 
-        :raises EngineDeposedError: this engine no longer owns the workflow.
+        Inside ``Ownership.fenced(workflow_id, conn)`` (or Django's ``fenced_atomic``) on the
+        store's own database, the write is made in the host's transaction and commits (or rolls
+        back) with the host's rows; the claim is released when that transaction commits.
+
+        :raises EngineDeposedError: this engine no longer owns the workflow (whatever its
+            status).
         :raises WorkflowStateError: the workflow is not running.
         :raises ValueError: ``result`` is not MessagePack-encodable.
         """
@@ -375,7 +387,76 @@ class Workflows:
         wid = keys.validate_workflow_id(workflow_id)
         registry = self._fence.registry()
         with registry.operation("Workflows.resume()"):
-            return self._starts.resume(registry, wid)
+            record = self._starts.resume(registry, wid)
+        self._expect_driver(registry, wid)
+        return record
+
+    # -- driving ---------------------------------------------------------------------------
+
+    def bind_host_writes(self, lookup: HostWritesLookup) -> None:
+        """Let ``complete()``/``fail()`` inside a fenced block write through the host's
+        transaction: ``lookup(workflow_id)`` finds the block open on this thread, if any."""
+        self._self_transitions.host_writes = lookup
+
+    def bind_drivers(self, drivers: DriverTracker) -> None:
+        """Track the drivers of this ledger's claims with ``drivers`` (the facade binds it)."""
+        with self._lock:
+            self._drivers = drivers
+
+    def _current_drivers(self) -> DriverTracker | None:
+        with self._lock:
+            return self._drivers
+
+    def _expect_driver(self, registry: ClaimRegistry, wid: str) -> None:
+        drivers = self._current_drivers()
+        epoch = registry.current_epoch(wid)
+        if drivers is not None and epoch is not None:
+            drivers.expect(wid, epoch)
+
+    @contextmanager
+    def drive(self, workflow_id: str) -> Iterator[DriveContext]:
+        """Drive ``workflow_id`` on this thread for the length of a ``with`` block.
+
+        A workflow this engine holds is driven at its epoch; one it does not hold is claimed
+        first, as :meth:`resume` claims it (a running or suspended record nobody holds), or
+        taken over when its holder expired. Finish it inside the block with
+        ``ctx.complete()``, ``ctx.fail()`` or ``ctx.suspend()``. Leaving the block with an
+        exception, or without finishing, releases the claim for a redrive by a handler (the
+        attempts are counted; see :mod:`weft_sync.ledger.driving`); the exception propagates.
+        Inside a handler (the thread already driving it) the block is nested and the handler
+        decides; on another thread, while a handler or another block drives it, it is refused.
+
+        :raises WorkflowClaimUnavailableError: another engine holds a live claim on it, or
+            another thread of this engine drives it already (``held_by`` is this engine).
+        :raises WorkflowNotFoundError: no such workflow.
+        :raises WorkflowStateError: it is neither running nor suspended.
+        """
+        wid = keys.validate_workflow_id(workflow_id)
+        registry = self._fence.registry()
+        epoch = registry.current_epoch(wid)
+        if epoch is None:
+            epoch = self._claim_to_drive(registry, wid)
+        drivers = self._current_drivers()
+        context = DriveContext(wid, epoch, self)
+        if drivers is None:
+            yield context
+            return
+        with drivers.driving(wid, epoch, "drive() block"):
+            yield context
+
+    def _claim_to_drive(self, registry: ClaimRegistry, wid: str) -> int:
+        try:
+            self.resume(wid)
+        except WorkflowClaimUnavailableError:
+            taken = registry.takeover(wid)
+            if taken.status != "acquired" or taken.epoch is None:
+                raise
+            if self._metrics is not None:
+                self._metrics.record_claim_attempt("takeover")
+        epoch = registry.current_epoch(wid)
+        if epoch is None:
+            raise EngineDeposedError(wid)
+        return epoch
 
     # -- signals and updates ---------------------------------------------------------------
 

@@ -20,11 +20,18 @@ Config comes from Flask's prefixed environment (``FLASK_WEFT_SYNC_URL=postgresql
 too, as for the ``weft-sync`` command.
 
 How it works: ``POST /jobs`` starts a workflow (created and claimed by the worker that accepted
-the request, in one write) and a thread of that worker drives it, one step at a time; each step
-is a fenced checkpoint write that appends ``[step, pid, epoch]`` to the job's history. When a
-worker dies, its claims expire and another worker's ``Ownership`` takes the jobs over and calls
-:func:`resume_job` (the handler registered for the job type), which continues each from its last
-checkpoint on a thread of the new owner. A worker that was only paused and wakes up after the
+the request, in one write) and a thread of that worker drives it inside
+``workflows.drive()``, one step at a time; each step is a fenced checkpoint write that appends
+``[step, pid, epoch]`` to the job's history. If the job thread fails (a store glitch, a bug),
+leaving ``drive()`` releases the claim at once and a handler resumes the job. When a worker
+dies, its claims expire (or its crash is seen) and another worker's ``Ownership`` takes the jobs
+over and calls :func:`resume_job` (the handler registered for the job type) on one of its
+handler threads, which continues each from its last checkpoint.
+
+Pools: on PostgreSQL give the store's pool (``?max_size=`` in the URL) at least one connection
+per job thread that may write at once, plus ``handler_workers`` (4) and a few for maintenance.
+
+A worker that was only paused and wakes up after the
 takeover has its next write refused by the store (``EngineDeposedError``) and drops the job.
 With ``JOBS_EVENTS_DIR`` set, every worker appends what happened (steps written, completions,
 refusals, resumptions, with the time each write was issued and logged) to
@@ -48,7 +55,7 @@ from typing import Any
 
 from flask import Flask, Response, current_app, jsonify, request
 
-from weft_sync import EngineDeposedError, Ownership, WeftError
+from weft_sync import EngineDeposedError, Ownership, WeftError, WorkflowClaimUnavailableError
 from weft_sync.errors import ClosedError
 from weft_sync.flask import WeftSync
 from weft_sync.metrics import serialize_prometheus
@@ -66,10 +73,10 @@ weft = WeftSync()
 
 @weft.handler(JOB_TYPE)
 def resume_job(ctx: Any) -> None:
-    """Continue a job this worker took over, from its last checkpoint, on a job thread.
+    """Continue a job this worker took over, from its last checkpoint.
 
-    Runs on a maintenance thread of the new owner inside an app context; it hands the job to a
-    thread of its own so the maintenance pass is not held up for the job's length.
+    Runs on one of the engine's handler threads (never a maintenance thread), inside an app
+    context, as the job's driver: the whole job runs here.
     """
     jobs_of(current_app).resume(ctx.ownership, ctx.workflow_id, ctx.epoch)
 
@@ -138,11 +145,11 @@ class Jobs:
         return job_id
 
     def resume(self, ownership: Ownership, job_id: str, epoch: int) -> None:
-        """Drive a job this process took over at ``epoch``."""
+        """Drive a job this process took over at ``epoch``, on the calling (handler) thread."""
         self.events.record(
             "resumed", job_id, pid=os.getpid(), epoch=epoch, engine=ownership.engine_id
         )
-        self._spawn(ownership, job_id, epoch)
+        self._drive(ownership, job_id, epoch)
 
     def _spawn(self, ownership: Ownership, job_id: str, epoch: int | None) -> None:
         thread = threading.Thread(
@@ -157,38 +164,47 @@ class Jobs:
         thread.start()
 
     def _drive(self, ownership: Ownership, job_id: str, epoch: int | None) -> None:
+        """Drive the job inside ``workflows.drive()``: if this raises or stops early, the claim
+        is released at once and a handler (in this worker or another) resumes the job."""
         pid = os.getpid()
         workflows = ownership.workflows
         step = 0
         try:
-            record = workflows.get(job_id)
-            assert record is not None and isinstance(record.input, dict)
-            steps = int(record.input["steps"])
-            history: list[list[int]] = json.loads(workflows.load_checkpoint(job_id) or b"[]")
-            for step in range(len(history) + 1, steps + 1):
-                if self._stop.wait(self.step_s):
-                    return  # shutting down: the claim is released, another worker resumes it
-                history.append([step, pid, epoch or 0])
-                # When the write was issued: a write issued after a takeover must be refused.
+            with workflows.drive(job_id) as ctx:
+                epoch = ctx.epoch
+                record = workflows.get(job_id)
+                assert record is not None and isinstance(record.input, dict)
+                steps = int(record.input["steps"])
+                history: list[list[int]] = json.loads(workflows.load_checkpoint(job_id) or b"[]")
+                for step in range(len(history) + 1, steps + 1):
+                    if self._stop.wait(self.step_s):
+                        # Shutting down: leaving the block releases the claim, and another
+                        # worker resumes the job from this checkpoint.
+                        return
+                    history.append([step, pid, epoch])
+                    # When the write was issued: a write issued after a takeover is refused.
+                    issued = time.time()
+                    ctx.checkpoint(json.dumps(history).encode())
+                    self.events.record(
+                        "step", job_id, pid=pid, epoch=epoch, step=step, issued=issued
+                    )
+                step = steps + 1
                 issued = time.time()
-                workflows.save_checkpoint(job_id, json.dumps(history).encode())
-                self.events.record("step", job_id, pid=pid, epoch=epoch, step=step, issued=issued)
-            step = steps + 1
-            issued = time.time()
-            workflows.complete(job_id, result={"steps": steps, "pid": pid, "epoch": epoch})
-            self.events.record("completed", job_id, pid=pid, epoch=epoch, issued=issued)
+                ctx.complete({"steps": steps, "pid": pid, "epoch": epoch})
+                self.events.record("completed", job_id, pid=pid, epoch=epoch, issued=issued)
         except EngineDeposedError:
             # Another worker took the job over while this one was stalled: the store refused.
             self.events.record("refused", job_id, pid=pid, epoch=epoch, step=step)
             _log.warning("job %s: this worker was deposed; the new owner drives it", job_id)
-        except WorkflowStateError as exc:
+        except (WorkflowStateError, WorkflowClaimUnavailableError) as exc:
             self.events.record("refused", job_id, pid=pid, epoch=epoch, step=step)
             _log.warning("job %s is no longer running here: %s", job_id, exc)
         except ClosedError:
             # This worker is exiting: its claims are released and another worker resumes.
             self.events.record("stopped", job_id, pid=pid, epoch=epoch, step=step)
         except WeftError:
-            _log.exception("job %s stopped", job_id)
+            # drive() released the claim: a handler resumes the job, here or elsewhere.
+            _log.exception("job %s stopped; a handler resumes it", job_id)
 
     def close(self, timeout: float = 10.0) -> None:
         """Stop the job threads and join them; idempotent."""

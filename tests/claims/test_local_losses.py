@@ -199,8 +199,10 @@ def test_only_the_claims_past_their_deadline_are_lost(
     own: Ownership, broken: BreakableStorage, clock: ManualClock, sink: WarningSink
 ) -> None:
     own.workflows.start("old", "job")
+    own.drivers.enter("old", 1, "the test's thread")  # driven: only renewal failures end it
     clock.advance(RENEW_MS)
     own.workflows.start("new", "job")
+    own.drivers.enter("new", 1, "the test's thread")
     broken.error = StorageError("store unreachable")
     clock.advance(DEADLINE_MS - RENEW_MS)
     assert sorted(_failed_ids(own)) == ["new", "old"]

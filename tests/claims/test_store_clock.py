@@ -223,6 +223,7 @@ def _run_skewed_engines(storage: Storage, time_source: TimeSource, rounds: int) 
             for i in range(4):
                 wid = f"{time_source}-e{n}-w{i}"
                 engine.workflows.start(wid, "job")
+                engine.drivers.enter(wid, 1, "the test's thread")  # driven all along
                 started[wid] = engine.engine_id
         for _ in range(rounds):
             base.advance(options.claim_renew_interval_ms)

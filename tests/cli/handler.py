@@ -3,13 +3,15 @@
 The CLI calls a handler with a :class:`~weft_sync.ReclaimedWorkflow`, as every host does.
 :func:`resume` writes a checkpoint through ``ctx.workflows`` (a fenced write as the new owner)
 and records the id in :data:`RESUMED` (read by in-process tests), then prints ``resumed <id>``
-(read from a subprocess's stdout). :func:`finish` also completes the workflow; :func:`explode`
+(read from a subprocess's stdout). :func:`resume_until_closed` then keeps driving until the
+engine closes; :func:`finish` also completes the workflow; :func:`explode`
 raises; :func:`stall` takes a few seconds.
 """
 
 from __future__ import annotations
 
 import threading
+import time
 
 from weft_sync.handlers import ReclaimedWorkflow
 
@@ -20,6 +22,7 @@ __all__ = [
     "explode",
     "finish",
     "resume",
+    "resume_until_closed",
     "stall",
     "take_resumed",
 ]
@@ -38,6 +41,13 @@ def resume(ctx: ReclaimedWorkflow) -> None:
     with _lock:
         RESUMED.append((ctx.workflow_id, ctx.type, ctx.epoch))
     print(f"resumed {ctx.workflow_id}", flush=True)
+
+
+def resume_until_closed(ctx: ReclaimedWorkflow) -> None:
+    """Resume, then keep driving (holding the claim) until the engine closes."""
+    resume(ctx)
+    while not ctx.ownership.closed:
+        time.sleep(0.02)
 
 
 def finish(ctx: ReclaimedWorkflow) -> None:

@@ -215,8 +215,10 @@ def test_maintain_interval_exits_0_and_releases_its_claims_on_a_signal(
     storage_url: str, storage: Storage, signum: signal.Signals
 ) -> None:
     abandon(storage_url, "wf-1")
+    # The handler drives until the engine closes: a handler that returned would hand its claim
+    # on, and it would be released (with a warning) one renew interval later.
     argv = cli_command(
-        "maintain", "--interval", "--handler", "tests.cli.handler:resume",
+        "maintain", "--interval", "--handler", "tests.cli.handler:resume_until_closed",
         "--claim-ttl", "1s", "--renew-interval", "100ms", "--url", storage_url,
     )  # fmt: skip
     with subprocess.Popen(
@@ -315,7 +317,7 @@ def test_maintain_interval_shows_a_failing_handler_on_stderr_in_one_line(
         argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=cli_env()
     ) as proc:
         try:
-            line = OutputReader(proc, stderr=True).wait_for(r"weft-sync: .*\n")[0]
+            line = OutputReader(proc, stderr=True).wait_for(r"weft-sync: error: .*\n")[0]
             proc.send_signal(signal.SIGTERM)
             out, rest = proc.communicate(timeout=WAIT_S)
         finally:
@@ -324,7 +326,7 @@ def test_maintain_interval_shows_a_failing_handler_on_stderr_in_one_line(
     assert proc.returncode == 0
     assert line == (
         "weft-sync: error: handler for workflow type 'report' raised on workflow 'wf-1' "
-        "(epoch 2); the claim is kept and the workflow driven again on a later pass "
+        "(epoch 2); its claim is released for a redrive "
         "(RuntimeError: cannot drive wf-1 at postgresql://app:***@db/main)\n"
     )
     assert "Traceback" not in rest.decode()

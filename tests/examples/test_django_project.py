@@ -200,3 +200,13 @@ def test_runserver_starts_a_job_over_http_and_completes_it(db: Path) -> None:
         store.close()
     assert history == [[page, result["pid"], 1] for page in (1, 2, 3)]
     assert "Traceback" not in stderr
+
+
+def test_migrate_creates_the_weft_table_so_claims_lists_at_once(db: Path) -> None:
+    tables = _sqlite_rows(db, "SELECT name FROM sqlite_master WHERE type = 'table'")
+    assert ("weft_kv",) in tables
+
+    listing = manage(db, "weft_sync", "claims")
+
+    assert listing.returncode == 0, listing.stderr
+    assert "no table weft_kv" not in listing.stdout + listing.stderr

@@ -161,3 +161,24 @@ def test_postgres_block_is_begin_the_read_the_host_statements_and_commit(
     assert sent[0].startswith('"BEGIN') and "FOR SHARE" in sent[1], sent
     assert len(sent) == 4, sent  # BEGIN, the read, the UPDATE, COMMIT
     assert dj.rows() == {"r1": "2"}
+
+
+def test_complete_inside_fenced_atomic_commits_with_the_model_row(dj: DjangoEnv) -> None:
+    own = dj.env.ownership()
+    own.workflows.start("wf-1", "report")
+    with fenced_atomic("wf-1", using=dj.alias, ownership=own):
+        Report.objects.using(dj.alias).create(id="r1", v="done")
+        own.workflows.complete("wf-1", {"rows": 1})
+        assert own.registry.current_epoch("wf-1") == 1  # released only at the commit
+    assert dj.rows() == {"r1": "done"}
+    assert own.workflows.get("wf-1").status == "completed"  # type: ignore[union-attr]
+    assert own.registry.current_epoch("wf-1") is None
+
+    own.workflows.start("wf-2", "report")
+    with pytest.raises(RuntimeError), fenced_atomic("wf-2", using=dj.alias, ownership=own):
+        Report.objects.using(dj.alias).create(id="r2", v="done")
+        own.workflows.complete("wf-2")
+        raise RuntimeError("killed before the commit")
+    assert dj.rows() == {"r1": "done"}
+    assert own.workflows.get("wf-2").status == "running"  # type: ignore[union-attr]
+    assert own.registry.current_epoch("wf-2") == 1

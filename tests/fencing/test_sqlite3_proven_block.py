@@ -48,7 +48,8 @@ def conn(env: HostEnv, own: Ownership) -> sqlite3.Connection:
 
 
 def _short(own: Ownership, conn: sqlite3.Connection, wid: str = WID) -> Sqlite3Block:
-    block = own.fenced(wid, conn)
+    # The block itself, inside the wrapper that lets complete()/fail() join its transaction.
+    block = getattr(own.fenced(wid, conn), "inner", None)
     assert isinstance(block, Sqlite3Block)
     return block
 

@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from tests.claims.gated import WarningSink
-from tests.engines import MakeOwnership, opened_engines
+from tests.engines import MakeOwnership, adopt_claims, opened_engines
 from tests.integration.fleet_worker import LocklessStore
 from tests.liveness.crashes import dead_lock
 from tests.liveness.procs import holding, wait_until
@@ -200,6 +200,7 @@ def test_a_stale_engine_keeps_its_unexpired_claims_and_loses_its_expired_ones(
         **dict.fromkeys(renewed, ("engine-frozen", 1)),
         **dict.fromkeys(ids[2:], ("engine-b", 2)),
     }
+    adopt_claims(survivor)  # its host drives what it took over
     clock.advance(2 * RENEW_MS)  # the renewed ones expire too
     survivor.run_maintenance()
     assert holders(storage, ids) == dict.fromkeys(ids, ("engine-b", 2))

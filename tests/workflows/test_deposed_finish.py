@@ -50,12 +50,6 @@ def test_a_deposed_owners_finish_is_refused_as_deposed_while_the_workflow_still_
     assert new.workflows.get("wf-1").status == "running"  # type: ignore[union-attr]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=AssertionError,
-    reason="ledger/finishing.py checks the status before the epoch: a deposed owner's finish "
-    "of a workflow its new owner already finished raises WorkflowStateError",
-)
 @pytest.mark.parametrize("finish", ["complete", "fail"])
 def test_a_deposed_owners_finish_is_refused_as_deposed_after_the_new_owner_finished(
     make_ownership: MakeOwnership, clock: ManualClock, finish: str

@@ -372,7 +372,7 @@ class ClaimRegistry:
         return self._releases.release(wid, optional_epoch(expected_epoch))
 
     def prepare_release_fragment(
-        self, workflow_id: str, expected_epoch: int | None = None
+        self, workflow_id: str, expected_epoch: int | None = None, *, wait: bool = True
     ) -> ReleasePreparation | None:
         """Build a release fragment for the caller to fold into its own atomic write.
 
@@ -382,12 +382,16 @@ class ClaimRegistry:
         :meth:`finish_folded_release`, whether or not the caller's write committed.
 
         :param expected_epoch: prepare only if the tracked epoch equals this one.
+        :param wait: wait for a renewal in flight (default). ``False`` is for a caller whose
+            own open transaction that renewal may be waiting for (a release folded into a
+            host's fenced SQLite transaction): the fragment then names the holder bytes known
+            before that renewal, and the caller judges the holder itself.
         :returns: the preparation, or ``None`` (and no releasing mark) when the workflow is not
             held, or not at ``expected_epoch``.
         :raises StorageError: re-reading the holder after an ambiguous renewal failed.
         """
         wid = validate_workflow_id(workflow_id)
-        return self._releases.prepare(wid, optional_epoch(expected_epoch))
+        return self._releases.prepare(wid, optional_epoch(expected_epoch), wait=wait)
 
     def finish_folded_release(
         self, workflow_id: str, preparation: ReleasePreparation, committed: bool
@@ -602,7 +606,9 @@ class ClaimRegistry:
 
         Each id gets the outcome :meth:`takeover` would give it (one compare-and-swap attempt;
         no retries), positionally; a repeated id is attempted once and its result appears at each
-        of its positions. The clock is read once for the whole call. Per chunk of ``chunk_size``
+        of its positions. The clock is read once for the whole call (every holder is written
+        from that reading), and once more after each chunk's commit (a commit that stalled
+        renews what it wrote; see :mod:`~weft_sync.claims.takeovers`). Per chunk of ``chunk_size``
         ids, the holders and epochs are read with one ``get_many`` (a single snapshot where the
         store has one) and the takeovers committed with one ``conditional_batches``. A chunk
         whose read or commit raised reports that exception for each of its ids not yet decided,

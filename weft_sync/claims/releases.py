@@ -157,7 +157,9 @@ class Releases:
 
     # -- folded release --------------------------------------------------------------------
 
-    def prepare(self, wid: str, expected_epoch: int | None) -> ReleasePreparation | None:
+    def prepare(
+        self, wid: str, expected_epoch: int | None, *, wait: bool = True
+    ) -> ReleasePreparation | None:
         """See :meth:`ClaimRegistry.prepare_release_fragment
         <weft_sync.claims.registry.ClaimRegistry.prepare_release_fragment>`.
         """
@@ -165,7 +167,7 @@ class Releases:
         in_flight = table.begin_release(wid)
         preparation: ReleasePreparation | None = None
         try:
-            if in_flight is not None:
+            if in_flight is not None and wait:
                 _log.debug("release of workflow %r waits for the renewal in flight", wid)
                 in_flight.done.wait()
             entry = table.get(wid)

@@ -489,6 +489,11 @@ class Renewals:
                         result = entry.renewed = RenewResult(_RENEWED, wid)
                     results[wid] = outcomes[wid] = result
                     continue
+                if wid not in claims:
+                    # Released locally meanwhile (a release folded into a host's transaction
+                    # committed while this renewal waited for its lock): nothing is lost.
+                    results[wid] = outcomes[wid] = RenewResult(RenewStatus.NOT_HELD, wid)
+                    continue
                 current = claims.get(wid)
                 if current is entry:
                     del claims[wid]

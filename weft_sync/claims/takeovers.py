@@ -21,13 +21,19 @@ from .. import keys
 from ..clock import Clock
 from ..codec import HolderRecord, decode_holder
 from ..errors import CorruptEpochError, StorageCapabilityError
-from ..storage.base import Storage, storage_conditional_batch
+from ..storage.base import Put, Storage, storage_conditional_batch
 from ..storage.isolation import Judged, storage_conditional_batches_isolated
 from ..storage.reads import storage_get_many
 from .engine_index import with_claim_entry
 from .results import TakeoverResult, TakeoverStatus
 from .tracking import ClaimTable
-from .transitions import Fragment, build_takeover_transition, extract_put_value, is_claim_expired
+from .transitions import (
+    Fragment,
+    build_renew_transition,
+    build_takeover_transition,
+    extract_put_value,
+    is_claim_expired,
+)
 
 __all__ = ["DEFAULT_TAKEOVER_CHUNK_SIZE", "Installer", "Takeovers"]
 
@@ -93,7 +99,10 @@ class Takeovers:
         fragment, previous, early = judged
         if not storage_conditional_batch(self._storage, fragment.conditions, fragment.operations):
             return self._lost(wid, self._storage.get(keys.workflow_owner_holder(wid)))
-        return self._acquired(wid, fragment, now, previous, early)
+        (fresh,), stamp = self._refresh_if_stale([(wid, fragment)], now)
+        if fresh is None:
+            return self._lost(wid, self._storage.get(keys.workflow_owner_holder(wid)))
+        return self._acquired(wid, fresh, stamp, previous, early)
 
     def takeover_many(
         self, ids: Sequence[str], chunk_size: int, dead: frozenset[str] = frozenset()
@@ -166,13 +175,20 @@ class Takeovers:
         if not planned:
             return
         committed = self._commit([fragment for _, fragment, _, _ in planned])
+        won = [
+            (wid, fragment)
+            for (wid, fragment, _, _), ok in zip(planned, committed, strict=True)
+            if ok is True
+        ]
+        refreshed, stamp = self._refresh_if_stale(won, now)
+        fresh = dict(zip([wid for wid, _ in won], refreshed, strict=True))
         lost: list[str] = []
-        for (wid, fragment, previous, early), ok in zip(planned, committed, strict=True):
+        for (wid, _fragment, previous, early), ok in zip(planned, committed, strict=True):
             if isinstance(ok, Exception):
                 # Its row was locked by another session: not judged, so not a lost race.
                 outcomes[wid] = ok
-            elif ok:
-                outcomes[wid] = self._acquired(wid, fragment, now, previous, early)
+            elif ok and (written := fresh[wid]) is not None:
+                outcomes[wid] = self._acquired(wid, written, stamp, previous, early)
             else:
                 lost.append(wid)
         if lost:
@@ -240,6 +256,60 @@ class Takeovers:
             _log.warning("%s", exc)
             raise
         return with_claim_entry(fragment, wid, self._engine_id, holder_bytes), holder, early
+
+    def _refresh_if_stale(
+        self, won: list[tuple[str, Fragment]], now: int
+    ) -> tuple[list[Fragment | None], int]:
+        """The fragments to track for takeovers just committed, renewed first when stale.
+
+        The holders were written with expiry ``now + ttl``, ``now`` read before the commit.
+        A commit that waited longer than one renew interval for the write lock (a stalled
+        store) may have written holders that are about to expire, or already have: the clock
+        is read again after the commit and those holders renewed at once from it, in one
+        transaction. A holder replaced meanwhile (taken straight back) is ``None``: lost.
+        Also returns the time the tracked claims were last written at (their local renew
+        deadline counts from it): ``now``, or the fresh reading once all were renewed.
+        """
+        if not won:
+            return [], now
+        after = self._clock()
+        if after - now <= self._renew_interval_ms:
+            return [fragment for _, fragment in won], now
+        renewals = [
+            build_renew_transition(
+                workflow_id=wid,
+                now=after,
+                claim_ttl_ms=self._claim_ttl_ms,
+                current_holder_bytes=extract_put_value(
+                    fragment.operations, keys.workflow_owner_holder(wid)
+                ),
+            )
+            for wid, fragment in won
+        ]
+        _log.info(
+            "a takeover commit of %d claims waited %d ms for the store; renewing them now",
+            len(won),
+            after - now,
+        )
+        try:
+            renewed = self._commit(renewals)
+        except Exception:
+            _log.warning("could not renew stale takeovers; kept as written", exc_info=True)
+            return [fragment for _, fragment in won], now
+        fresh: list[Fragment | None] = []
+        for (wid, fragment), renewal, ok in zip(won, renewals, renewed, strict=True):
+            if ok is True:
+                holder_key = keys.workflow_owner_holder(wid)
+                operations = tuple(
+                    renewal.operations[0] if isinstance(op, Put) and op.key == holder_key else op
+                    for op in fragment.operations
+                )
+                fresh.append(Fragment(fragment.conditions, operations))
+            elif isinstance(ok, Exception):
+                fresh.append(fragment)  # not judged: the renewal pass settles it
+            else:
+                fresh.append(None)
+        return fresh, after if all(ok is True or ok is False for ok in renewed) else now
 
     def _commit(self, fragments: list[Fragment]) -> list[Judged]:
         """Commit the fragments in one transaction; one on a row locked elsewhere fails alone."""

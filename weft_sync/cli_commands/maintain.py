@@ -4,18 +4,19 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import importlib
 import os
 import sys
 import threading
 from collections import Counter
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from contextlib import AbstractContextManager
 from typing import Final, TextIO
 
 from ..handlers import WorkflowHandler
 from ..maintenance import PassResult
-from ..maintenance.targets import ReclaimOutcomeStatus
+from ..maintenance.targets import ReclaimOutcome, ReclaimOutcomeStatus
 from ..options import OwnershipOptions
 from ..ownership import Ownership
 from ..redaction import redact_text
@@ -131,8 +132,9 @@ def maintain(
     with store.open(read_only=False) as storage:
         if args.once:
             with _open_engine(storage, options, handler, args.types, handlers) as ownership:
-                result = ownership.run_maintenance()
-            return _report_once(result, args.json, handler is None and not handlers, out)
+                result = ownership.run_maintenance()  # waits for the handlers it started
+                raised = ownership.handlers.take_failures()
+            return _report_once(result, args.json, handler is None and not handlers, out, raised)
         # The handlers go in before the engine starts and come out after it closed, so a signal
         # at any moment ends in a clean close, never in the default handler's abrupt exit.
         with (
@@ -152,9 +154,28 @@ def maintain(
     return 0
 
 
-def _report_once(result: PassResult, as_json: bool, no_handler: bool, out: TextIO) -> int:
+def _with_handler_errors(
+    outcomes: Sequence[ReclaimOutcome], raised: Mapping[str, Exception]
+) -> tuple[ReclaimOutcome, ...]:
+    """The pass's outcomes, a reclaimed workflow whose handler raised shown as an error: the
+    handler runs on a handler thread after the pass, which reported the takeover itself."""
+    return tuple(
+        dataclasses.replace(o, status=ReclaimOutcomeStatus.ERROR, error=raised[o.workflow_id])
+        if o.status == ReclaimOutcomeStatus.RECLAIMED and o.workflow_id in raised
+        else o
+        for o in outcomes
+    )
+
+
+def _report_once(
+    result: PassResult,
+    as_json: bool,
+    no_handler: bool,
+    out: TextIO,
+    raised: Mapping[str, Exception] | None = None,
+) -> int:
     reclaim = result.reclaim
-    outcomes = reclaim.outcomes if reclaim is not None else ()
+    outcomes = _with_handler_errors(reclaim.outcomes if reclaim is not None else (), raised or {})
     counts = Counter(str(o.status.value) for o in outcomes)
     errors = [o for o in outcomes if o.status == ReclaimOutcomeStatus.ERROR]
     discovery_error = None

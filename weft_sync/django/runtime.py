@@ -134,7 +134,8 @@ def _open(config: WeftSyncSettings) -> Ownership:
 def _closing_db_connections(handler: Callable[..., object]) -> WorkflowHandler:
     """``handler``, closing the Django connections it opened on its thread, as a request does.
 
-    Handlers run on maintenance threads, which Django's request cycle never cleans up after.
+    Handlers run on the engine's handler threads, which Django's request cycle never cleans
+    up after.
     """
 
     def run(workflow: ReclaimedWorkflow) -> object:

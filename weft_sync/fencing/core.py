@@ -59,6 +59,7 @@ that case with nothing in between, through :class:`HostFence` as its
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
 import threading
@@ -81,7 +82,14 @@ from ..storage.fence_target import FenceBinding, FenceTarget
 from .adapters import FAST_BLOCKS, adapt
 from .base import HostTransaction, as_value
 
-__all__ = ["FEATURE", "ForeignDatabaseError", "HostFence", "fenced_transaction"]
+__all__ = [
+    "FEATURE",
+    "ForeignDatabaseError",
+    "HostFence",
+    "HostStoreWrites",
+    "fenced_transaction",
+    "open_fence_writes",
+]
 
 _log = logging.getLogger(__name__)
 
@@ -284,11 +292,14 @@ class HostFence:
 
     def block(self, workflow_id: str, connection: object) -> AbstractContextManager[object]:
         """The fenced block for ``workflow_id`` on ``connection`` (:func:`fenced_transaction`):
-        the connection family's fast block where it has one, else the generic block."""
+        the connection family's fast block where it has one, else the generic block; open to
+        the ledger's final writes (:func:`open_fence_writes`) while it runs."""
         fast = FAST_BLOCKS.get(type(connection))
         if fast is not None:
-            return fast(self, workflow_id, connection)
-        return _FencedBlock(self, workflow_id, connection)
+            return _OpenBlock(fast(self, workflow_id, connection), self, workflow_id, connection)
+        return _OpenBlock(
+            _FencedBlock(self, workflow_id, connection), self, workflow_id, connection
+        )
 
     def generic_block(self, workflow_id: str, connection: object) -> AbstractContextManager[object]:
         """The generic fenced block, for any accepted connection."""
@@ -489,3 +500,149 @@ def _still_holds(host: HostTransaction, binding: FenceBinding) -> bool:
     if binding.recheck is None or binding.confirm is None:
         return True  # proven for this connection's lifetime
     return binding.confirm(host.query(binding.recheck, ()))
+
+
+# -- the ledger's final writes inside an open fenced block -----------------------------------------
+
+# Per thread, the fenced blocks open on it, innermost last (each an _OpenBlock).
+_open_blocks = threading.local()
+
+EndHook = Callable[[bool], None]
+"""Told whether the host's transaction that carried a final write committed."""
+
+
+class _OpenBlock:
+    """A fenced block (fast or generic) made visible to this thread's ledger while it runs.
+
+    On exit the inner block commits or rolls back first; then the end hooks of the final writes
+    made inside it learn which: a commit that raised, or an exception, is a rollback. A block
+    whose host transaction commits later (Django's ``atomic``: its host object has
+    ``defer_end_hooks``) hands its hooks on instead.
+    """
+
+    __slots__ = ("_fence", "_hooks", "_host", "_inner", "_wid", "connection")
+
+    def __init__(
+        self,
+        inner: AbstractContextManager[object],
+        fence: HostFence,
+        workflow_id: str,
+        connection: object,
+    ) -> None:
+        self._inner = inner
+        self._fence = fence
+        self._wid = workflow_id
+        self.connection = connection
+        self._hooks: list[EndHook] = []
+        self._host: HostStoreWrites | None = None
+
+    def __enter__(self) -> object:
+        value = self._inner.__enter__()
+        stack: list[_OpenBlock] | None = getattr(_open_blocks, "stack", None)
+        if stack is None:
+            stack = _open_blocks.stack = []
+        stack.append(self)
+        return value
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        stack: list[_OpenBlock] = _open_blocks.stack
+        if stack and stack[-1] is self:
+            stack.pop()
+        else:  # exited out of order: still never left visible
+            with contextlib.suppress(ValueError):
+                stack.remove(self)
+        hooks, self._hooks = self._hooks, []
+        try:
+            self._inner.__exit__(exc_type, exc, tb)
+        except BaseException:
+            _run_hooks(hooks, False)
+            raise
+        defer = getattr(self.connection, "defer_end_hooks", None)
+        if callable(defer) and hooks and exc is None:
+            defer(hooks)
+            return
+        _run_hooks(hooks, exc is None)
+
+    @property
+    def inner(self) -> AbstractContextManager[object]:
+        """The fenced block itself (the family's fast block, or the generic one)."""
+        return self._inner
+
+    def writes(self) -> HostStoreWrites:
+        """The store's table as this block's host transaction sees it (proven on first use)."""
+        if self._host is None:
+            self._host = HostStoreWrites(self._fence, self._wid, self.connection, self._hooks)
+        return self._host
+
+
+def _run_hooks(hooks: list[EndHook], committed: bool) -> None:
+    for hook in hooks:
+        try:
+            hook(committed)
+        except Exception:
+            _log.exception("a fenced block's end hook raised; ignored")
+
+
+class HostStoreWrites:
+    """Reads and writes of the store's table through the host's open fenced transaction.
+
+    The ledger's ``complete()``/``fail()`` inside ``Ownership.fenced()`` write the workflow's
+    final state with it, so that the host's rows and the workflow's end commit together. Reads
+    lock the row on PostgreSQL (``FOR UPDATE``); on SQLite the block holds the write lock.
+
+    :raises StorageCapabilityError: the store gives the fence no statements to write with.
+    """
+
+    __slots__ = ("_binding", "_hooks", "_host", "_wid")
+
+    def __init__(
+        self, fence: HostFence, workflow_id: str, connection: object, hooks: list[EndHook]
+    ) -> None:
+        host = adapt(connection)
+        target = fence.target()
+        binding = fence.proof_for(host.connection_key)
+        if binding is None or not _still_holds(host, binding):
+            binding = _prove(fence, host, target)
+        if binding.read_value is None or binding.put_value is None or binding.delete_value is None:
+            raise StorageCapabilityError(FEATURE, "host_fence_writes")
+        self._host = host
+        self._binding = binding
+        self._wid = workflow_id
+        self._hooks = hooks
+
+    def get(self, key: str) -> bytes | None:
+        """The value of ``key`` as the host's transaction sees it (row locked on PostgreSQL)."""
+        assert self._binding.read_value is not None
+        rows = self._host.query(self._binding.read_value, (key,))
+        return as_value(rows[0][0]) if rows else None
+
+    def put(self, key: str, value: bytes) -> None:
+        """Set ``key`` to ``value`` in the host's transaction."""
+        assert self._binding.put_value is not None
+        self._host.query(self._binding.put_value, (key, value))
+
+    def delete(self, key: str) -> None:
+        """Delete ``key`` in the host's transaction."""
+        assert self._binding.delete_value is not None
+        self._host.query(self._binding.delete_value, (key,))
+
+    def on_end(self, hook: EndHook) -> None:
+        """Call ``hook(committed)`` once the host's transaction committed or rolled back."""
+        self._hooks.append(hook)
+
+
+def open_fence_writes(workflow_id: str, storage: Storage) -> HostStoreWrites | None:
+    """The writes of the innermost fenced block open on this thread for ``workflow_id`` over
+    ``storage``'s table, or ``None`` when no such block is open here."""
+    stack: list[_OpenBlock] | None = getattr(_open_blocks, "stack", None)
+    if not stack:
+        return None
+    for block in reversed(stack):
+        if block._wid == workflow_id and block._fence._storage is storage:
+            return block.writes()
+    return None

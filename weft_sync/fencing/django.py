@@ -12,7 +12,9 @@ at its start rather than failing with "database is locked" when it upgrades.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+import functools
+import logging
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
@@ -36,6 +38,11 @@ class AtomicTransaction:
     def __init__(self, using: str) -> None:
         self._wrapper = connections[using]
         self.family = str(self._wrapper.vendor)
+        self.end_hooks: list[Callable[[bool], None]] = []
+
+    def defer_end_hooks(self, hooks: list[Callable[[bool], None]]) -> None:
+        """Keep the end hooks of the final writes made in the block: ``atomic`` commits later."""
+        self.end_hooks.extend(hooks)
 
     @property
     def connection_key(self) -> object | None:
@@ -95,5 +102,25 @@ def fenced_atomic(
             ) from exc
         ownership = get_ownership()
     assert ownership is not None
-    with transaction.atomic(using=using), ownership.fenced(workflow_id, AtomicTransaction(using)):
-        yield
+    host = AtomicTransaction(using)
+    try:
+        with transaction.atomic(using=using), ownership.fenced(workflow_id, host):
+            yield
+    except BaseException:
+        _end(host.end_hooks, False)
+        raise
+    if host.end_hooks and connections[using].in_atomic_block:
+        # A savepoint in an outer atomic block: final only when that block commits. Should it
+        # roll back instead, the claim stays in the store unrenewed and expires for a redrive.
+        for hook in host.end_hooks:
+            transaction.on_commit(functools.partial(hook, True), using=using)
+        return
+    _end(host.end_hooks, True)
+
+
+def _end(hooks: list[Callable[[bool], None]], committed: bool) -> None:
+    for hook in hooks:
+        try:
+            hook(committed)
+        except Exception:
+            logging.getLogger(__name__).exception("a fenced_atomic end hook raised; ignored")

@@ -9,20 +9,28 @@ move under the write.
 
 A failed CAS is read back: an epoch or holder that is no longer this engine's means it was
 deposed; otherwise only the record changed, and the transition is retried from a fresh read.
+
+Inside a fenced block on the store's own database (``Ownership.fenced(workflow_id, conn)``,
+Django's ``fenced_atomic``), the same write is made through the host's transaction instead
+(:class:`HostWrites`): the epoch, holder and record are read there (row-locked on PostgreSQL; the
+block holds SQLite's write lock) and judged, and the final state and the release are written
+there, so they commit — or roll back — with the host's own rows. The claim is forgotten locally
+when the host's transaction commits; a rollback leaves it held (renewals resume).
 """
 
 from __future__ import annotations
 
 import logging
-from typing import Any, Final
+from collections.abc import Callable
+from typing import Any, Final, Protocol
 
 from .. import keys
 from ..claims.registry import ReleasePreparation
 from ..claims.transitions import extract_put_value
 from ..clock import Clock
-from ..codec import WorkflowRecord
+from ..codec import WorkflowRecord, decode_holder, decode_workflow_record
 from ..errors import FencedWriteConflict
-from ..storage.base import Condition, Operation, Put, Storage, storage_conditional_batch
+from ..storage.base import Condition, Delete, Operation, Put, Storage, storage_conditional_batch
 from .fencing import Fence
 from .records import (
     WorkflowNotFoundError,
@@ -34,7 +42,7 @@ from .records import (
     with_status,
 )
 
-__all__ = ["SELF_MAX_ATTEMPTS", "SelfTransitions"]
+__all__ = ["SELF_MAX_ATTEMPTS", "HostWrites", "HostWritesLookup", "SelfTransitions"]
 
 _log = logging.getLogger(__name__)
 
@@ -42,6 +50,22 @@ SELF_MAX_ATTEMPTS: Final = 5
 """CAS attempts of one self transition whose base condition (the record bytes) keeps failing."""
 
 _RUNNING: Final = ("running",)
+
+
+class HostWrites(Protocol):
+    """The store's table seen through a host transaction a fenced block holds open."""
+
+    def get(self, key: str) -> bytes | None: ...
+
+    def put(self, key: str, value: bytes) -> None: ...
+
+    def delete(self, key: str) -> None: ...
+
+    def on_end(self, hook: Callable[[bool], None]) -> None: ...
+
+
+HostWritesLookup = Callable[[str], "HostWrites | None"]
+"""``workflow_id -> writes`` of a fenced block open on this thread for it, or ``None``."""
 
 
 class SelfTransitions:
@@ -56,6 +80,7 @@ class SelfTransitions:
         self._storage = storage
         self._fence = fence
         self._clock = clock
+        self.host_writes: HostWritesLookup | None = None
 
     def finish(
         self, wid: str, status: str, operation: str, fields: dict[str, Any]
@@ -64,8 +89,8 @@ class SelfTransitions:
 
         :param operation: what the host called (``"complete"``/``"fail"``), for errors.
         :param fields: stored in the outcome record next to ``status`` and ``finished_at``.
-        :raises EngineDeposedError: this engine no longer owns the workflow.
-        :raises WorkflowStateError: the workflow is not running.
+        :raises EngineDeposedError: this engine no longer owns the workflow, whatever its status.
+        :raises WorkflowStateError: the workflow is not running and this engine still holds it.
         :raises FencedWriteConflict: the record kept changing under the write.
         :raises ValueError: ``fields`` are not MessagePack-encodable.
         """
@@ -78,9 +103,19 @@ class SelfTransitions:
             f"the {operation} outcome of workflow {wid!r}",
             {"status": status, **fields, "finished_at": finished_at},
         )
-        preparation = registry.prepare_release_fragment(wid, expected_epoch=held_epoch)
+        lookup = self.host_writes
+        host = None if lookup is None else lookup(wid)
+        # In a host's transaction a renewal of this claim may be waiting for that very
+        # transaction's lock (SQLite): do not wait for it, judge the holder as read there.
+        preparation = registry.prepare_release_fragment(
+            wid, expected_epoch=held_epoch, wait=host is None
+        )
         if preparation is None:
             self._fence.deposed(wid)
+        if host is not None:
+            return self._finish_in_host(
+                host, wid, preparation, status, operation, finished_at, outcome
+            )
         committed = False
         try:
             new = self._commit(wid, preparation, status, operation, finished_at, outcome)
@@ -88,6 +123,65 @@ class SelfTransitions:
         finally:
             registry.finish_folded_release(wid, preparation, committed)
         _log.info("workflow %r %s at epoch %d; claim released", wid, status, preparation.epoch)
+        return new
+
+    def _finish_in_host(
+        self,
+        host: HostWrites,
+        wid: str,
+        preparation: ReleasePreparation,
+        status: str,
+        operation: str,
+        finished_at: int,
+        outcome: bytes,
+    ) -> WorkflowRecord:
+        """The final write through the host's fenced transaction; released when it commits."""
+        registry = self._fence.registry()
+        try:
+            # Epoch and holder first: deposed comes before any state. The holder may be newer
+            # than the bytes the preparation knows (a renewal that committed meanwhile); it
+            # must still be this engine's at this epoch.
+            holder_key = keys.workflow_owner_holder(wid)
+            for condition in preparation.fragment.conditions:
+                found = host.get(condition.key)
+                if found == condition.expected:
+                    continue
+                holder = decode_holder(found) if condition.key == holder_key else None
+                if (
+                    holder is None
+                    or holder.engine_id != registry.engine_id
+                    or holder.epoch != preparation.epoch
+                ):
+                    self._fence.deposed(wid)
+            raw = host.get(keys.workflow(wid))
+            if raw is None:
+                raise WorkflowNotFoundError(wid)
+            record = decode_workflow_record(raw)
+            if record.status != "running":
+                raise WorkflowStateError(wid, record.status, operation, _RUNNING)
+            new = with_status(record, status, finished_at)
+            _, operations = status_change_operations(raw, record, new)
+            operations.append(Put(result_key(wid), outcome))
+            for op in [*operations, *preparation.fragment.operations]:
+                if isinstance(op, Delete):
+                    host.delete(op.key)
+                else:
+                    host.put(op.key, op.value)
+        except BaseException:
+            registry.finish_folded_release(wid, preparation, False)
+            raise
+
+        def ended(committed: bool) -> None:
+            registry.finish_folded_release(wid, preparation, committed)
+            if committed:
+                _log.info(
+                    "workflow %r %s at epoch %d with the host's transaction; claim released",
+                    wid,
+                    status,
+                    preparation.epoch,
+                )
+
+        host.on_end(ended)
         return new
 
     def _commit(
@@ -105,6 +199,9 @@ class SelfTransitions:
                 raise WorkflowNotFoundError(wid)
             raw, record = found
             if record.status != "running":
+                # Deposed comes first: a workflow cancelled (epoch rotated) or finished by its
+                # new owner is, to this engine, a claim it lost.
+                self._check_still_owner(wid, preparation)
                 raise WorkflowStateError(wid, record.status, operation, _RUNNING)
             new = with_status(record, status, finished_at)
             conditions, operations = status_change_operations(raw, record, new)

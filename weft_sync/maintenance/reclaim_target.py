@@ -131,8 +131,10 @@ class ReclaimTargetHandle:
         self._selection = CandidateSelection(
             registry, self._discovery, fair_share=fair_share, max_claims=self._max_claims
         )
-        # _lock guards _pending_redrive, _disposing and the completed flag of every plan.
+        # _lock guards _pending_redrive, _disposing, _deferred and the completed flag of every
+        # plan.
         self._lock = threading.Lock()
+        self._deferred: Callable[[str], bool] | None = None
         self._pending_redrive: dict[str, int] = {}
         self._disposing = False
 
@@ -151,6 +153,20 @@ class ReclaimTargetHandle:
         """Stop claiming for good: attempts return ``not-eligible``, late claims are released."""
         with self._lock:
             self._disposing = True
+
+    def set_deferral(self, deferred: Callable[[str], bool] | None) -> None:
+        """Skip (``backoff-skipped``) the candidates ``deferred(id)`` says are in a backoff.
+
+        The driver tracker's redrive backoff: a workflow whose drive here ended unfinished is
+        not claimed again by this engine until its backoff is over.
+        """
+        with self._lock:
+            self._deferred = deferred
+
+    def _is_deferred(self, workflow_id: str) -> bool:
+        with self._lock:
+            deferred = self._deferred
+        return deferred is not None and deferred(workflow_id)
 
     def pending_redrive_ids(self) -> list[str]:
         """Ids held by this engine whose last drive failed and will be retried."""
@@ -196,6 +212,8 @@ class ReclaimTargetHandle:
         current = self._registry.current_epoch(workflow_id)
         if current is None:
             self._drop_pending(workflow_id)
+            if self._is_deferred(workflow_id):
+                return _BACKOFF
             return self._takeover_loop(workflow_id)
         with self._lock:
             # Taking the entry makes this attempt the only one redriving it; a failed drive
@@ -231,7 +249,11 @@ class ReclaimTargetHandle:
                 held = self._registry.current_epoch(wid) is not None
             except (TypeError, ValueError):
                 continue  # the single attempt reports the invalid id
-            if not held:
+            if held:
+                continue
+            if self._is_deferred(wid):
+                plans[wid] = ReclaimPlan(wid, final=_BACKOFF)
+            else:
                 fresh.append(wid)
         for wid in fresh:
             # Not held here, so no drive of ours can be pending (as in the single attempt).

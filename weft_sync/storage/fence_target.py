@@ -50,12 +50,19 @@ class FenceBinding:
         file open under the schema ``read_epoch`` names. ``None`` where the proof holds for the
         connection's lifetime (PostgreSQL: a connection never changes its database).
     :param confirm: see ``recheck``.
+    :param read_value: put_value: delete_value: read (locking the row where the family has
+        row locks), upsert and delete one key of the store's table inside the host's
+        transaction (parameters: the key, and the value for ``put_value``); the ledger writes a
+        workflow's final state with them when it finishes inside a fenced block.
     """
 
     read_epoch: str
     write_lock: str | None = None
     recheck: str | None = None
     confirm: Callable[[Sequence[tuple[Any, ...]]], bool] | None = None
+    read_value: str | None = None
+    put_value: str | None = None
+    delete_value: str | None = None
 
 
 @runtime_checkable
@@ -160,6 +167,9 @@ class SqliteFenceTarget:
             write_lock=f"UPDATE {table} SET value = value WHERE key = ?",
             recheck="PRAGMA database_list",
             confirm=confirm,
+            read_value=f"SELECT value FROM {table} WHERE key = ?",
+            put_value=f"INSERT OR REPLACE INTO {table} (key, value) VALUES (?, ?)",
+            delete_value=f"DELETE FROM {table} WHERE key = ?",
         )
 
 
@@ -239,4 +249,10 @@ class PostgresFenceTarget:
         table = f"{quote_identifier(ident.schema)}.{quote_identifier(self._table)}"
         return FenceBinding(
             read_epoch=PG_READ_EPOCH.format(table=table),
+            read_value=f"SELECT value FROM {table} WHERE key = %s FOR UPDATE",
+            put_value=(
+                f"INSERT INTO {table} (key, value) VALUES (%s, %s) "
+                "ON CONFLICT (key) DO UPDATE SET value = EXCLUDED.value"
+            ),
+            delete_value=f"DELETE FROM {table} WHERE key = %s",
         )

@@ -85,6 +85,8 @@ DATABASES = {
     else _sqlite(os.environ.get("WEFTSITE_SQLITE_PATH", str(BASE_DIR / "db.sqlite3")))
 }
 
+REPORT_THREADS = int(os.environ.get("WEFTSITE_REPORT_THREADS", "8"))
+
 WEFT_SYNC = {
     "DATABASE": "default",
     "OPTIONS": {
@@ -93,13 +95,14 @@ WEFT_SYNC = {
     },
     # Reclaimed "report" workflows are resumed by this function; no other type is taken over.
     "HANDLERS": {"report": "reports.jobs.resume_report"},
-    # Several pooled connections per process are plenty: renewals are batched.
-    "STORAGE": {"max_size": 4} if _DATABASE_URL else {},
+    # The store's pool on PostgreSQL, sized from the threads that use it at once: every report
+    # thread (checkpoints), every handler thread (handler_workers, 4 by default) and the
+    # maintenance passes (renewal is batched; reclaim and polls take a few more).
+    "STORAGE": {"max_size": REPORT_THREADS + 4 + 4} if _DATABASE_URL else {},
 }
 
 REPORT_STEP_SECONDS = float(os.environ.get("WEFTSITE_STEP_SECONDS", "0.5"))
 """How long rendering one page of a report takes."""
-REPORT_THREADS = int(os.environ.get("WEFTSITE_REPORT_THREADS", "8"))
 """Report jobs one process drives at once (more wait in its queue, already claimed)."""
 
 LOGGING = {

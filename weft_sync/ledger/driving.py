@@ -1,0 +1,392 @@
+"""Drivers: a claim is held *for* a driver, and a claim whose driver is gone is given back.
+
+A workflow claim says "this engine is alive"; a driver says "this workflow is being worked on".
+Every workflow claim this engine takes through the ledger or the reclaim pass is tracked here
+with the driver working on it:
+
+- host code inside ``with workflows.drive(workflow_id) as ctx:`` (the block's thread);
+- a handler the library runs on its handler executor (that thread, for the length of the call);
+- nobody yet: a claim just taken by ``start()``/``resume()``, or handed to ``on_reclaimed`` or to
+  a host that drives types it declared eligible. Such a claim *awaits* a driver for a grace of
+  one renew interval from the moment it was taken (time for the host to enter ``drive()``).
+
+A drive *ends unfinished* when its ``drive()`` block raises or returns, or its handler raises,
+while this engine still holds the claim at the drive's epoch (``complete``, ``fail``,
+``suspend``, ``cancel`` and a lost claim all end the claim, so a finished drive is one whose
+claim is gone). A handler that *returns* without finishing hands the claim on: it awaits a
+driver again for one renew interval (host code it passed the id to enters ``drive()`` once the
+handler returned; while a handler runs, a ``drive()`` on another thread is refused). A drive
+whose thread is no longer alive ends unfinished at the next check, and so does a claim awaiting
+a driver past its grace. Each of these is counted as an attempt
+of that workflow on this engine; below ``max_attempts`` the claim is released (epoch kept), so
+the next reclaim pass of any engine with a handler for its type acquires it and drives it
+again, after a backoff of ``(attempts - 1)`` renew intervals on this engine. At
+``max_attempts`` this engine fails the workflow with the last error instead (one write, release
+included): a workflow that no driver can finish is not redriven for ever. Attempts are counted
+per engine, in memory: another engine starts its own count.
+
+Claims not taken through the ledger (``Ownership.claim()`` blocks, which their ``with`` block's
+thread drives, and direct ``ClaimRegistry`` use) are not tracked.
+
+:meth:`DriverTracker.check` runs after every renewal sub-pass, on a maintenance thread. The
+tracker has one lock, guarding its maps; storage I/O, logging and the dispose callback run
+outside it.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from ..claims.registry import ClaimRegistry
+from ..errors import WorkflowClaimUnavailableError
+from ..metrics import ClaimMetrics
+
+if TYPE_CHECKING:
+    from ..workflows import Workflows
+
+__all__ = ["DriveContext", "Driver", "DriverTracker"]
+
+_log = logging.getLogger(__name__)
+
+DisposeCallback = Callable[[str, dict[str, Any]], object]
+"""``(workflow_id, error) -> None``: end a workflow no driver could finish (``Workflows.fail``)."""
+
+
+@dataclass(eq=False, slots=True)
+class Driver:
+    """One live drive of one claim: who drives it and at which epoch."""
+
+    workflow_id: str
+    epoch: int
+    kind: str
+    thread: threading.Thread
+    nested: bool = False
+    """Entered on the thread already driving the claim (a handler's own ``drive()`` block):
+    the outer drive decides what happens to the claim."""
+
+
+@dataclass(slots=True)
+class _Tracked:
+    epoch: int
+    since: int
+    driver: Driver | None = None
+    queued: bool = False  # a handler run waits for a free handler thread: driven by then
+
+
+class DriveContext:
+    """What ``with workflows.drive(workflow_id) as ctx:`` yields: the claim's driver API.
+
+    :param workflow_id: the workflow driven.
+    :param epoch: the epoch this engine holds it at (the fencing token of its writes).
+    :param workflows: the ledger to write through.
+    """
+
+    __slots__ = ("_epoch", "_workflow_id", "_workflows")
+
+    def __init__(self, workflow_id: str, epoch: int, workflows: Workflows) -> None:
+        self._workflow_id = workflow_id
+        self._epoch = epoch
+        self._workflows = workflows
+
+    @property
+    def workflow_id(self) -> str:
+        """The workflow driven."""
+        return self._workflow_id
+
+    @property
+    def epoch(self) -> int:
+        """The epoch this drive holds the claim at."""
+        return self._epoch
+
+    @property
+    def workflows(self) -> Workflows:
+        """The ledger (fenced writes, signals, updates) of the engine driving it."""
+        return self._workflows
+
+    def checkpoint(self, data: bytes) -> None:
+        """Save ``data`` as the workflow's checkpoint (a fenced write).
+
+        :raises EngineDeposedError: this engine no longer owns the workflow.
+        """
+        self._workflows.save_checkpoint(self._workflow_id, data)
+
+    def complete(self, result: Any = None) -> None:
+        """Complete the workflow with ``result`` and release its claim, in one write.
+
+        Inside ``Ownership.fenced(workflow_id, conn)`` on the store's own database, the write
+        commits in the host's transaction.
+
+        :raises EngineDeposedError: this engine no longer owns the workflow.
+        """
+        self._workflows.complete(self._workflow_id, result)
+
+    def fail(self, error: Any) -> None:
+        """Fail the workflow with ``error`` and release its claim, in one write (as complete).
+
+        :raises EngineDeposedError: this engine no longer owns the workflow.
+        """
+        self._workflows.fail(self._workflow_id, error)
+
+    def suspend(self) -> None:
+        """Suspend the workflow (its claim ends; ``resume()`` or ``drive()`` takes it again)."""
+        self._workflows.suspend(self._workflow_id)
+
+    def __repr__(self) -> str:
+        return f"DriveContext({self._workflow_id!r}, epoch={self._epoch})"
+
+
+class DriverTracker:
+    """The drivers of the workflow claims one engine holds (see the module docstring).
+
+    :param registry: the engine's claim registry.
+    :param metrics: receives the without-driver gauge and the redrive counts.
+    :param max_attempts: unfinished drives of one workflow before it is disposed of.
+    :param dispose: fails a workflow no driver could finish.
+    """
+
+    def __init__(
+        self,
+        registry: ClaimRegistry,
+        metrics: ClaimMetrics,
+        *,
+        max_attempts: int,
+        dispose: DisposeCallback,
+    ) -> None:
+        self._registry = registry
+        self._metrics = metrics
+        self._max_attempts = max_attempts
+        self._dispose = dispose
+        self._grace_ms = registry.claim_renew_interval_ms
+        # _lock guards _tracked, _attempts, _not_before and _last_error.
+        self._lock = threading.Lock()
+        self._tracked: dict[str, _Tracked] = {}
+        self._attempts: dict[str, int] = {}
+        self._not_before: dict[str, int] = {}
+        self._last_error: dict[str, str] = {}
+
+    # -- claims and drivers ------------------------------------------------------------------
+
+    def expect(self, workflow_id: str, epoch: int, *, queued: bool = False) -> None:
+        """Track a claim just taken at ``epoch``; it awaits a driver for one renew interval.
+
+        :param queued: its handler run is queued on the handler executor: it counts as driven
+            until the run starts (and its grace starts afresh if it hands the claim on).
+        """
+        now = self._registry.clock()
+        with self._lock:
+            current = self._tracked.get(workflow_id)
+            if current is None or current.epoch != epoch:
+                self._tracked[workflow_id] = _Tracked(epoch, now, queued=queued)
+            elif current.driver is None:
+                current.since, current.queued = now, queued
+
+    @contextmanager
+    def driving(
+        self, workflow_id: str, epoch: int, kind: str, *, hand_off: bool = False
+    ) -> Iterator[Driver]:
+        """Drive the claim at ``epoch`` on this thread for the block; judge the drive after it.
+
+        The block's exception propagates; the drive is judged either way (see :meth:`leave`).
+        """
+        driver = self.enter(workflow_id, epoch, kind)
+        try:
+            yield driver
+        except BaseException as exc:
+            self.leave(driver, exc)
+            raise
+        self.leave(driver, None, hand_off=hand_off)
+
+    def enter(self, workflow_id: str, epoch: int, kind: str) -> Driver:
+        """Register the current thread as the driver of the claim at ``epoch``.
+
+        :raises WorkflowClaimUnavailableError: a live driver on another thread of this engine
+            (a ``drive()`` block or a handler) already drives this claim (``held_by`` is this
+            engine's id). One claim has one driver.
+        """
+        driver = Driver(workflow_id, epoch, kind, threading.current_thread())
+        now = self._registry.clock()
+        with self._lock:
+            tracked = self._tracked.get(workflow_id)
+            if tracked is None or tracked.epoch != epoch:
+                tracked = self._tracked[workflow_id] = _Tracked(epoch, now)
+            other = tracked.driver
+            busy = None
+            if other is not None and other.thread is driver.thread:
+                driver.nested = True
+            elif other is not None and other.thread.is_alive():
+                busy = other
+            else:
+                tracked.queued = False
+                tracked.driver = driver
+        if busy is not None:
+            _log.debug(
+                "workflow %r (epoch %d) is already driven by %s on thread %s",
+                workflow_id,
+                epoch,
+                busy.kind,
+                busy.thread.name,
+            )
+            raise WorkflowClaimUnavailableError(workflow_id, self._registry.engine_id)
+        return driver
+
+    def leave(self, driver: Driver, error: BaseException | None, *, hand_off: bool = False) -> None:
+        """End ``driver``'s drive; an unfinished one releases (or disposes of) the claim.
+
+        :param hand_off: a drive that returned without finishing hands the claim on instead:
+            it awaits a driver for one more renew interval (a handler that passed the id to
+            host code which enters ``drive()``), and is released only if none comes.
+        """
+        wid = driver.workflow_id
+        if driver.nested:
+            return
+        with self._lock:
+            tracked = self._tracked.get(wid)
+            if tracked is not None and tracked.driver is driver:
+                tracked.driver = None
+        if self._registry.current_epoch(wid) != driver.epoch:
+            self._finished(wid, driver.epoch)
+            return
+        if hand_off and error is None:
+            now = self._registry.clock()
+            with self._lock:
+                tracked = self._tracked.get(wid)
+                if tracked is not None and tracked.epoch == driver.epoch:
+                    tracked.since = now
+            return
+        reason = (
+            f"its {driver.kind} returned without finishing it"
+            if error is None
+            else f"its {driver.kind} raised {type(error).__name__}: {error}"
+        )
+        self._unfinished(wid, driver.epoch, reason)
+
+    def clear(self, workflow_id: str) -> None:
+        """Forget ``workflow_id`` (its claim ended)."""
+        with self._lock:
+            self._tracked.pop(workflow_id, None)
+
+    def attempts(self, workflow_id: str) -> int:
+        """Unfinished drives of ``workflow_id`` counted on this engine since it last finished."""
+        with self._lock:
+            return self._attempts.get(workflow_id, 0)
+
+    def deferred(self, workflow_id: str) -> bool:
+        """Whether ``workflow_id`` is in its redrive backoff on this engine."""
+        now = self._registry.clock()
+        with self._lock:
+            not_before = self._not_before.get(workflow_id)
+            if not_before is not None and now >= not_before:
+                del self._not_before[workflow_id]
+                return False
+            return not_before is not None
+
+    # -- the check of each pass ----------------------------------------------------------------
+
+    def check(self) -> int:
+        """Give back the claims without a live driver past the grace; return how many.
+
+        Forgets tracked claims this engine no longer holds at their epoch. Sets the
+        ``weft_workflow_claims_without_driver`` gauge to the number found.
+        """
+        now = self._registry.clock()
+        with self._lock:
+            tracked = list(self._tracked.items())
+        undriven: list[tuple[str, int, str]] = []
+        for wid, entry in tracked:
+            if self._registry.current_epoch(wid) != entry.epoch:
+                with self._lock:
+                    if self._tracked.get(wid) is entry:
+                        del self._tracked[wid]
+                continue
+            driver = entry.driver
+            if (driver is not None and driver.thread.is_alive()) or entry.queued:
+                continue
+            if driver is not None:
+                undriven.append((wid, entry.epoch, f"its {driver.kind} thread ended"))
+            elif now - entry.since > self._grace_ms:
+                undriven.append((wid, entry.epoch, "nothing drove it"))
+        self._metrics.set_claims_without_driver(len(undriven))
+        for wid, epoch, reason in undriven:
+            _log.warning(
+                "workflow %r is held at epoch %d with no live driver for more than one renew "
+                "interval (%s); its claim is released for a redrive by a handler",
+                wid,
+                epoch,
+                reason,
+            )
+            self._unfinished(wid, epoch, reason)
+        return len(undriven)
+
+    # -- outcomes ------------------------------------------------------------------------------
+
+    def _finished(self, wid: str, epoch: int) -> None:
+        with self._lock:
+            entry = self._tracked.get(wid)
+            if entry is not None and entry.epoch == epoch and entry.driver is None:
+                del self._tracked[wid]
+            self._attempts.pop(wid, None)
+            self._not_before.pop(wid, None)
+            self._last_error.pop(wid, None)
+
+    def _unfinished(self, wid: str, epoch: int, reason: str) -> None:
+        with self._lock:
+            attempts = self._attempts[wid] = self._attempts.get(wid, 0) + 1
+            self._last_error[wid] = reason
+            entry = self._tracked.get(wid)
+            if entry is not None and entry.epoch == epoch:
+                del self._tracked[wid]
+            if attempts < self._max_attempts:
+                self._not_before[wid] = self._registry.clock() + ((attempts - 1) * self._grace_ms)
+        self._metrics.record_redrive()
+        if attempts >= self._max_attempts:
+            self._give_up(wid, epoch, attempts, reason)
+            return
+        _log.warning(
+            "workflow %r (epoch %d) was left unfinished: %s; its claim is released for a "
+            "redrive (attempt %d of %d)",
+            wid,
+            epoch,
+            reason,
+            attempts,
+            self._max_attempts,
+        )
+        self._release(wid, epoch)
+
+    def _give_up(self, wid: str, epoch: int, attempts: int, reason: str) -> None:
+        _log.warning(
+            "workflow %r was left unfinished %d times (last: %s); it is failed",
+            wid,
+            attempts,
+            reason,
+        )
+        try:
+            self._dispose(
+                wid, {"reason": "driver attempts exhausted", "attempts": attempts, "last": reason}
+            )
+        except Exception:
+            _log.warning("could not fail workflow %r; releasing it", wid, exc_info=True)
+            self._release(wid, epoch)
+            return
+        with self._lock:
+            self._attempts.pop(wid, None)
+            self._not_before.pop(wid, None)
+            self._last_error.pop(wid, None)
+
+    def _release(self, wid: str, epoch: int) -> None:
+        try:
+            if self._registry.current_epoch(wid) == epoch:
+                self._registry.release(wid, expected_epoch=epoch)
+        except Exception:
+            # Never renewed on with no driver: forgotten here, its holder expires in the store
+            # and the reclaim pass of any engine then takes it over.
+            _log.warning(
+                "could not release the undriven claim on workflow %r; it is left to expire",
+                wid,
+                exc_info=True,
+            )
+            self._registry.forget_local_claim(wid, expected_epoch=epoch)
