@@ -284,7 +284,7 @@ def identity_cost(spec: StoreSpec) -> list[object]:
 
 
 def isolation_cost(spec: StoreSpec, rows: int) -> list[object]:
-    from weft_sync.storage.postgres import PostgresStorage
+    from weft_sync.storage.postgres.store import PostgresStorage
 
     store = spec.open()
     assert isinstance(store, PostgresStorage)

@@ -39,7 +39,7 @@ from weft_sync.clock import ManualClock
 from weft_sync.codec import decode_epoch
 from weft_sync.errors import EngineDeposedError, WeftError
 from weft_sync.options import OwnershipOptions
-from weft_sync.ownership import Ownership
+from weft_sync.ownership.facade import Ownership
 from weft_sync.storage import open_storage
 
 OPTIONS = OwnershipOptions(claim_ttl=3_000, claim_renew_interval=1_000)

@@ -75,7 +75,7 @@ def _survivor_main(
             format="%(created).3f %(threadName)s %(name)s %(levelname)s %(message)s",
             level=logging.WARNING,
         )
-        logging.getLogger("weft_sync.maintenance.reclaim_target").setLevel(logging.DEBUG)
+        logging.getLogger("weft_sync.reclaim.target").setLevel(logging.DEBUG)
 
     def resume(ctx: ReclaimedWorkflow) -> None:
         ctx.workflows.save_checkpoint(ctx.workflow_id, f"resumed by {name}".encode())

@@ -6,7 +6,7 @@ child runs, that thread saves the parent's checkpoints without pause, runs the p
 maintenance (renewal) every renew interval and samples one parent holder, recording the longest
 stretch without a renewal. So the parent writes while every child runs, and no thread of the
 library is inside SQLite at the instant of a fork: the supported way to fork (a fork never waits
-for the library; see ``weft_sync.storage.sqlite_fork``). Each child opens its own ``Ownership``
+for the library; see ``weft_sync.storage.sqlite.fork``). Each child opens its own ``Ownership``
 on the same file (manual maintenance), starts and completes one workflow, and reports its
 timings through a pipe.
 
@@ -51,7 +51,7 @@ from weft_sync import keys
 from weft_sync.codec import decode_holder
 from weft_sync.errors import StorageError
 from weft_sync.options import OwnershipOptions
-from weft_sync.ownership import Ownership
+from weft_sync.ownership.facade import Ownership
 from weft_sync.storage import SqliteStorage
 
 OPTIONS = OwnershipOptions(claim_ttl=3_000, claim_renew_interval=100)

@@ -43,11 +43,13 @@ from bench.common import (
 )
 from weft_sync import keys
 from weft_sync.clock import system_clock
-from weft_sync.liveness import EngineLiveness, EngineRecord, LivenessWatcher, survey_engines
-from weft_sync.liveness.records import encode_engine_record
+from weft_sync.reclaim.engine_liveness import EngineLiveness
+from weft_sync.reclaim.engine_records import EngineRecord, encode_engine_record
+from weft_sync.reclaim.verdicts import survey_engines
+from weft_sync.reclaim.watcher import LivenessWatcher
 from weft_sync.storage import Storage, open_storage
 from weft_sync.storage.session_locks import LockState, SessionLock, storage_session_locks
-from weft_sync.storage.sqlite_locks import lock_directory
+from weft_sync.storage.sqlite.locks import lock_directory
 
 ENGINE_COUNTS = (1, 8, 64)
 POLL_MS = 50

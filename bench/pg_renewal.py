@@ -32,7 +32,7 @@ import psycopg
 
 from tests.pgcluster import start_cluster
 from weft_sync.storage import Condition, Operation, Put
-from weft_sync.storage.postgres import PostgresStorage
+from weft_sync.storage.postgres.store import PostgresStorage
 
 Batches = list[tuple[list[Condition], list[Operation]]]
 

@@ -54,7 +54,7 @@ from weft_sync import keys
 from weft_sync.claims.transitions import build_acquire_transition
 from weft_sync.clock import system_clock
 from weft_sync.maintenance.bootstrap import bootstrap_workflow_lease_ownership
-from weft_sync.maintenance.reclaim_scan import list_reclaim_candidates
+from weft_sync.reclaim.scan import list_reclaim_candidates
 from weft_sync.storage import Operation
 from weft_sync.storage.base import prefix_upper_bound
 

@@ -84,7 +84,7 @@ from bench.scale_seed import (
     save_manifest,
 )
 from weft_sync import Ownership, keys
-from weft_sync.maintenance.engine_discovery import DISCOVERY_WINDOW
+from weft_sync.reclaim.engine_discovery import DISCOVERY_WINDOW
 
 WARM_PASSES = 10
 NEW_PER_ROUND = 3

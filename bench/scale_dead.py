@@ -24,7 +24,7 @@ from bench.scale_fleet import Discovery, Fleet, heartbeating, modes, options_for
 from bench.scale_seed import SEED_TYPE, Seeder
 from weft_sync import Ownership, OwnershipOptions, ReclaimedWorkflow, keys
 from weft_sync.codec import decode_holder
-from weft_sync.liveness import EngineRecord, encode_engine_record
+from weft_sync.reclaim.engine_records import EngineRecord, encode_engine_record
 
 __all__ = ["bench_dead", "worker_main"]
 

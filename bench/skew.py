@@ -39,7 +39,7 @@ def _engine(
     from weft_sync.clock import system_clock
     from weft_sync.codec import decode_holder
     from weft_sync.options import OwnershipOptions
-    from weft_sync.ownership import Ownership
+    from weft_sync.ownership.facade import Ownership
 
     options = OwnershipOptions(
         claim_ttl=TTL_MS,

@@ -23,7 +23,8 @@ from pathlib import Path
 import pytest
 
 from tests.pgcluster import PostgresCluster, start_cluster
-from weft_sync.storage import Storage, open_storage, sqlite_fork
+from weft_sync.storage import Storage, open_storage
+from weft_sync.storage.sqlite import fork as sqlite_fork
 
 BACKENDS = ("sqlite", "postgres")
 

@@ -22,11 +22,11 @@ import pytest
 
 from tests.engines import MakeOwnership, opened_engines
 from tests.workflows.helpers import expires_at, holder_engine, stored_epoch, wait_until
-from weft_sync.claiming import ClaimAttempt, claim_with_wait
 from weft_sync.clock import ManualClock, system_clock
 from weft_sync.errors import ClosedError, WorkflowClaimUnavailableError
 from weft_sync.options import OwnershipOptions
-from weft_sync.ownership import Ownership
+from weft_sync.ownership.bare_claims import ClaimAttempt, claim_with_wait
+from weft_sync.ownership.facade import Ownership
 from weft_sync.storage import Storage
 
 TTL_MS = 3_000

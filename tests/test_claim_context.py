@@ -25,9 +25,9 @@ from weft_sync.errors import (
     WorkflowClaimLostWarning,
     WorkflowClaimUnavailableError,
 )
-from weft_sync.handles import ClaimHandle
 from weft_sync.options import OwnershipOptions
-from weft_sync.ownership import Ownership
+from weft_sync.ownership.claim_handle import ClaimHandle
+from weft_sync.ownership.facade import Ownership
 from weft_sync.storage import Storage
 
 TTL_MS = 3_000
@@ -276,7 +276,7 @@ def test_a_raising_on_lost_callback_is_logged_and_the_others_still_run(
     lost = owner.on_lost(LostLog())
     _write_running(storage, "wf-1")
     with (
-        watch_log("weft_sync.ownership") as log,
+        watch_log("weft_sync.ownership.facade") as log,
         pytest.raises(WorkflowClaimLostError),
         owner.claim("wf-1"),
     ):
@@ -334,7 +334,7 @@ def test_a_failed_release_does_not_mask_the_exception_of_the_block(
     gated = GatedStorage(storage)
     ownership = make_ownership("engine-a", target=gated)
     with (
-        watch_log("weft_sync.ownership") as log,
+        watch_log("weft_sync.ownership.facade") as log,
         pytest.raises(KeyError, match="from the body"),
         ownership.claim("wf-1"),
     ):

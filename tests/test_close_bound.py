@@ -24,8 +24,9 @@ from tests.claims.gated import Worker
 from tests.workflows.helpers import holder_engine, stored_epoch, wait_until
 from weft_sync.clock import ManualClock
 from weft_sync.options import OwnershipOptions
-from weft_sync.ownership import Ownership
-from weft_sync.storage import SqliteStorage, Storage, open_storage, sqlite_fork
+from weft_sync.ownership.facade import Ownership
+from weft_sync.storage import SqliteStorage, Storage, open_storage
+from weft_sync.storage.sqlite import fork as sqlite_fork
 
 TTL_MS = 600
 RENEW_MS = 200

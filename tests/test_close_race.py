@@ -21,7 +21,7 @@ from weft_sync.clock import ManualClock
 from weft_sync.codec import decode_holder
 from weft_sync.errors import ClosedError, WorkflowClaimLostError, WorkflowClaimUnavailableError
 from weft_sync.options import OwnershipOptions
-from weft_sync.ownership import Ownership
+from weft_sync.ownership.facade import Ownership
 from weft_sync.storage import Storage
 
 ROUNDS = 20

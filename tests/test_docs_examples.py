@@ -177,7 +177,7 @@ def build_cli_parser() -> argparse.ArgumentParser:
     """The ``weft-sync`` program's own argument parser (wherever the command line's module is)."""
     import importlib
 
-    for name in ("weft_sync.cli.app", "weft_sync.cli"):
+    for name in ("weft_sync.cli.app", "weft_sync.cli.app"):
         try:
             module = importlib.import_module(name)
         except ImportError:

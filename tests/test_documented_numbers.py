@@ -20,9 +20,9 @@ from tests.claims.gated import new_registry
 from weft_sync import keys
 from weft_sync.clock import ManualClock
 from weft_sync.codec import WorkflowRecord, encode_workflow_record
-from weft_sync.maintenance.discoveries import expiry_judge
-from weft_sync.maintenance.engine_discovery import EngineIndexDiscovery
-from weft_sync.maintenance.scan_windows import RotatingWindow
+from weft_sync.reclaim.discoveries import expiry_judge
+from weft_sync.reclaim.engine_discovery import EngineIndexDiscovery
+from weft_sync.reclaim.scan_windows import RotatingWindow
 from weft_sync.storage import Put, Storage
 from weft_sync.storage.cas import CasRow
 

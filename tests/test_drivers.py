@@ -20,7 +20,7 @@ from weft_sync.clock import ManualClock
 from weft_sync.errors import EngineDeposedError, WorkflowClaimUnavailableError
 from weft_sync.metrics import serialize_prometheus
 from weft_sync.options import OwnershipOptions
-from weft_sync.ownership import ReclaimedWorkflow
+from weft_sync.ownership.facade import ReclaimedWorkflow
 from weft_sync.storage import Storage
 
 TTL_MS = 3_000

@@ -16,14 +16,14 @@ from tests.engines import MakeOwnership, adopt_claims, opened_engines
 from tests.maintenance.discovery_helpers import Driven
 from tests.workflows.helpers import holder_engine
 from weft_sync.clock import ManualClock
-from weft_sync.maintenance.fair_share import (
+from weft_sync.options import OwnershipOptions
+from weft_sync.ownership.facade import Ownership
+from weft_sync.reclaim.fair_share import (
     select_takeovers,
     takeover_budget,
     takeover_order,
     validate_max_claims,
 )
-from weft_sync.options import OwnershipOptions
-from weft_sync.ownership import Ownership
 from weft_sync.storage import Storage
 
 TTL_MS = 3_000

@@ -25,7 +25,7 @@ from weft_sync.clock import ManualClock
 from weft_sync.codec import decode_holder
 from weft_sync.errors import ClosedError, WorkflowClaimLostError, WorkflowClaimUnavailableError
 from weft_sync.options import OwnershipOptions
-from weft_sync.ownership import Ownership
+from weft_sync.ownership.facade import Ownership
 from weft_sync.storage import (
     Put,
     SqliteStorage,
@@ -295,7 +295,7 @@ _NORMAL_EXIT_SCRIPT = """
 import os, sys, time
 from weft_sync.errors import ClosedError
 from weft_sync.options import OwnershipOptions
-from weft_sync.ownership import Ownership
+from weft_sync.ownership.facade import Ownership
 
 url, app, raw_dsn = sys.argv[1], sys.argv[2], sys.argv[3]
 options = OwnershipOptions(claim_ttl=3_000, claim_renew_interval=1_000)

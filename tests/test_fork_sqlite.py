@@ -28,9 +28,9 @@ from weft_sync import _fork, keys
 from weft_sync.codec import decode_holder
 from weft_sync.errors import ClosedError
 from weft_sync.options import OwnershipOptions
-from weft_sync.ownership import Ownership
+from weft_sync.ownership.facade import Ownership
 from weft_sync.storage import Condition, Put, SqliteStorage
-from weft_sync.storage.sqlite_writer import SqliteWriter, WriteRequest
+from weft_sync.storage.sqlite.writer import SqliteWriter, WriteRequest
 
 TABLE = "kv"
 
@@ -56,7 +56,7 @@ def sqlite_log() -> Iterator[list[logging.LogRecord]]:
     records: list[logging.LogRecord] = []
     handler = logging.Handler()
     handler.emit = records.append  # type: ignore[method-assign]
-    logger = logging.getLogger("weft_sync.storage.sqlite")
+    logger = logging.getLogger("weft_sync.storage.sqlite.store")
     logger.addHandler(handler)
     try:
         yield records

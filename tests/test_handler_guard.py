@@ -14,7 +14,7 @@ import pytest
 from tests.engines import MakeOwnership, opened_engines
 from weft_sync.clock import ManualClock
 from weft_sync.options import OwnershipOptions
-from weft_sync.ownership import ReclaimedWorkflow
+from weft_sync.ownership.facade import ReclaimedWorkflow
 from weft_sync.storage import Storage
 
 TTL_MS = 3_000

@@ -21,10 +21,10 @@ from tests.maintenance.discovery_helpers import ReadCounting
 from tests.workflows.helpers import holder_engine, stored_epoch
 from weft_sync.clock import ManualClock
 from weft_sync.errors import EngineDeposedError, WorkflowClaimLostWarning
-from weft_sync.handlers import HandlerTable
 from weft_sync.metrics import ClaimMetrics
 from weft_sync.options import OwnershipOptions
-from weft_sync.ownership import Ownership, ReclaimedWorkflow
+from weft_sync.ownership.facade import Ownership, ReclaimedWorkflow
+from weft_sync.ownership.handler_table import HandlerTable
 from weft_sync.storage import Storage
 
 TTL_MS = 3_000
@@ -251,7 +251,7 @@ def test_a_handler_that_raises_is_logged_counted_released_and_driven_again(
     with caplog.at_level(logging.WARNING):
         first = survivor.run_maintenance()
     assert _statuses(first) == {"pay-1": "reclaimed"}
-    (logged,) = [r for r in caplog.records if r.name == "weft_sync.handlers"]
+    (logged,) = [r for r in caplog.records if r.name == "weft_sync.ownership.handler_table"]
     assert "'payout'" in logged.getMessage() and "'pay-1'" in logged.getMessage()
     assert logged.exc_info is not None
     assert survivor.metrics.snapshot().handler_failures == {"payout": 1}
@@ -334,7 +334,7 @@ def test_handler_decorator_checks_the_type_before_decorating(
 
 def test_reclaimed_workflow_is_exported_from_the_package_and_the_facade_module() -> None:
     assert weft_sync.ReclaimedWorkflow is ReclaimedWorkflow
-    assert weft_sync.WorkflowHandler is weft_sync.ownership.WorkflowHandler
+    assert weft_sync.WorkflowHandler is weft_sync.ownership.facade.WorkflowHandler
     assert "ReclaimedWorkflow" in weft_sync.__all__
 
 

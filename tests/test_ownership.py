@@ -24,7 +24,7 @@ from weft_sync.codec import (
 )
 from weft_sync.errors import ClosedError, OwnershipModeMismatchError
 from weft_sync.options import OwnershipOptions
-from weft_sync.ownership import Ownership
+from weft_sync.ownership.facade import Ownership
 from weft_sync.storage import Storage
 
 TTL_MS = 3_000
@@ -321,7 +321,7 @@ def test_close_abandons_a_stuck_on_reclaimed_callback_after_the_timeout(
     assert drive.entered.wait(WAIT_S)
     (handler_thread,) = [t for t in threading.enumerate() if t.name.startswith("weft-handler-")]
 
-    with watch_log("weft_sync.handler_executor") as log:
+    with watch_log("weft_sync.ownership.handler_executor") as log:
         ownership.close(timeout=0.05)
 
     assert ownership.closed

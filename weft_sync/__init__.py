@@ -16,14 +16,14 @@ from .errors import (
     WorkflowClaimUnavailableError,
     WorkflowExistsError,
 )
-from .handles import ClaimHandle
 from .metrics import ClaimMetrics
 from .options import OwnershipOptions
-from .ownership import Ownership, ReclaimedWorkflow, WorkflowHandler
+from .ownership.claim_handle import ClaimHandle
+from .ownership.facade import Ownership, ReclaimedWorkflow, WorkflowHandler
 from .storage import Condition, Delete, Put, SqliteStorage, open_storage
 
 if TYPE_CHECKING:
-    from .storage.postgres import PostgresStorage
+    from .storage.postgres.store import PostgresStorage
 
 __version__ = "0.2.0"
 """This release; the package metadata reads it (``setup.cfg``: ``attr: weft_sync.__version__``)."""
@@ -58,7 +58,7 @@ __all__ = [
 def __getattr__(name: str) -> Any:
     # PostgresStorage needs the optional ``postgres`` extra, so it is imported on first use.
     if name == "PostgresStorage":
-        from .storage.postgres import PostgresStorage
+        from .storage.postgres.store import PostgresStorage
 
         return PostgresStorage
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import sys
 
 try:
-    from .cli import main
+    from .cli.app import main
 
     sys.exit(main())
 except KeyboardInterrupt:

@@ -26,9 +26,9 @@ from typing import Any
 
 from . import keys
 from .codec import HolderRecord, decode_epoch, decode_holder, encode_epoch
-from .handlers import ReclaimedWorkflow
 from .options import OwnershipOptions
-from .ownership import Ownership
+from .ownership.facade import Ownership
+from .ownership.handler_table import ReclaimedWorkflow
 from .storage import Condition, Put, open_storage
 
 __all__ = ["DemoSettings", "run_demo"]

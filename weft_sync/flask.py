@@ -62,7 +62,7 @@ from . import _fork
 from .errors import ClosedError
 from .ledger.records import validate_name
 from .options import BACKGROUND_MODES, OwnershipOptions
-from .ownership import Ownership, ReclaimedWorkflow, WorkflowHandler
+from .ownership.facade import Ownership, ReclaimedWorkflow, WorkflowHandler
 from .redaction import redact_url
 
 __all__ = ["EXTENSION_KEY", "WeftSync", "close_all", "gunicorn_worker_exit"]
@@ -430,7 +430,7 @@ def _config_background(value: object) -> str:
 
 def _cli_subcommands() -> list[tuple[str, str]]:
     """The ``weft-sync`` subcommands and their one-line help, read from its parser."""
-    from . import cli
+    from .cli import app as cli
 
     parser = cli._build_parser()
     for action in parser._actions:
@@ -463,7 +463,7 @@ def _delegating_command(name: str, help_text: str) -> click.Command:
     @click.argument("args", nargs=-1, type=click.UNPROCESSED)
     @with_appcontext
     def command(args: Sequence[str]) -> None:
-        from .cli import main
+        from .cli.app import main
 
         app = current_app._get_current_object()  # type: ignore[attr-defined]
         state = _state_of(None)

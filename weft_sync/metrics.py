@@ -10,7 +10,7 @@ Workflow ids are never labels (their number is unbounded). Labels come from clos
 defines; at most :data:`MAX_TYPE_LABELS` distinct types are kept, later ones count as ``other``.
 :func:`serialize_prometheus` renders a snapshot in the Prometheus text format without any
 dependency; :func:`register_prometheus` exposes the same families through ``prometheus_client``
-when the ``prometheus`` extra is installed (:mod:`weft_sync.metrics_prometheus`).
+when the ``prometheus`` extra is installed (:mod:`weft_sync.prometheus`).
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from .histograms import Histogram, HistogramSnapshot, latency_bounds, takeover_d
 if TYPE_CHECKING:
     from prometheus_client.registry import CollectorRegistry
 
-    from .metrics_prometheus import ClaimMetricsCollector
+    from .prometheus import ClaimMetricsCollector
 
 __all__ = [
     "CLAIM_ATTEMPT_OUTCOMES",
@@ -605,7 +605,7 @@ def register_prometheus(
             "'prometheus' extra (pip install 'weft_sync[prometheus]') or use "
             "serialize_prometheus() for the text format"
         ) from exc
-    from .metrics_prometheus import ClaimMetricsCollector
+    from .prometheus import ClaimMetricsCollector
 
     target = registry if registry is not None else prometheus_client.REGISTRY
     collector = ClaimMetricsCollector(metrics)
@@ -616,7 +616,7 @@ def register_prometheus(
 def __getattr__(name: str) -> Any:
     # The collector class needs prometheus_client only when used; import it on first access.
     if name == "ClaimMetricsCollector":
-        from .metrics_prometheus import ClaimMetricsCollector
+        from .prometheus import ClaimMetricsCollector
 
         return ClaimMetricsCollector
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -142,7 +142,7 @@ class OwnershipOptions:
         finishing it (raised, returned, driver thread gone) before this engine fails it with
         the last error instead of releasing it for another redrive.
     :param on_fork: what an engine with ``background="thread"`` does when its process forks
-        (:mod:`weft_sync.prefork`): ``"stop"`` (default) stops its background maintenance,
+        (:mod:`weft_sync.ownership.prefork`): ``"stop"`` (default) stops its background maintenance,
         crash probe and handlers in the forking process, with a warning, so a pre-fork master
         drives nothing; ``"continue"`` keeps them running (a host forking helper processes).
         Forks made by the engine's own handler threads never stop it.

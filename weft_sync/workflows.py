@@ -56,7 +56,7 @@ from .errors import (
 )
 from .ledger.driving import DriveContext, DriverTracker
 from .ledger.external import EXTERNAL_MAX_ATTEMPTS, SUSPENDABLE_STATUSES, ExternalTransitions
-from .ledger.fencing import (
+from .ledger.fenced_writes import (
     Fence,
     FenceObserver,
     checked_conditions,

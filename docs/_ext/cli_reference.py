@@ -1,6 +1,6 @@
 """``.. weft-cli::``: the ``weft-sync`` command line reference, generated from its own parser.
 
-Every subcommand's ``--help`` text is rendered from ``weft_sync.cli``'s argparse parser at build
+Every subcommand's ``--help`` text is rendered from ``weft_sync.cli.app``'s argparse parser at build
 time, so the reference cannot drift from what the program accepts.
 """
 
@@ -18,7 +18,7 @@ def build_cli_parser() -> argparse.ArgumentParser:
     """The ``weft-sync`` program's own argument parser (wherever the command line's module is)."""
     import importlib
 
-    for name in ("weft_sync.cli.app", "weft_sync.cli"):
+    for name in ("weft_sync.cli.app", "weft_sync.cli.app"):
         try:
             module = importlib.import_module(name)
         except ImportError:

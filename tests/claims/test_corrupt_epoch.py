@@ -26,7 +26,7 @@ from weft_sync.claims.results import TakeoverStatus
 from weft_sync.clock import ManualClock
 from weft_sync.codec import decode_epoch, decode_holder, encode_epoch
 from weft_sync.errors import CorruptEpochError, EngineDeposedError
-from weft_sync.ownership import Ownership
+from weft_sync.ownership.facade import Ownership
 from weft_sync.storage import Put, Storage
 from weft_sync.workflows import Workflows
 

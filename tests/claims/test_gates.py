@@ -8,7 +8,7 @@ import pytest
 
 from tests.claims.gated import GatedStorage
 from weft_sync import keys
-from weft_sync.claims.gates import (
+from weft_sync.claims.mode_gates import (
     assert_ownership_mode_marker,
     assert_ownership_storage_capability,
     bootstrap_ownership_gates,

@@ -27,7 +27,7 @@ from weft_sync.errors import (
     WorkflowClaimLostWarning,
 )
 from weft_sync.options import OwnershipOptions
-from weft_sync.ownership import Ownership
+from weft_sync.ownership.facade import Ownership
 from weft_sync.storage import Storage
 
 TTL_MS = 3_000

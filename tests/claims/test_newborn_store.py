@@ -9,8 +9,8 @@ from weft_sync import Ownership, OwnershipOptions, keys
 from weft_sync.claims.engine_index import index_marker_present
 from weft_sync.clock import ManualClock
 from weft_sync.codec import HolderRecord, encode_epoch, encode_holder
-from weft_sync.maintenance.discoveries import expiry_judge
-from weft_sync.maintenance.engine_discovery import DISCOVERY_WINDOW, EngineIndexDiscovery
+from weft_sync.reclaim.discoveries import expiry_judge
+from weft_sync.reclaim.engine_discovery import DISCOVERY_WINDOW, EngineIndexDiscovery
 from weft_sync.storage import Put, Storage
 
 OPTIONS = OwnershipOptions(claim_ttl="3s", claim_renew_interval="1s")

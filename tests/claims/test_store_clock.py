@@ -20,9 +20,9 @@ from weft_sync.claims.store_clock import StoreClock, TimeSource, resolve_store_c
 from weft_sync.clock import ManualClock, system_clock
 from weft_sync.codec import decode_holder
 from weft_sync.options import OwnershipOptions
-from weft_sync.ownership import Ownership
+from weft_sync.ownership.facade import Ownership
 from weft_sync.storage import Storage, open_storage
-from weft_sync.storage.postgres import PostgresStorage
+from weft_sync.storage.postgres.store import PostgresStorage
 
 SKEW_MS = 20_000
 GRACE_MS = 2 * RENEW_MS

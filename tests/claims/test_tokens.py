@@ -32,7 +32,7 @@ from weft_sync.codec import (
 )
 from weft_sync.errors import CorruptEpochError, EpochExhaustedError
 from weft_sync.options import OwnershipOptions
-from weft_sync.ownership import Ownership
+from weft_sync.ownership.facade import Ownership
 from weft_sync.storage import Storage
 
 WF = "wf-token"

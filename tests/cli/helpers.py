@@ -18,7 +18,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from weft_sync import ManualClock, Ownership, system_clock
-from weft_sync.cli import main
+from weft_sync.cli.app import main
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 HOUR_MS = 3_600_000

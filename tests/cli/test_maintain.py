@@ -23,7 +23,7 @@ from tests.cli.helpers import (
 )
 from tests.workflows.helpers import holder_engine, stored_epoch
 from weft_sync import Ownership, keys
-from weft_sync.cli_commands import StoreRef
+from weft_sync.cli.commands import StoreRef
 from weft_sync.errors import StorageError
 from weft_sync.storage import Storage
 

@@ -271,7 +271,7 @@ def test_doctor_reports_undecodable_holder_records(storage_url: str, storage: St
 def test_an_unexpected_error_prints_one_line_unless_debugging(
     sqlite_url: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from weft_sync import cli_commands
+    from weft_sync.cli import commands as cli_commands
 
     def broken(*args: object) -> int:
         raise RuntimeError("a defect")

@@ -15,7 +15,7 @@ import pytest
 import weft_sync
 from tests.cli.helpers import abandon, assert_one_line_no_traceback, cli_env, run_cli_process
 from weft_sync import Ownership
-from weft_sync.cli import main
+from weft_sync.cli.app import main
 
 
 def test_version_prints_the_package_version(capsys: pytest.CaptureFixture[str]) -> None:
@@ -61,7 +61,7 @@ HANDLER_MODULE = textwrap.dedent(
 )
 
 # What pip writes as the ``weft-sync`` console script: sys.path[0] is the script's directory.
-CONSOLE_SCRIPT = "import sys\nfrom weft_sync.cli import main\nsys.exit(main())\n"
+CONSOLE_SCRIPT = "import sys\nfrom weft_sync.cli.app import main\nsys.exit(main())\n"
 
 
 def test_the_console_script_imports_a_handler_from_the_working_directory(

@@ -31,8 +31,8 @@ from django.db import connections, models, transaction
 from psycopg.conninfo import conninfo_to_dict
 
 from tests.fencing.hosts import PAST_EXPIRY_MS, HostEnv, make_env
+from weft_sync.django.fence import fenced_atomic
 from weft_sync.errors import EngineDeposedError, WorkflowClaimLostWarning
-from weft_sync.fencing.django import fenced_atomic
 
 REPORT_TABLE = "fence_report_" + uuid.uuid4().hex[:10]
 

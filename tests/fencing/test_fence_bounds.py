@@ -180,7 +180,7 @@ def test_ledger_write_inside_a_fenced_block_fails_instead_of_hanging(raw_env: Ho
     if env.backend == "sqlite":
         store = open_storage(_with_param(env.storage_url, "busy_timeout_ms", 150))
     else:
-        from weft_sync.storage.postgres import PostgresStorage
+        from weft_sync.storage.postgres.store import PostgresStorage
 
         store = PostgresStorage(env.db_url, table=store_table(env), lock_timeout=0.15)
     try:

@@ -40,7 +40,7 @@ from weft_sync.errors import (
     WorkflowClaimUnavailableError,
 )
 from weft_sync.options import OwnershipOptions
-from weft_sync.ownership import Ownership
+from weft_sync.ownership.facade import Ownership
 from weft_sync.storage import Condition, Put
 from weft_sync.workflows import WorkflowStateError
 

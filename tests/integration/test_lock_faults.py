@@ -39,10 +39,10 @@ from tests.integration.procs import (
 )
 from tests.pgcluster import PostgresCluster, _as_server_user
 from weft_sync import keys
-from weft_sync.liveness import decode_engine_record
+from weft_sync.reclaim.engine_records import decode_engine_record
 from weft_sync.storage import Storage, open_storage
 from weft_sync.storage.session_locks import LockState, storage_session_locks
-from weft_sync.storage.sqlite_locks import lock_directory
+from weft_sync.storage.sqlite.locks import lock_directory
 
 ENGINES = 3
 PER_ENGINE = 10

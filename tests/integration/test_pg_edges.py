@@ -23,7 +23,7 @@ from weft_sync.claims import ClaimRegistry
 from weft_sync.errors import StorageError
 from weft_sync.keys import workflow_owner_holder
 from weft_sync.storage.isolation import RowLockedError
-from weft_sync.storage.postgres import PostgresStorage
+from weft_sync.storage.postgres.store import PostgresStorage
 
 TTL_MS = 3000
 RENEW_MS = 1000

@@ -22,7 +22,7 @@ from tests.conftest import in_ci
 from tests.pgbouncer import pgbouncer_binary, transaction_pooler
 from weft_sync.errors import StorageError
 from weft_sync.storage import open_storage
-from weft_sync.storage.postgres import PostgresStorage
+from weft_sync.storage.postgres.store import PostgresStorage
 from weft_sync.storage.session_locks import storage_session_locks
 
 RENEW_MS = 2_000
@@ -58,7 +58,7 @@ def test_an_open_through_a_pooler_that_drops_the_bounds_fails_naming_them(
 def test_declared_transaction_pooling_runs_without_prepared_statement_errors(
     pooler_url: str, table: str, caplog: pytest.LogCaptureFixture
 ) -> None:
-    with caplog.at_level(logging.WARNING, logger="weft_sync.storage.postgres"):
+    with caplog.at_level(logging.WARNING, logger="weft_sync.storage.postgres.store"):
         store = open_storage(
             f"{pooler_url}&table={table}&pooler=transaction", renew_interval_ms=RENEW_MS
         )

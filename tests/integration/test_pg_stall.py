@@ -18,7 +18,7 @@ import psycopg
 import pytest
 
 from weft_sync.errors import StorageError
-from weft_sync.storage.postgres import PostgresStorage
+from weft_sync.storage.postgres.store import PostgresStorage
 
 RENEW_MS = 2_000
 BOUND_S = RENEW_MS / 1000 + 1.0

@@ -26,7 +26,7 @@ from weft_sync.clock import ManualClock
 from weft_sync.codec import decode_epoch
 from weft_sync.errors import EngineDeposedError, WorkflowClaimLostWarning
 from weft_sync.options import OwnershipOptions
-from weft_sync.ownership import Ownership
+from weft_sync.ownership.facade import Ownership
 from weft_sync.storage import open_storage
 
 pytestmark = pytest.mark.timeout(120)

@@ -104,7 +104,7 @@ def test_a_second_engine_on_the_fresh_file_is_not_shadowed_by_the_first(
 ) -> None:
     _unlink_all(db_path)
     # B opens the path, gets an empty store and starts the same ids; it says what it found.
-    with caplog.at_level(logging.WARNING, logger="weft_sync.storage.sqlite"):
+    with caplog.at_level(logging.WARNING, logger="weft_sync.storage.sqlite.store"):
         engine_b = Ownership.open(f"sqlite:///{db_path}", options=OPTIONS, background="manual")
     assert any(
         "lock file of a deleted one" in r.getMessage() and str(db_path) in r.getMessage()

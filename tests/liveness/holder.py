@@ -4,7 +4,7 @@
 then sleeps until killed (or until its stdin closes). Modes:
 
 - ``lock``: take the session lock ``NAME``;
-- ``engine``: start an :class:`~weft_sync.liveness.EngineLiveness` with engine id ``NAME``;
+- ``engine``: start an :class:`~weft_sync.reclaim.engine_liveness.EngineLiveness` with engine id ``NAME``;
 - ``fork``: take the lock, fork a child that exits at once and another that sleeps; the line
   printed is ``ready <pid of the sleeping child>``;
 - ``exec``: take the lock, start ``sleep`` without closing inherited descriptors (only
@@ -43,7 +43,7 @@ def main(url: str, name: str, mode: str) -> None:
     storage = open_storage(url)
     keep: object
     if mode == "engine":
-        from weft_sync.liveness import EngineLiveness
+        from weft_sync.reclaim.engine_liveness import EngineLiveness
 
         liveness = EngineLiveness(
             storage,

@@ -13,15 +13,9 @@ from tests.liveness.wrappers import ProbeCounting, WithoutSessionLocks
 from weft_sync import keys
 from weft_sync.clock import ManualClock
 from weft_sync.errors import ClosedError, StorageError
-from weft_sync.liveness import (
-    EngineLiveness,
-    EngineRecord,
-    EngineVerdict,
-    decode_engine_record,
-    survey_engines,
-)
-from weft_sync.liveness.engine import heartbeat_due, refresh_after_ms
-from weft_sync.liveness.verdicts import stale_after_ms
+from weft_sync.reclaim.engine_liveness import EngineLiveness, heartbeat_due, refresh_after_ms
+from weft_sync.reclaim.engine_records import EngineRecord, decode_engine_record
+from weft_sync.reclaim.verdicts import EngineVerdict, stale_after_ms, survey_engines
 from weft_sync.storage import SqliteStorage, Storage
 from weft_sync.storage.session_locks import storage_session_locks
 
@@ -225,7 +219,7 @@ def test_a_lock_held_elsewhere_is_a_warning_and_ttl_only(
     taken = locks.acquire_session_lock("engine-a")
     try:
         liveness = _liveness(storage, ManualClock(1))
-        with caplog.at_level(logging.WARNING, logger="weft_sync.liveness.engine"):
+        with caplog.at_level(logging.WARNING, logger="weft_sync.reclaim.engine_liveness"):
             record = liveness.start()
         assert record.lock is None
         assert "runs without a session lock" in caplog.text
@@ -245,7 +239,7 @@ def test_a_failed_beat_is_logged_and_the_next_one_retries(
     try:
         wrapper.fail_puts = True
         clock.advance(500)
-        with caplog.at_level(logging.WARNING, logger="weft_sync.liveness.engine"):
+        with caplog.at_level(logging.WARNING, logger="weft_sync.reclaim.engine_liveness"):
             assert liveness.beat(3) is False
         assert "heartbeat failed" in caplog.text
         assert _stored(storage).heartbeat_at == 1_000
@@ -273,7 +267,7 @@ def test_a_close_that_cannot_write_still_releases_the_lock(
     liveness = _liveness(wrapper, ManualClock(1))
     liveness.start()
     wrapper.fail_puts = True
-    with caplog.at_level(logging.WARNING, logger="weft_sync.liveness.engine"):
+    with caplog.at_level(logging.WARNING, logger="weft_sync.reclaim.engine_liveness"):
         liveness.close(remaining_claims=2)
     assert "could not update its liveness record" in caplog.text
     assert not _held(storage, "engine-a")
@@ -373,7 +367,7 @@ def test_an_id_no_lock_can_be_named_by_runs_without_one(
     storage: Storage, caplog: pytest.LogCaptureFixture
 ) -> None:
     liveness = _liveness(storage, ManualClock(1), engine_id="a\x00b")
-    with caplog.at_level(logging.WARNING, logger="weft_sync.liveness.engine"):
+    with caplog.at_level(logging.WARNING, logger="weft_sync.reclaim.engine_liveness"):
         assert liveness.start().lock is None
     assert "NUL" in caplog.text
     liveness.close()

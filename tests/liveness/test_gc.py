@@ -11,17 +11,12 @@ import pytest
 from tests.liveness.crashes import dead_lock
 from weft_sync import keys
 from weft_sync.clock import ManualClock
-from weft_sync.liveness import (
-    EngineLiveness,
-    EngineRecord,
-    EngineStatus,
-    EngineVerdict,
-    encode_engine_record,
-    forget_engine,
-    survey_engines,
-)
+from weft_sync.reclaim.engine_gc import forget_engine
+from weft_sync.reclaim.engine_liveness import EngineLiveness
+from weft_sync.reclaim.engine_records import EngineRecord, encode_engine_record
+from weft_sync.reclaim.verdicts import EngineStatus, EngineVerdict, survey_engines
 from weft_sync.storage import SqliteStorage, Storage
-from weft_sync.storage.sqlite_locks import lock_directory
+from weft_sync.storage.sqlite.locks import lock_directory
 
 
 def _only(storage: Storage, now: int = 1) -> EngineStatus:

@@ -21,10 +21,10 @@ from tests.liveness.crashes import dead_lock
 from tests.liveness.procs import holding, wait_until
 from tests.pgcluster import PostgresCluster, _as_server_user
 from weft_sync import keys
-from weft_sync.liveness import decode_engine_record
+from weft_sync.reclaim.engine_records import decode_engine_record
 from weft_sync.storage import PostgresStorage, SqliteStorage, Storage, open_storage
 from weft_sync.storage.session_locks import LockState, SupportsSessionLocks, storage_session_locks
-from weft_sync.storage.sqlite_locks import lock_directory
+from weft_sync.storage.sqlite.locks import lock_directory
 
 HELD, FREE, UNKNOWN = LockState.HELD, LockState.FREE, LockState.UNKNOWN
 WATCH_S = 1.0

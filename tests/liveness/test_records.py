@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from weft_sync import keys
 from weft_sync.codec import SAFE_INT_MAX
-from weft_sync.liveness import (
+from weft_sync.reclaim.engine_records import (
     EngineRecord,
     decode_engine_record,
     encode_engine_record,

@@ -18,7 +18,7 @@ from weft_sync.storage.session_locks import (
     SupportsSessionLocks,
     storage_session_locks,
 )
-from weft_sync.storage.sqlite_locks import lock_directory
+from weft_sync.storage.sqlite.locks import lock_directory
 
 
 def _locks(storage: Storage) -> SupportsSessionLocks:
@@ -230,7 +230,7 @@ def test_sqlite_ensure_retakes_a_lock_whose_file_was_removed(tmp_path: Path) -> 
 @pytest.mark.postgres_only
 @pytest.mark.parametrize("backend", ["postgres"], indirect=True)
 def test_postgres_terminated_lock_session_is_seen_and_ensure_retakes_it(storage: Storage) -> None:
-    from weft_sync.storage.postgres_locks import PostgresSessionLock
+    from weft_sync.storage.postgres.locks import PostgresSessionLock
 
     locks = _locks(storage)
     lock = locks.acquire_session_lock("engine-pg")

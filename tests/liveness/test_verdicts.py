@@ -9,10 +9,9 @@ import pytest
 from tests.liveness.crashes import dead_lock
 from tests.liveness.wrappers import WithoutSessionLocks
 from weft_sync import keys
-from weft_sync.liveness import (
-    EngineRecord,
+from weft_sync.reclaim.engine_records import EngineRecord, encode_engine_record
+from weft_sync.reclaim.verdicts import (
     EngineVerdict,
-    encode_engine_record,
     judge_engine,
     stale_after_ms,
     survey_engines,

@@ -12,8 +12,7 @@ import pytest
 from tests.liveness.procs import holding, wait_until
 from tests.liveness.wrappers import ProbeCounting, WithoutSessionLocks
 from weft_sync.clock import system_clock
-from weft_sync.liveness import LivenessWatcher
-from weft_sync.liveness.watcher import THREAD_NAME
+from weft_sync.reclaim.watcher import THREAD_NAME, LivenessWatcher
 from weft_sync.storage import Storage
 from weft_sync.storage.session_locks import SessionLock, storage_session_locks
 
@@ -89,7 +88,7 @@ def test_storage_errors_and_a_failing_callback_never_stop_the_watcher(
     dead = DeadLog(raise_first=True)
     watcher = _watcher(wrapper, dead)
     with (
-        caplog.at_level(logging.WARNING, logger="weft_sync.liveness.watcher"),
+        caplog.at_level(logging.WARNING, logger="weft_sync.reclaim.watcher"),
         holding(storage_url, "one", mode="engine") as one,
         holding(storage_url, "two", mode="engine") as two,
     ):

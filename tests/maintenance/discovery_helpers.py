@@ -14,9 +14,13 @@ from typing import Any
 from weft_sync import keys
 from weft_sync.claims.engine_index import backfill_step
 from weft_sync.codec import HolderRecord, decode_holder
-from weft_sync.liveness.records import EngineRecord, decode_engine_record, encode_engine_record
 from weft_sync.options import OwnershipOptions
-from weft_sync.ownership import ReclaimedWorkflow
+from weft_sync.ownership.facade import ReclaimedWorkflow
+from weft_sync.reclaim.engine_records import (
+    EngineRecord,
+    decode_engine_record,
+    encode_engine_record,
+)
 from weft_sync.storage import Storage
 
 TTL_MS = 3_000

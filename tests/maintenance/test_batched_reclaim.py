@@ -36,10 +36,10 @@ from weft_sync.clock import ManualClock
 from weft_sync.codec import encode_epoch
 from weft_sync.errors import StorageError
 from weft_sync.maintenance import BatchReclaimTarget, bootstrap_workflow_lease_ownership
-from weft_sync.maintenance.reclaim_target import ReclaimTargetHandle, create_reclaim_target
 from weft_sync.maintenance.subpasses import run_reclaim_pass
 from weft_sync.maintenance.targets import RECLAIM_CHUNK_SIZE, ReclaimOutcomeStatus
 from weft_sync.metrics import ClaimMetrics
+from weft_sync.reclaim.target import ReclaimTargetHandle, create_reclaim_target
 from weft_sync.storage import Storage, open_storage
 from weft_sync.storage.reads import storage_get_many
 

@@ -19,12 +19,12 @@ from tests.maintenance.helpers import write_workflow
 from weft_sync import keys
 from weft_sync.claims.registry import ClaimRegistry
 from weft_sync.clock import ManualClock
-from weft_sync.liveness.records import EngineRecord, encode_engine_record
-from weft_sync.maintenance.discoveries import Discovery, ScanDiscovery, expiry_judge
-from weft_sync.maintenance.engine_discovery import EngineIndexDiscovery
-from weft_sync.maintenance.reclaim_target import ReclaimTargetHandle, create_reclaim_target
 from weft_sync.maintenance.subpasses import run_reclaim_pass
 from weft_sync.metrics import ClaimMetrics
+from weft_sync.reclaim.discoveries import Discovery, ScanDiscovery, expiry_judge
+from weft_sync.reclaim.engine_discovery import EngineIndexDiscovery
+from weft_sync.reclaim.engine_records import EngineRecord, encode_engine_record
+from weft_sync.reclaim.target import ReclaimTargetHandle, create_reclaim_target
 from weft_sync.storage import Storage
 from weft_sync.storage.session_locks import storage_session_locks
 

@@ -38,14 +38,14 @@ from weft_sync.claims.engine_index import index_marker_present, read_engine_entr
 from weft_sync.claims.registry import ClaimRegistry
 from weft_sync.clock import ManualClock
 from weft_sync.codec import HolderRecord, encode_epoch, encode_holder
-from weft_sync.liveness import EngineVerdict, survey_engines
-from weft_sync.liveness.records import EngineRecord, encode_engine_record
-from weft_sync.maintenance import engine_discovery
-from weft_sync.maintenance.discoveries import ScanDiscovery, expiry_judge
-from weft_sync.maintenance.engine_discovery import DISCOVERY_WINDOW, EngineIndexDiscovery
-from weft_sync.maintenance.scan_windows import RotatingWindow
 from weft_sync.options import OwnershipOptions
-from weft_sync.ownership import Ownership
+from weft_sync.ownership.facade import Ownership
+from weft_sync.reclaim import engine_discovery
+from weft_sync.reclaim.discoveries import ScanDiscovery, expiry_judge
+from weft_sync.reclaim.engine_discovery import DISCOVERY_WINDOW, EngineIndexDiscovery
+from weft_sync.reclaim.engine_records import EngineRecord, encode_engine_record
+from weft_sync.reclaim.scan_windows import RotatingWindow
+from weft_sync.reclaim.verdicts import EngineVerdict, survey_engines
 from weft_sync.storage import Put, Storage
 from weft_sync.storage.session_locks import storage_session_locks
 

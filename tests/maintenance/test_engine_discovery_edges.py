@@ -17,10 +17,10 @@ from weft_sync import keys
 from weft_sync.claims.engine_index import index_marker_present
 from weft_sync.clock import ManualClock
 from weft_sync.codec import HolderRecord, decode_holder, encode_epoch, encode_holder
-from weft_sync.liveness.records import EngineRecord, EngineState, encode_engine_record
-from weft_sync.maintenance import engine_discovery
-from weft_sync.maintenance.discoveries import expiry_judge, holder_engine_and_expiry
-from weft_sync.maintenance.engine_discovery import EngineIndexDiscovery
+from weft_sync.reclaim import engine_discovery
+from weft_sync.reclaim.discoveries import expiry_judge, holder_engine_and_expiry
+from weft_sync.reclaim.engine_discovery import EngineIndexDiscovery
+from weft_sync.reclaim.engine_records import EngineRecord, EngineState, encode_engine_record
 from weft_sync.storage import Put, Storage
 
 START = 1_000_000

@@ -12,7 +12,7 @@ from weft_sync.codec import (
     encode_holder,
     encode_workflow_record,
 )
-from weft_sync.maintenance.reclaim_scan import AUTHORITATIVE_SCAN_LIMIT, list_reclaim_candidates
+from weft_sync.reclaim.scan import AUTHORITATIVE_SCAN_LIMIT, list_reclaim_candidates
 from weft_sync.storage import Put, Storage
 
 

@@ -34,8 +34,8 @@ from weft_sync.codec import (
     encode_epoch,
 )
 from weft_sync.errors import StorageError
-from weft_sync.maintenance.reclaim_target import ReclaimTargetHandle, create_reclaim_target
 from weft_sync.metrics import ClaimMetrics
+from weft_sync.reclaim.target import ReclaimTargetHandle, create_reclaim_target
 from weft_sync.storage import Storage
 
 

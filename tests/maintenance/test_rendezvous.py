@@ -23,9 +23,9 @@ from tests.maintenance.discovery_helpers import (
     rewrite_record,
 )
 from weft_sync.clock import ManualClock
-from weft_sync.maintenance.engine_discovery import DEAD_SHARE_WINDOW_MS
-from weft_sync.maintenance.fair_share import assigned_to
 from weft_sync.options import OwnershipOptions
+from weft_sync.reclaim.engine_discovery import DEAD_SHARE_WINDOW_MS
+from weft_sync.reclaim.fair_share import assigned_to
 from weft_sync.storage import Storage
 
 IDS = [f"wf-{n:04d}" for n in range(600)]

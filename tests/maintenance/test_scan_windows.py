@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 
 from weft_sync.errors import StorageError
-from weft_sync.maintenance.scan_windows import RotatingWindow, read_windows
+from weft_sync.reclaim.scan_windows import RotatingWindow, read_windows
 from weft_sync.storage import Put, Storage
 from weft_sync.storage.reads import ScanRange
 

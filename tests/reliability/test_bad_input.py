@@ -444,7 +444,7 @@ def test_sqlite_storage_refuses_a_reserved_table_name_up_front(tmp_path: Path, t
 def test_postgres_storage_refuses_a_table_name_with_sql_in_it(
     postgres_base_url: str, table: str
 ) -> None:
-    from weft_sync.storage.postgres import PostgresStorage
+    from weft_sync.storage.postgres.store import PostgresStorage
 
     with pytest.raises(ValueError, match="invalid table name"):
         PostgresStorage(postgres_base_url, table=table)

@@ -18,8 +18,8 @@ from hypothesis import strategies as st
 from weft_sync.errors import ClosedError
 from weft_sync.storage import Condition, Delete, Operation, Put, Storage
 from weft_sync.storage.base import Batch, validate_batch
-from weft_sync.storage.postgres import PostgresStorage
-from weft_sync.storage.postgres_sql import Plan, disjoint, renewal_keys
+from weft_sync.storage.postgres.sql import Plan, disjoint, renewal_keys
+from weft_sync.storage.postgres.store import PostgresStorage
 
 OpenStore = Callable[[], Storage]
 _WAIT_S = 30.0

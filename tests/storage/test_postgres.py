@@ -18,7 +18,7 @@ from tests.forking import expected_fork_warning
 from tests.pgcluster import PostgresCluster
 from weft_sync.errors import ClosedError, StorageError
 from weft_sync.storage import Condition, Delete, Operation, Put, open_storage
-from weft_sync.storage.postgres import PostgresStorage
+from weft_sync.storage.postgres.store import PostgresStorage
 
 _WAIT_S = 30.0
 
@@ -647,7 +647,7 @@ def test_a_read_on_a_connection_the_server_dropped_runs_again_on_a_checked_one(
             ).fetchone()
             assert dropped == (1,)
             caplog.clear()
-            with caplog.at_level("DEBUG", logger="weft_sync.storage.postgres"):
+            with caplog.at_level("DEBUG", logger="weft_sync.storage.postgres.store"):
                 assert read(store) == expected
             assert any(f"{name} failed on a pooled connection" in m for m in caplog.messages)
         # Writes are lent checked connections: a dropped one is replaced before use.

@@ -11,7 +11,7 @@ import pytest
 
 from weft_sync.errors import StorageError
 from weft_sync.storage import open_storage
-from weft_sync.storage.postgres import PostgresStorage
+from weft_sync.storage.postgres.store import PostgresStorage
 
 
 def _with_params(url: str, query: str) -> str:
@@ -155,7 +155,7 @@ def test_replication_settings_report_the_servers_commit_durability(
 
 
 def test_the_session_keeps_idle_sessions_and_reads_back_every_bound_it_set() -> None:
-    from weft_sync.storage.postgres_settings import (
+    from weft_sync.storage.postgres.settings import (
         derive_wait_bounds,
         expected_settings,
         merged_options,
@@ -181,7 +181,7 @@ def test_the_session_keeps_idle_sessions_and_reads_back_every_bound_it_set() -> 
 
 
 def test_a_bound_not_in_effect_is_an_error_naming_it() -> None:
-    from weft_sync.storage.postgres_settings import check_session_settings
+    from weft_sync.storage.postgres.settings import check_session_settings
 
     wanted = {"statement_timeout": 5_000, "idle_session_timeout": 0}
     check_session_settings({"statement_timeout": "5000", "idle_session_timeout": "0"}, wanted, "s")

@@ -17,7 +17,7 @@ from weft_sync.storage.isolation import (
     storage_compare_and_set_many_isolated,
     storage_conditional_batches_isolated,
 )
-from weft_sync.storage.postgres import PostgresStorage
+from weft_sync.storage.postgres.store import PostgresStorage
 
 
 @pytest.fixture

@@ -20,7 +20,8 @@ import pytest
 from tests.claims.gated import Worker
 from tests.workflows.helpers import wait_until
 from weft_sync.errors import ClosedError, StorageError
-from weft_sync.storage import SqliteStorage, sqlite_fork
+from weft_sync.storage import SqliteStorage
+from weft_sync.storage.sqlite import fork as sqlite_fork
 from weft_sync.storage.wait_bound import SupportsWaitBound
 
 TABLE = "kv"

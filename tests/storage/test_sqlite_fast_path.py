@@ -17,7 +17,7 @@ import pytest
 from tests.forking import expected_fork_warning
 from weft_sync.errors import ClosedError, StorageError
 from weft_sync.storage import Condition, Put, SqliteStorage
-from weft_sync.storage.sqlite_writer import SqliteWriter
+from weft_sync.storage.sqlite.writer import SqliteWriter
 
 TABLE = "kv"
 

@@ -9,7 +9,7 @@ import pytest
 
 from weft_sync.errors import StoreIdentityError
 from weft_sync.storage import Condition, Put
-from weft_sync.storage.sqlite import SqliteStorage
+from weft_sync.storage.sqlite.store import SqliteStorage
 
 pytestmark = pytest.mark.timeout(60)
 

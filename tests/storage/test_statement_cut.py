@@ -16,7 +16,7 @@ import psycopg
 import pytest
 
 from weft_sync.errors import StorageError
-from weft_sync.storage.postgres import PostgresStorage
+from weft_sync.storage.postgres.store import PostgresStorage
 
 STATEMENT_TIMEOUT_S = 1.0
 GUARD_S = 10.0

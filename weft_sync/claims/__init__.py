@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from .cooldown import TakeoverCooldown
 from .epochs import CorruptEpoch, find_corrupt_epochs, repair_corrupt_epoch
-from .gates import (
+from .mode_gates import (
     OWNERSHIP_MODES,
     OwnershipModeName,
     assert_ownership_mode_marker,

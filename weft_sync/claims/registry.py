@@ -16,7 +16,7 @@ the replaced-store record each have a lock guarding only themselves. No lock is 
 storage I/O, clock reads, warning sinks or logging. Identity guards compare tracking entries with
 ``is``: a renewal or release only touches the entry it started from, never a newer one a
 concurrent acquire or takeover installed. Local losses (renew deadline, replaced store) are in
-:mod:`~weft_sync.claims.losses`, the close gate in :mod:`~weft_sync.claims.gate`.
+:mod:`~weft_sync.claims.losses`, the close gate in :mod:`~weft_sync.claims.operation_gate`.
 """
 
 from __future__ import annotations
@@ -38,8 +38,8 @@ from ..options import MAX_CLAIM_TTL_MS
 from ..storage.base import Storage
 from .acquires import Acquires
 from .arguments import engine_ids_arg, optional_epoch, positive_int, workflow_ids_arg
-from .gate import OperationGate
 from .losses import LocalLosses
+from .operation_gate import OperationGate
 from .releases import RELEASE_ALL_CONCURRENCY, ReleasePreparation, Releases
 from .renewals import DEFAULT_RENEW_CHUNK_SIZE, Renewals, WarnSink, default_warn
 from .results import (

@@ -22,7 +22,7 @@ try:
 except ImportError as exc:  # pragma: no cover - depends on the environment
     raise ImportError('weft_sync.django needs Django: pip install "weft_sync[django]"') from exc
 
-from ..fencing.django import fenced_atomic
+from .fence import fenced_atomic
 from .runtime import close_ownership, get_ownership
 
 __all__ = ["close_ownership", "fenced_atomic", "get_ownership"]

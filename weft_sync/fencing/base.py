@@ -14,7 +14,7 @@ from contextlib import AbstractContextManager
 from typing import Any, NoReturn, Protocol, runtime_checkable
 
 from ..errors import StorageError
-from ..storage.fence_target import FenceBinding
+from ..storage.fence_proof import FenceBinding
 
 __all__ = [
     "FastBlockFactory",
@@ -63,7 +63,7 @@ class HostTransaction(Protocol):
     def connection_key(self) -> object | None:
         """A weak-referenceable object that lives as long as the physical connection, or
         ``None`` when there is none (the last proof is then a guess that every block re-checks,
-        see :class:`~weft_sync.storage.fence_target.FenceBinding`)."""
+        see :class:`~weft_sync.storage.fence_proof.FenceBinding`)."""
         ...
 
     @property

@@ -49,7 +49,7 @@ PostgreSQL the epoch row's share lock when it is for the same workflow — and f
 ``StorageError`` after the store's busy timeout or ``lock_timeout``.
 
 The same-database proof and the lock statements come from the store
-(:class:`~weft_sync.storage.fence_target.FenceTarget`); this module never looks inside a backend.
+(:class:`~weft_sync.storage.fence_proof.FenceTarget`); this module never looks inside a backend.
 
 A connection family may bring a fast block of its own for its usual case (an adapter's
 ``fast_block``; sqlite3's :class:`~weft_sync.fencing.sqlite3.Sqlite3Block`): the same steps for
@@ -78,7 +78,7 @@ from ..errors import (
     WorkflowClaimLostWarning,
 )
 from ..storage.base import Storage
-from ..storage.fence_target import FenceBinding, FenceTarget
+from ..storage.fence_proof import FenceBinding, FenceTarget
 from .adapters import FAST_BLOCKS, adapt
 from .base import HostTransaction, as_value
 

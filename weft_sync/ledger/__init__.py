@@ -11,7 +11,7 @@ Hosts use :class:`weft_sync.workflows.Workflows`; these modules are its parts.
 
 from __future__ import annotations
 
-from .fencing import Fence, WakeCheck, WakeCheckStatus, wake_ownership_check
+from .fenced_writes import Fence, WakeCheck, WakeCheckStatus, wake_ownership_check
 from .records import (
     ExternalCommitConflictError,
     WorkflowNotFoundError,

@@ -19,7 +19,7 @@ from ..codec import WORKFLOW_STATUSES, WorkflowRecord, try_decode_workflow_recor
 from ..errors import CorruptEpochError
 from ..storage.base import Condition, Delete, Operation, Storage, storage_conditional_batch
 from ..storage.reads import storage_get_many
-from .fencing import Fence
+from .fenced_writes import Fence
 from .records import (
     ACTIVE_STATUSES,
     ExternalCommitConflictError,

@@ -31,7 +31,7 @@ from ..clock import Clock
 from ..codec import WorkflowRecord, decode_holder, decode_workflow_record
 from ..errors import FencedWriteConflict
 from ..storage.base import Condition, Delete, Operation, Put, Storage, storage_conditional_batch
-from .fencing import Fence
+from .fenced_writes import Fence
 from .records import (
     WorkflowNotFoundError,
     WorkflowStateError,

@@ -26,7 +26,7 @@ from ..codec import WorkflowRecord
 from ..maintenance.polls import SignalWakeDecision
 from ..maintenance.targets import ParkedSignalWait
 from ..storage.base import Condition, Delete, Put, Storage, storage_conditional_batch
-from .fencing import Fence
+from .fenced_writes import Fence
 from .records import (
     ACTIVE_STATUSES,
     ExternalCommitConflictError,

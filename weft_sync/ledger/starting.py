@@ -27,7 +27,7 @@ from ..codec import (
 from ..errors import FencedWriteConflict, WorkflowClaimUnavailableError, WorkflowExistsError
 from ..metrics import ClaimMetrics
 from ..storage.base import Condition, Delete, Operation, Put, Storage, storage_conditional_batch
-from .fencing import Fence, WakeCheckStatus, wake_ownership_check
+from .fenced_writes import Fence, WakeCheckStatus, wake_ownership_check
 from .finishing import SELF_MAX_ATTEMPTS
 from .records import (
     WorkflowNotFoundError,

@@ -23,7 +23,7 @@ from .. import keys
 from ..clock import Clock
 from ..maintenance.polls import SignalWakeDecision
 from ..storage.base import Condition, Delete, Put, Storage, storage_conditional_batch
-from .fencing import Fence
+from .fenced_writes import Fence
 from .records import (
     ExternalCommitConflictError,
     decode_payload_map,

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 from ..claims.renewal_target import create_renewal_target
+from ..reclaim.scan import AUTHORITATIVE_SCAN_LIMIT, list_reclaim_candidates
+from ..reclaim.target import EligibilityPredicate, ReclaimTargetHandle, create_reclaim_target
 from .bootstrap import OwnershipBootstrap, bootstrap_workflow_lease_ownership, metrics_bridge
 from .polls import (
     WAIT_SIGNAL,
@@ -14,8 +16,6 @@ from .polls import (
     run_owner_side_signal_poll,
     run_owner_side_update_poll,
 )
-from .reclaim_scan import AUTHORITATIVE_SCAN_LIMIT, list_reclaim_candidates
-from .reclaim_target import EligibilityPredicate, ReclaimTargetHandle, create_reclaim_target
 from .scheduler import IntervalScheduler, TimerScheduler
 from .subpasses import (
     run_reclaim_pass,

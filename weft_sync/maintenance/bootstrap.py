@@ -9,20 +9,20 @@ from dataclasses import dataclass
 from typing import Literal
 
 from ..claims.arguments import positive_int
-from ..claims.gates import bootstrap_ownership_gates
+from ..claims.mode_gates import bootstrap_ownership_gates
 from ..claims.registry import ClaimRegistry, WarnSink
 from ..claims.renewal_target import create_renewal_target
 from ..claims.store_clock import StoreClock
 from ..clock import Clock
 from ..codec import WorkflowRecord
 from ..metrics import ClaimMetrics
+from ..reclaim.discoveries import Discovery, ScanDiscovery, expiry_judge
+from ..reclaim.engine_discovery import EngineIndexDiscovery
+from ..reclaim.fair_share import validate_max_claims
+from ..reclaim.target import EligibilityPredicate, ReclaimTargetHandle, create_reclaim_target
 from ..storage.base import Storage
-from .discoveries import Discovery, ScanDiscovery, expiry_judge
-from .engine_discovery import EngineIndexDiscovery
-from .fair_share import validate_max_claims
 from .instrumentation import MetricsPassObserver, metrics_bridge
 from .observer import PassObserver
-from .reclaim_target import EligibilityPredicate, ReclaimTargetHandle, create_reclaim_target
 from .scheduler import IntervalScheduler
 from .targets import SignalPollTarget, UpdatePollTarget
 from .task import PassCallback, RenewalTask

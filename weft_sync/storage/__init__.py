@@ -20,11 +20,11 @@ from .base import (
 from .cas import CasRow, SupportsCompareAndSetMany, storage_compare_and_set_many
 from .reads import SupportsGetMany, storage_get_many
 from .session_locks import SessionLock, SupportsSessionLocks, storage_session_locks
-from .sqlite import SqliteStorage
+from .sqlite.store import SqliteStorage
 from .wait_bound import SupportsWaitBound
 
 if TYPE_CHECKING:
-    from .postgres import PostgresStorage
+    from .postgres.store import PostgresStorage
 
 __all__ = [
     "Batch",
@@ -66,7 +66,7 @@ _POSTGRES_PARAMS = (
 def __getattr__(name: str) -> Any:
     # PostgresStorage needs the optional ``postgres`` extra, so it is imported on first use.
     if name == "PostgresStorage":
-        from .postgres import PostgresStorage
+        from .postgres.store import PostgresStorage
 
         return PostgresStorage
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
@@ -82,7 +82,7 @@ def open_storage(
     - ``postgresql://…`` or ``postgres://…`` (any libpq URL), with optional ``table``,
       ``min_size``, ``max_size``, ``timeout`` (seconds to wait for a pooled connection),
       ``renew_interval_ms``, ``statement_timeout`` and ``lock_timeout`` (seconds, or a duration
-      such as ``250ms``; see :class:`~weft_sync.storage.postgres.PostgresStorage`) and
+      such as ``250ms``; see :class:`~weft_sync.storage.postgres.store.PostgresStorage`) and
       ``pooler`` (``transaction`` behind a transaction-mode pooler such as pgbouncer,
       ``session`` or ``none``); every other query parameter is passed to libpq,
       percent-encoded as libpq decodes it.
@@ -182,7 +182,7 @@ def _open_sqlite(url: str, read_only: bool) -> Storage:
 
 
 def _open_postgres(url: str, read_only: bool, renew_interval_ms: int | None) -> Storage:
-    from .postgres_settings import (
+    from .postgres.settings import (
         check_connect_timeout,
         parse_bound_param,
         parse_seconds_param,
@@ -211,7 +211,7 @@ def _open_postgres(url: str, read_only: bool, renew_interval_ms: int | None) -> 
             kwargs[name] = parse_bound_param(url, name, params[name])
     if "timeout" in params:
         kwargs["timeout"] = parse_seconds_param(url, "timeout", params["timeout"])
-    from .postgres import POOLER_MODES, PostgresStorage
+    from .postgres.store import POOLER_MODES, PostgresStorage
 
     if "pooler" in params:
         if params["pooler"] not in POOLER_MODES:

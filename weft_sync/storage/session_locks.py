@@ -2,8 +2,8 @@
 
 An optional storage capability. The lock is held by something outside the process that the
 operating system or the database server tears down when the process ends: an ``flock`` on a file
-next to a SQLite database (see :mod:`~weft_sync.storage.sqlite_locks`), a session-level advisory
-lock on a dedicated PostgreSQL connection (see :mod:`~weft_sync.storage.postgres_locks`). Other
+next to a SQLite database (see :mod:`~weft_sync.storage.sqlite.locks`), a session-level advisory
+lock on a dedicated PostgreSQL connection (see :mod:`~weft_sync.storage.postgres.locks`). Other
 processes can ask which names are held without taking or disturbing them, so a lock that
 disappears tells them its holder died, at once and with no clock involved.
 

@@ -1,0 +1,16 @@
+"""The :class:`Ownership` facade a host holds, and what it is built from."""
+
+from __future__ import annotations
+
+from .claim_handle import ClaimHandle
+from .facade import Background, LostCallback, Ownership
+from .handler_table import ReclaimedWorkflow, WorkflowHandler
+
+__all__ = [
+    "Background",
+    "ClaimHandle",
+    "LostCallback",
+    "Ownership",
+    "ReclaimedWorkflow",
+    "WorkflowHandler",
+]

@@ -1,0 +1,221 @@
+"""The handler executor: the engine's own bounded pool of threads that run workflow handlers.
+
+Handlers are host code: they may be slow, block on the host's database or hang. They never run
+on the maintenance threads, so renewal, reclaim and the polls go on whatever a handler does.
+The executor starts its threads lazily (an engine that never drives a reclaimed workflow has
+none), at most ``workers`` of them, named ``weft-handler-<engine>-<n>`` and daemon; tasks beyond
+that wait in a FIFO queue.
+
+A run that lasts longer than ``stuck_after_ms`` on the engine's clock is reported once by
+:meth:`HandlerExecutor.check_stuck` (a warning in the log and
+``weft_workflow_claim_handler_stuck_total{type}``); the driver check of each renewal pass calls
+it. :meth:`HandlerExecutor.close` drops the queued tasks, waits for the running ones up to its
+timeout and abandons those still running with one warning each: a Python thread cannot be
+stopped, so an abandoned handler keeps running, but its engine is closed under it (its writes
+raise ``ClosedError`` or are refused by the fence once its claim is released or taken over).
+
+In a child process that inherited the executor across ``os.fork()`` no thread of the parent
+exists: :meth:`submit` refuses and :meth:`close` does nothing.
+
+The executor has one lock (a ``Condition``), guarding the queue, the thread list, the running
+runs and the closed flag. Handlers and logging run outside it.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from itertools import count
+
+from ..clock import Clock
+from ..errors import ClosedError
+from ..metrics import ClaimMetrics
+
+__all__ = ["HandlerExecutor", "HandlerRun"]
+
+_log = logging.getLogger(__name__)
+
+
+@dataclass(eq=False, slots=True)
+class HandlerRun:
+    """One handler call: queued, then running on a handler thread, then done."""
+
+    workflow_id: str
+    workflow_type: str
+    body: Callable[[], object]
+    started_at: int | None = None
+    thread: threading.Thread | None = None
+    warned: bool = False
+    done: threading.Event = field(default_factory=threading.Event)
+
+
+class HandlerExecutor:
+    """Runs handler calls on at most ``workers`` named daemon threads of their own.
+
+    :param workers: the most handler calls running at once.
+    :param engine_id: names the threads.
+    :param clock: the engine's clock (measures how long a run has been going).
+    :param stuck_after_ms: a run going longer than this is reported stuck; ``None``: never.
+    :param metrics: counts stuck runs.
+    """
+
+    def __init__(
+        self,
+        workers: int,
+        *,
+        engine_id: str,
+        clock: Clock,
+        stuck_after_ms: int | None,
+        metrics: ClaimMetrics,
+    ) -> None:
+        self._workers = workers
+        self._name = f"weft-handler-{engine_id[:8]}"
+        self._clock = clock
+        self._stuck_after_ms = stuck_after_ms
+        self._metrics = metrics
+        self._pid = os.getpid()
+        self._numbers = count(1)
+        # _cond's lock guards _queue, _threads, _idle, _running, _closed.
+        self._cond = threading.Condition(threading.Lock())
+        self._queue: deque[HandlerRun] = deque()
+        self._threads: list[threading.Thread] = []
+        self._idle = 0
+        self._running: list[HandlerRun] = []
+        self._closed = False
+
+    def submit(
+        self, workflow_id: str, workflow_type: str, body: Callable[[], object]
+    ) -> HandlerRun:
+        """Queue ``body`` to run on a handler thread; return its run (``run.done`` is set after).
+
+        ``body`` must handle its own exceptions; one that escapes is logged.
+
+        :raises ClosedError: the executor was closed, or this process inherited it across a fork.
+        """
+        run = HandlerRun(workflow_id, workflow_type, body)
+        thread: threading.Thread | None = None
+        with self._cond:
+            if self._closed or self._pid != os.getpid():
+                raise ClosedError(
+                    f"the handler executor of {self._name} is closed; workflow {workflow_id!r} "
+                    f"is not driven here"
+                )
+            self._queue.append(run)
+            if self._idle == 0 and len(self._threads) < self._workers:
+                thread = threading.Thread(
+                    target=self._work, name=f"{self._name}-{next(self._numbers)}", daemon=True
+                )
+                self._threads.append(thread)
+            else:
+                self._cond.notify()
+        if thread is not None:
+            thread.start()
+        return run
+
+    def is_handler_thread(self) -> bool:
+        """Whether the calling thread is one of this executor's handler threads."""
+        current = threading.current_thread()
+        with self._cond:
+            return current in self._threads
+
+    def running(self) -> list[HandlerRun]:
+        """The runs going on right now."""
+        with self._cond:
+            return list(self._running)
+
+    def wait_idle(self, timeout: float | None) -> bool:
+        """Wait until nothing is queued or running; return whether it came to that in time."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        with self._cond:
+            while self._queue or self._running:
+                remaining = None if deadline is None else deadline - time.monotonic()
+                if remaining is not None and remaining <= 0:
+                    return False
+                self._cond.wait(remaining)
+        return True
+
+    def check_stuck(self) -> list[HandlerRun]:
+        """Report each run past ``stuck_after_ms`` once; return the runs reported now."""
+        if self._stuck_after_ms is None:
+            return []
+        now = self._clock()
+        stuck: list[HandlerRun] = []
+        with self._cond:
+            for run in self._running:
+                started = run.started_at
+                if not run.warned and started is not None and now - started > self._stuck_after_ms:
+                    run.warned = True
+                    stuck.append(run)
+        for run in stuck:
+            self._metrics.record_handler_stuck(run.workflow_type)
+            _log.warning(
+                "the handler for workflow %r (type %r) has been running for more than %d ms on "
+                "thread %s; it still holds its claim (renewed while it runs): make it finish, "
+                "or fail the workflow",
+                run.workflow_id,
+                run.workflow_type,
+                self._stuck_after_ms,
+                None if run.thread is None else run.thread.name,
+            )
+        return stuck
+
+    def close(self, timeout: float | None) -> list[HandlerRun]:
+        """Drop queued runs, wait up to ``timeout`` s for running ones; return those abandoned.
+
+        Idempotent. Never called from a handler thread (it would wait for itself).
+        """
+        deadline = None if timeout is None else time.monotonic() + timeout
+        with self._cond:
+            if self._pid != os.getpid():
+                return []
+            self._closed = True
+            dropped = list(self._queue)
+            self._queue.clear()
+            threads = list(self._threads)
+            self._cond.notify_all()
+        for run in dropped:
+            run.done.set()
+        current = threading.current_thread()
+        for thread in threads:
+            if thread is current:
+                continue
+            remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
+            thread.join(remaining)
+        abandoned = self.running()
+        for run in abandoned:
+            _log.warning(
+                "closing: the handler for workflow %r is still running on thread %s and is "
+                "abandoned; its claim is released with the others (or, if that fails, left to "
+                "expire), so its later writes are refused",
+                run.workflow_id,
+                None if run.thread is None else run.thread.name,
+            )
+        return abandoned
+
+    def _work(self) -> None:
+        while True:
+            with self._cond:
+                self._idle += 1
+                while not self._queue and not self._closed:
+                    self._cond.wait()
+                self._idle -= 1
+                if not self._queue:
+                    return
+                run = self._queue.popleft()
+                run.started_at = self._clock()
+                run.thread = threading.current_thread()
+                self._running.append(run)
+            try:
+                run.body()
+            except BaseException:
+                _log.exception("weft_sync: a handler run for workflow %r raised", run.workflow_id)
+            finally:
+                with self._cond:
+                    self._running.remove(run)
+                    self._cond.notify_all()
+                run.done.set()

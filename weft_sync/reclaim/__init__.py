@@ -1,0 +1,1 @@
+"""Reclaim: engine liveness, candidate discovery and the takeover target."""

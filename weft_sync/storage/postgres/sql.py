@@ -1,0 +1,139 @@
+"""PostgreSQL statements and batch plans: what ``PostgresStorage`` sends, decided without I/O."""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from psycopg import sql
+
+from ..base import Condition, Operation, Put
+
+__all__ = ["Plan", "Queries", "advisory_key", "disjoint", "renewal_keys"]
+
+
+@dataclass(frozen=True, slots=True)
+class Plan:
+    """One validated conditional batch, reduced to the rows it locks, claims and writes."""
+
+    conditions: list[Condition]
+    lock_keys: list[str]
+    absent: frozenset[str]
+    put_keys: list[str]
+    put_values: list[bytes]
+    delete_keys: list[str]
+
+    @classmethod
+    def build(cls, conditions: list[Condition], operations: list[Operation]) -> Plan:
+        final: dict[str, bytes | None] = {}
+        for op in operations:
+            final[op.key] = op.value if isinstance(op, Put) else None
+        puts = sorted((k, v) for k, v in final.items() if v is not None)
+        cond_keys = {c.key for c in conditions}
+        return cls(
+            conditions=conditions,
+            lock_keys=sorted(cond_keys | final.keys()) if conditions else [],
+            absent=frozenset(c.key for c in conditions if c.expected is None),
+            put_keys=[k for k, _ in puts],
+            put_values=[v for _, v in puts],
+            delete_keys=sorted(k for k, v in final.items() if v is None),
+        )
+
+    def holds(self, found: dict[str, bytes]) -> bool:
+        return all(found.get(c.key) == c.expected for c in self.conditions)
+
+
+class Queries:
+    """The SQL statements for one table, composed once."""
+
+    def __init__(self, table: str) -> None:
+        t = sql.Identifier(table)
+        self.create = sql.SQL(
+            'CREATE TABLE {t} (key TEXT COLLATE "C" PRIMARY KEY, value BYTEA NOT NULL)'
+        ).format(t=t)
+        self.get = sql.SQL("SELECT value FROM {t} WHERE key = %s").format(t=t)
+        self.get_many = sql.SQL("SELECT key, value FROM {t} WHERE key = ANY(%b::text[])").format(
+            t=t
+        )
+        self.put = sql.SQL(
+            "INSERT INTO {t} (key, value) VALUES (%s, %b) "
+            "ON CONFLICT (key) DO UPDATE SET value = EXCLUDED.value"
+        ).format(t=t)
+        self.delete = sql.SQL("DELETE FROM {t} WHERE key = %s").format(t=t)
+        self.upsert_many = sql.SQL(
+            "INSERT INTO {t} (key, value) SELECT k, v FROM unnest(%b::text[], %b::bytea[]) "
+            "AS u(k, v) ON CONFLICT (key) DO UPDATE SET value = EXCLUDED.value"
+        ).format(t=t)
+        self.insert_absent = sql.SQL(
+            "INSERT INTO {t} (key, value) SELECT k, v FROM unnest(%b::text[], %b::bytea[]) "
+            "AS u(k, v) ON CONFLICT (key) DO NOTHING RETURNING key"
+        ).format(t=t)
+        self.delete_many = sql.SQL("DELETE FROM {t} WHERE key = ANY(%b::text[])").format(t=t)
+        self.lock = sql.SQL(
+            "SELECT key, value FROM {t} WHERE key = ANY(%b::text[]) ORDER BY key FOR UPDATE"
+        ).format(t=t)
+        self.renew = sql.SQL(
+            "UPDATE {t} SET value = u.v "
+            "FROM unnest(%b::text[], %b::bytea[], %b::bytea[]) AS u(k, e, v) "
+            "WHERE {t}.key = u.k AND {t}.value = u.e RETURNING {t}.key"
+        ).format(t=t)
+        self.scan = sql.SQL("SELECT key, value FROM {t}").format(t=t)
+        self.table = t
+        # The rows another session holds locked are skipped, not waited for: each comes back
+        # with applied = false and locked = true (it exists, but this statement could not lock
+        # it). MATERIALIZED keeps the locking CTE from being inlined or run twice.
+        self.renew_skip_locked = sql.SQL(
+            "WITH u AS MATERIALIZED ("
+            "SELECT * FROM unnest(%b::text[], %b::bytea[], %b::bytea[]) AS u(k, e, v)), "
+            "l AS MATERIALIZED (SELECT {t}.key FROM {t} JOIN u ON {t}.key = u.k "
+            "ORDER BY {t}.key FOR UPDATE OF {t} SKIP LOCKED), "
+            "w AS (UPDATE {t} SET value = u.v FROM u JOIN l ON l.key = u.k "
+            "WHERE {t}.key = u.k AND {t}.value = u.e RETURNING {t}.key) "
+            "SELECT u.k, EXISTS (SELECT 1 FROM w WHERE w.key = u.k), "
+            "NOT EXISTS (SELECT 1 FROM l WHERE l.key = u.k) "
+            "AND EXISTS (SELECT 1 FROM {t} WHERE {t}.key = u.k) FROM u"
+        ).format(t=t)
+        # Locks what it can at once; ``locked`` marks rows that exist but another session holds.
+        self.lock_skip_locked = sql.SQL(
+            "WITH l AS MATERIALIZED (SELECT key, value FROM {t} WHERE key = ANY(%b::text[]) "
+            "ORDER BY key FOR UPDATE SKIP LOCKED) "
+            "SELECT {t}.key, l.value, l.key IS NULL FROM {t} LEFT JOIN l ON l.key = {t}.key "
+            "WHERE {t}.key = ANY(%b::text[])"
+        ).format(t=t)
+        self.identity = sql.SQL(
+            "SELECT s.system_identifier::text, current_database(), c.oid::bigint, n.nspname "
+            "FROM pg_control_system() AS s, pg_class AS c "
+            "JOIN pg_namespace AS n ON n.oid = c.relnamespace WHERE c.oid = to_regclass(%s)"
+        )
+
+
+def advisory_key(table: str) -> int:
+    digest = hashlib.blake2b(f"weft_sync.create:{table}".encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "big", signed=True)
+
+
+def renewal_keys(batches: Sequence[tuple[list[Condition], list[Operation]]]) -> list[str] | None:
+    """Return the batch keys if every batch is ``[Condition(k, bytes)] -> [Put(k, v)]`` on
+    distinct keys, else ``None``; such batches are independent, so one UPDATE judges them all."""
+    keys: list[str] = []
+    for conditions, operations in batches:
+        if len(conditions) != 1 or len(operations) != 1:
+            return None
+        cond, op = conditions[0], operations[0]
+        if cond.expected is None or not isinstance(op, Put) or op.key != cond.key:
+            return None
+        keys.append(cond.key)
+    return keys if len(set(keys)) == len(keys) else None
+
+
+def disjoint(plans: list[Plan]) -> bool:
+    """Whether ``plans`` (more than one) all lock existing rows only, on pairwise disjoint keys."""
+    if len(plans) < 2:
+        return False
+    seen: set[str] = set()
+    for plan in plans:
+        if plan.absent or not plan.lock_keys or not seen.isdisjoint(plan.lock_keys):
+            return False
+        seen.update(plan.lock_keys)
+    return True
