@@ -10,23 +10,22 @@ Workflow ids are never labels (their number is unbounded). Labels come from clos
 defines; at most :data:`MAX_TYPE_LABELS` distinct types are kept, later ones count as ``other``.
 :func:`serialize_prometheus` renders a snapshot in the Prometheus text format without any
 dependency; :func:`register_prometheus` exposes the same families through ``prometheus_client``
-when the ``prometheus`` extra is installed (:mod:`weft_sync.prometheus`).
+when the ``prometheus`` extra is installed (a collector read at scrape time).
 """
 
 from __future__ import annotations
 
 import math
 import threading
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Final, Literal
 
 from .histograms import Histogram, HistogramSnapshot, latency_bounds, takeover_delay_bounds
 
 if TYPE_CHECKING:
+    from prometheus_client.metrics_core import Metric
     from prometheus_client.registry import CollectorRegistry
-
-    from .prometheus import ClaimMetricsCollector
 
 __all__ = [
     "CLAIM_ATTEMPT_OUTCOMES",
@@ -605,18 +604,52 @@ def register_prometheus(
             "'prometheus' extra (pip install 'weft_sync[prometheus]') or use "
             "serialize_prometheus() for the text format"
         ) from exc
-    from .prometheus import ClaimMetricsCollector
-
     target = registry if registry is not None else prometheus_client.REGISTRY
     collector = ClaimMetricsCollector(metrics)
     target.register(collector)
     return collector
 
 
-def __getattr__(name: str) -> Any:
-    # The collector class needs prometheus_client only when used; import it on first access.
-    if name == "ClaimMetricsCollector":
-        from .prometheus import ClaimMetricsCollector
+def _prometheus_family(family: Family, *, with_samples: bool) -> Metric:
+    from prometheus_client.core import (
+        CounterMetricFamily,
+        GaugeMetricFamily,
+        HistogramMetricFamily,
+    )
 
-        return ClaimMetricsCollector
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    labels = list(family.label_names)
+    if family.kind == "counter":
+        counter = CounterMetricFamily(family.name, family.help, labels=labels)
+        for values, value in family.samples if with_samples else ():
+            counter.add_metric(list(values), value)
+        return counter
+    if family.kind == "gauge":
+        gauge = GaugeMetricFamily(family.name, family.help, labels=labels)
+        for values, value in family.samples if with_samples else ():
+            gauge.add_metric(list(values), value)
+        return gauge
+    histogram = HistogramMetricFamily(family.name, family.help, labels=labels)
+    for values, snap in family.samples if with_samples else ():
+        histogram.add_metric(list(values), buckets=snap.cumulative(), sum_value=snap.total)
+    return histogram
+
+
+class ClaimMetricsCollector:
+    """A ``prometheus_client`` custom collector reading a :class:`ClaimMetrics` at scrape time.
+
+    Pass it to ``registry.unregister`` to stop exposing.
+    """
+
+    def __init__(self, metrics: ClaimMetrics) -> None:
+        self._metrics = metrics
+
+    def collect(self) -> Iterator[Metric]:
+        for family in metric_families(self._metrics.snapshot()):
+            yield _prometheus_family(family, with_samples=True)
+
+    def describe(self) -> Iterator[Metric]:
+        # Families without samples: the registry learns the names (to refuse duplicates)
+        # without reading the metrics.
+        empty = MetricsSnapshot(attempts={}, active_claims=0, renewal_failures=0)
+        for family in metric_families(empty):
+            yield _prometheus_family(family, with_samples=False)
