@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 from django.db import connections, transaction
 
-from ..fencing.adapters import as_psycopg
+from ..fencing.wrapped import as_psycopg
 
 if TYPE_CHECKING:
     from ..ownership.facade import Ownership

@@ -9,14 +9,11 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, Final
+from typing import Any, Final
 
 from .base import FastBlockFactory, HostTransaction
 
-if TYPE_CHECKING:
-    from .psycopg import PsycopgTransaction
-
-__all__ = ["ACCEPTED", "FAST_BLOCKS", "adapt", "as_psycopg"]
+__all__ = ["ACCEPTED", "FAST_BLOCKS", "adapt"]
 
 ACCEPTED: Final = (
     "sqlite3.Connection",
@@ -50,20 +47,6 @@ def adapt(connection: object) -> HostTransaction:
             FAST_BLOCKS[type(connection)] = fast
         return adapted
     return factory(connection)
-
-
-def as_psycopg(connection: object) -> PsycopgTransaction | None:
-    """The psycopg 3 adapter over ``connection`` when it is a psycopg 3 connection (a driver
-    connection a framework wraps), else ``None``; psycopg is imported only if already loaded."""
-    if "psycopg" not in sys.modules:
-        return None
-    import psycopg
-
-    if not isinstance(connection, psycopg.Connection):
-        return None
-    from .psycopg import PsycopgTransaction
-
-    return PsycopgTransaction(connection)
 
 
 def _same(connection: HostTransaction) -> HostTransaction:

@@ -17,7 +17,7 @@ from sqlalchemy.engine import Connection, RootTransaction
 from sqlalchemy.engine.base import NestedTransaction
 from sqlalchemy.orm import Session, SessionTransaction
 
-from .adapters import as_psycopg
+from .wrapped import as_psycopg
 
 __all__ = ["ConnectionTransaction", "SessionTransactionAdapter"]
 
