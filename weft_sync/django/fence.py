@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 from django.db import connections, transaction
 
 from ..fencing.wrapped import as_psycopg
+from .runtime import get_ownership
 
 if TYPE_CHECKING:
     from ..ownership.facade import Ownership
@@ -89,17 +90,6 @@ def fenced_atomic(
     :raises StorageCapabilityError: the alias is not on the store's database.
     """
     if ownership is None:
-        try:
-            from weft_sync.django import (  # type: ignore[import-not-found,unused-ignore]
-                get_ownership,
-            )
-        except ModuleNotFoundError as exc:
-            if exc.name != "weft_sync.django":
-                raise
-            raise ImportError(
-                "fenced_atomic() without ownership= needs the weft_sync.django app "
-                '(INSTALLED_APPS += ["weft_sync.django"]); pass ownership=<an Ownership> instead'
-            ) from exc
         ownership = get_ownership()
     assert ownership is not None
     host = AtomicTransaction(using)
