@@ -16,6 +16,8 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Final, Protocol, runtime_checkable
 
+from ..reclaim.attempts import TAKEOVER_MAX_ATTEMPTS, ReclaimAttemptResult
+
 __all__ = [
     "RECLAIM_CHUNK_SIZE",
     "RECLAIM_CONCURRENCY",
@@ -55,9 +57,6 @@ RENEWAL_CONCURRENCY: Final = 16
 
 RECLAIM_CONCURRENCY: Final = 16
 """At most this many takeover attempts of one reclaim pass run at once."""
-
-TAKEOVER_MAX_ATTEMPTS: Final = 5
-"""CAS attempts one reclaim attempt makes before it reports ``lost-race`` (inclusive bound)."""
 
 RECLAIM_CHUNK_SIZE: Final = 200
 """Candidates handed to one ``prepare_workflow_claim_takeovers`` call of a batched target."""
@@ -100,15 +99,6 @@ class BatchRenewalTarget(RenewalTarget, Protocol):
     """
 
     def renew_workflow_claims(self, workflow_ids: Sequence[str]) -> list[Exception | None]: ...
-
-
-class ReclaimAttemptResult(str, enum.Enum):
-    """What one takeover attempt of a reclaim target achieved."""
-
-    RECLAIMED = "reclaimed"
-    NOT_ELIGIBLE = "not-eligible"
-    BACKOFF_SKIPPED = "backoff-skipped"
-    LOST_RACE = "lost-race"
 
 
 @runtime_checkable

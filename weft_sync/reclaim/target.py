@@ -39,10 +39,10 @@ from ..claims.registry import ClaimRegistry
 from ..claims.results import TakeoverResult
 from ..claims.transitions import is_claim_expired
 from ..codec import WorkflowRecord, decode_holder, try_decode_workflow_record
-from ..maintenance.targets import TAKEOVER_MAX_ATTEMPTS, ReclaimAttemptResult
 from ..metrics import ClaimMetrics
 from ..storage.base import Storage
 from ..storage.reads import storage_get_many
+from .attempts import TAKEOVER_MAX_ATTEMPTS, ReclaimAttemptResult
 from .discoveries import Discovery, ScanDiscovery
 from .fair_share import validate_max_claims
 from .scan import list_reclaim_candidates
