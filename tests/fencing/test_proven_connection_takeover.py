@@ -25,7 +25,6 @@ from tests.fencing.hosts import PAST_EXPIRY_MS, HostEnv, make_env
 from weft_sync import Ownership
 from weft_sync.errors import EngineDeposedError, StorageError, WorkflowClaimLostWarning
 from weft_sync.fencing.sqlite3 import Sqlite3Block
-from weft_sync.storage import sqlite_handle
 
 WID = "wf-proven"
 PAUSE_S = 1.0
@@ -45,7 +44,7 @@ def _proven(env: HostEnv) -> tuple[Ownership, Any]:
 
 
 def _short_path_expected(env: HostEnv) -> bool:
-    return env.driver == "sqlite3" and sqlite_handle.filename_reader() is not None
+    return env.driver == "sqlite3"
 
 
 def test_a_deposed_owners_write_on_its_proven_connection_is_refused_and_nothing_commits(
