@@ -41,20 +41,6 @@ from typing import Concatenate, ParamSpec, Protocol, TypeVar
 
 from .errors import ClosedError
 
-__all__ = [
-    "ForkAware",
-    "ProcessBound",
-    "hook_registered",
-    "inherited_error",
-    "pin",
-    "process_bound",
-    "process_bound_class",
-    "reset_in_child",
-    "track",
-    "tracked",
-    "untrack",
-]
-
 _log = logging.getLogger(__name__)
 
 _P = ParamSpec("_P")

@@ -31,8 +31,6 @@ from .ownership.facade import Ownership
 from .ownership.handler_table import ReclaimedWorkflow
 from .storage import Condition, Put, open_storage
 
-__all__ = ["DemoSettings", "run_demo"]
-
 Printer = Callable[[str], None]
 
 

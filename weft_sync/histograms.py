@@ -17,8 +17,6 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-__all__ = ["Histogram", "HistogramSnapshot", "latency_bounds", "takeover_delay_bounds"]
-
 
 def _clean(bounds: Sequence[float]) -> tuple[float, ...]:
     """Sorted, de-duplicated, positive and finite bounds, rounded to the microsecond."""

@@ -6,25 +6,6 @@ import re
 from dataclasses import dataclass, field
 from typing import Final, Literal
 
-__all__ = [
-    "BACKGROUND_MODES",
-    "DEFAULT_CLAIM_RENEW_INTERVAL_MS",
-    "DEFAULT_CLAIM_TTL_MS",
-    "DEFAULT_LEASE_RENEW_INTERVAL_MS",
-    "DEFAULT_LEASE_TTL_MS",
-    "DEFAULT_LEASE_WAIT_MS",
-    "MAX_CLAIM_TTL_MS",
-    "Duration",
-    "OWNERSHIP_MODES",
-    "OwnershipFields",
-    "OwnershipOptions",
-    "RECLAIM_DISCOVERIES",
-    "TIME_SOURCES",
-    "TTL_SAFETY_MULTIPLIER",
-    "parse_duration",
-    "resolve_ownership_fields",
-]
-
 DEFAULT_CLAIM_TTL_MS: Final = 30_000
 DEFAULT_CLAIM_RENEW_INTERVAL_MS: Final = 5_000
 DEFAULT_LEASE_TTL_MS: Final = 30_000

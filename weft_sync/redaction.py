@@ -11,8 +11,6 @@ from __future__ import annotations
 import re
 from typing import Final
 
-__all__ = ["MASK", "redact_text", "redact_url"]
-
 MASK: Final = "***"
 
 # ``scheme://user:password@`` — the password is everything between the first ':' after the

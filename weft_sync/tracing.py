@@ -25,8 +25,6 @@ import contextlib
 from collections.abc import Iterator
 from typing import Any
 
-__all__ = ["OTEL_MISSING", "Tracing", "resolve_tracing", "validate_tracing"]
-
 OTEL_MISSING = (
     "tracing needs the OpenTelemetry API; install the 'otel' extra: pip install \"weft_sync[otel]\""
 )

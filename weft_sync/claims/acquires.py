@@ -31,8 +31,6 @@ from .results import AcquirePreparation, AcquireResult, AcquireStatus
 from .tracking import ClaimTable, TrackedClaim
 from .transitions import Fragment, build_acquire_transition, extract_put_value
 
-__all__ = ["Acquires"]
-
 # Logs under the registry's logger: one logger names every claim operation of the registry.
 _log = logging.getLogger("weft_sync.claims.registry")
 

@@ -7,8 +7,6 @@ from typing import Final
 
 from ..keys import validate_workflow_id
 
-__all__ = ["engine_ids_arg", "optional_epoch", "positive_int", "workflow_ids_arg"]
-
 _STR: Final = frozenset([str])
 
 

@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import threading
 
-__all__ = ["TakeoverCooldown"]
-
 
 class TakeoverCooldown:
     """Per-workflow windows during which this engine does not try to take a claim back.

@@ -48,17 +48,6 @@ from ..storage.isolation import storage_conditional_batches_isolated
 from ..storage.reads import storage_get_many
 from .transitions import Fragment, extract_put_value
 
-__all__ = [
-    "BackfillStep",
-    "backfill_step",
-    "claim_entry_ops",
-    "index_marker_present",
-    "read_engine_entries",
-    "release_entry_ops",
-    "with_claim_entry",
-    "with_release_entry",
-]
-
 MARKER_VERSION: Final = 1
 
 _HOLDER_PREFIX: Final = keys.workflow_owner_holder("")

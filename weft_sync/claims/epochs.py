@@ -31,14 +31,6 @@ from ..keys import try_decode_key_component, validate_workflow_id
 from ..storage.base import Condition, Delete, Operation, Put, Storage, storage_conditional_batch
 from .engine_index import release_entry_ops
 
-__all__ = [
-    "REPAIR_EPOCHS_PER_MS",
-    "CorruptEpoch",
-    "find_corrupt_epochs",
-    "iter_corrupt_epochs",
-    "repair_corrupt_epoch",
-]
-
 _log = logging.getLogger(__name__)
 
 REPAIR_EPOCHS_PER_MS: Final = 1000

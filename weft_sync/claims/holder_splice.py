@@ -14,8 +14,6 @@ import msgpack
 
 from ..codec import decode_holder, encode_holder
 
-__all__ = ["renewal_split"]
-
 _PACKED_EXPIRES_AT_KEY: Final = msgpack.packb("expires_at")
 
 

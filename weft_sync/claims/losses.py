@@ -27,8 +27,6 @@ from ..errors import StoreIdentityError, WorkflowClaimLostWarning
 from ..metrics import ClaimLossCause, ClaimMetrics
 from .tracking import ClaimTable, TrackedClaim
 
-__all__ = ["DEADLINE", "DEPOSED", "STORE_IDENTITY", "STORE_ROLLBACK", "LocalLosses"]
-
 # Logs under the registry's logger: one logger names every claim operation of the registry.
 _log = logging.getLogger("weft_sync.claims.registry")
 

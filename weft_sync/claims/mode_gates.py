@@ -23,14 +23,6 @@ from ..keys import OWNERSHIP_MODE_MARKER
 from ..storage.base import Condition, Put, Storage, storage_conditional_batch
 from .engine_index import mark_newborn_store
 
-__all__ = [
-    "OWNERSHIP_MODES",
-    "OwnershipModeName",
-    "assert_ownership_mode_marker",
-    "assert_ownership_storage_capability",
-    "bootstrap_ownership_gates",
-]
-
 _log = logging.getLogger(__name__)
 
 OwnershipModeName = Literal["none", "lease", "workflow-lease"]

@@ -17,8 +17,6 @@ from contextlib import contextmanager
 
 from ..errors import ClosedError
 
-__all__ = ["OperationGate"]
-
 
 class OperationGate:
     """Counts claim-creating operations in flight and refuses new ones once closing.

@@ -40,8 +40,12 @@ from .acquires import Acquires
 from .arguments import engine_ids_arg, optional_epoch, positive_int, workflow_ids_arg
 from .losses import LocalLosses
 from .operation_gate import OperationGate
-from .releases import RELEASE_ALL_CONCURRENCY, ReleasePreparation, Releases
-from .renewals import DEFAULT_RENEW_CHUNK_SIZE, Renewals, WarnSink, default_warn
+from .releases import RELEASE_ALL_CONCURRENCY as RELEASE_ALL_CONCURRENCY
+from .releases import ReleasePreparation as ReleasePreparation
+from .releases import Releases
+from .renewals import DEFAULT_RENEW_CHUNK_SIZE as DEFAULT_RENEW_CHUNK_SIZE
+from .renewals import Renewals, default_warn
+from .renewals import WarnSink as WarnSink
 from .results import (
     AcquirePreparation,
     AcquireResult,
@@ -50,17 +54,9 @@ from .results import (
     TakeoverResult,
 )
 from .rollback import describe_store, rollback_evidence
-from .takeovers import DEFAULT_TAKEOVER_CHUNK_SIZE, Takeovers
+from .takeovers import DEFAULT_TAKEOVER_CHUNK_SIZE as DEFAULT_TAKEOVER_CHUNK_SIZE
+from .takeovers import Takeovers
 from .tracking import ClaimTable
-
-__all__ = [
-    "DEFAULT_RENEW_CHUNK_SIZE",
-    "DEFAULT_TAKEOVER_CHUNK_SIZE",
-    "RELEASE_ALL_CONCURRENCY",
-    "ClaimRegistry",
-    "ReleasePreparation",
-    "WarnSink",
-]
 
 _log = logging.getLogger(__name__)
 _RESULTS_ONLY: Final = frozenset([RenewResult])

@@ -24,8 +24,6 @@ from .results import ReleaseResult, ReleaseStatus
 from .tracking import ClaimTable, TrackedClaim
 from .transitions import Fragment, build_release_transition
 
-__all__ = ["RELEASE_ALL_CONCURRENCY", "ReleasePreparation", "Releases"]
-
 # Logs under the registry's logger: one logger names every claim operation of the registry.
 _log = logging.getLogger("weft_sync.claims.registry")
 

@@ -25,8 +25,6 @@ from ..metrics import ClaimMetrics
 from .registry import DEFAULT_RENEW_CHUNK_SIZE, ClaimRegistry
 from .results import RenewResult, RenewStatus
 
-__all__ = ["ClaimRenewalLostError", "RegistryRenewalTarget", "create_renewal_target"]
-
 _RENEWED: Final = RenewStatus.RENEWED
 
 

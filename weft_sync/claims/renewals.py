@@ -34,13 +34,6 @@ from .rollback import describe_store, rollback_evidence
 from .tracking import ClaimTable, RenewalGroup, TrackedClaim
 from .transitions import build_renew_transition, extract_put_value
 
-__all__ = [
-    "DEFAULT_RENEW_CHUNK_SIZE",
-    "Renewals",
-    "WarnSink",
-    "default_warn",
-]
-
 # Logs under the registry's logger: one logger names every claim operation of the registry.
 _log = logging.getLogger("weft_sync.claims.registry")
 

@@ -12,18 +12,6 @@ from enum import Enum
 
 from .transitions import Fragment
 
-__all__ = [
-    "AcquirePreparation",
-    "AcquireResult",
-    "AcquireStatus",
-    "ReleaseResult",
-    "ReleaseStatus",
-    "RenewResult",
-    "RenewStatus",
-    "TakeoverResult",
-    "TakeoverStatus",
-]
-
 
 class _StrStatus(str, Enum):
     def __str__(self) -> str:

@@ -25,8 +25,6 @@ from __future__ import annotations
 from ..codec import decode_holder, decode_token
 from ..redaction import redact_text
 
-__all__ = ["describe_store", "rollback_evidence"]
-
 
 def rollback_evidence(
     *,

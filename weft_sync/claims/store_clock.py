@@ -37,15 +37,6 @@ from typing import Final, Literal
 from ..clock import Clock, system_clock
 from ..storage.base import Storage
 
-__all__ = [
-    "DEFAULT_RESAMPLE_INTERVAL_S",
-    "TIME_SOURCES",
-    "StoreClock",
-    "TimeSource",
-    "monotonic_ms",
-    "resolve_store_clock",
-]
-
 _log = logging.getLogger(__name__)
 
 TimeSource = Literal["local", "store"]

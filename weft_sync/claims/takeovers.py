@@ -35,8 +35,6 @@ from .transitions import (
     is_claim_expired,
 )
 
-__all__ = ["DEFAULT_TAKEOVER_CHUNK_SIZE", "Installer", "Takeovers"]
-
 # Logs under the registry's logger: one logger names every claim operation of the registry.
 _log = logging.getLogger("weft_sync.claims.registry")
 

@@ -16,8 +16,6 @@ from typing import Final
 from .cooldown import TakeoverCooldown
 from .results import RenewResult
 
-__all__ = ["PENDING_LIMIT", "ClaimTable", "RenewalGroup", "TrackedClaim"]
-
 PENDING_LIMIT: Final = 8
 """Holder values kept per claim from renewals whose commit raised (see ``TrackedClaim``)."""
 

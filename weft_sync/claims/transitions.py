@@ -19,20 +19,6 @@ from ..codec import EPOCH_MAX, HolderRecord, decode_epoch, decode_holder, encode
 from ..errors import CorruptEpochError, EpochExhaustedError
 from ..storage.base import Condition, Delete, Operation, Put
 
-__all__ = [
-    "Fragment",
-    "TAKEOVER_GRACE_MULTIPLIER",
-    "TTL_SAFETY_MULTIPLIER",
-    "build_acquire_transition",
-    "build_external_rotation_transition",
-    "build_release_transition",
-    "build_renew_transition",
-    "build_takeover_transition",
-    "extract_put_value",
-    "is_claim_expired",
-    "next_epoch",
-]
-
 TTL_SAFETY_MULTIPLIER: Final = 3
 TAKEOVER_GRACE_MULTIPLIER: Final = 2
 

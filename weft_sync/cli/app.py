@@ -26,16 +26,6 @@ from . import commands
 if TYPE_CHECKING:
     from ..ownership.handler_table import WorkflowHandler
 
-__all__ = [
-    "DEFAULT_URL",
-    "EXIT_FAILURE",
-    "EXIT_INTERRUPTED",
-    "EXIT_NOT_FOUND",
-    "EXIT_OK",
-    "EXIT_USAGE",
-    "main",
-]
-
 DEFAULT_URL: Final = "sqlite:///weft_sync.db"
 EXIT_OK, EXIT_FAILURE, EXIT_USAGE, EXIT_NOT_FOUND, EXIT_INTERRUPTED = 0, 1, 2, 3, 130
 

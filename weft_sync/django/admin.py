@@ -28,8 +28,6 @@ from weft_sync.storage import storage_get_many
 from .models import Claim, Workflow
 from .runtime import get_ownership
 
-__all__ = ["PAGE_SIZE", "ClaimAdmin", "WorkflowAdmin"]
-
 PAGE_SIZE: Final = 200
 
 

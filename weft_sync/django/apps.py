@@ -10,8 +10,6 @@ from django.conf import settings
 from django.core import checks
 from django.core.signals import request_started, setting_changed
 
-__all__ = ["WeftSyncConfig"]
-
 _log = logging.getLogger(__name__)
 
 

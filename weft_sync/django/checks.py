@@ -20,8 +20,6 @@ from django.core.checks import CheckMessage, Error
 
 from .conf import find_problems
 
-__all__ = ["check_settings"]
-
 
 def check_settings(app_configs: Sequence[Any] | None = None, **kwargs: Any) -> list[CheckMessage]:
     """Report every problem of ``settings.WEFT_SYNC`` as an ``Error``."""

@@ -25,14 +25,6 @@ from weft_sync.options import OwnershipOptions
 from weft_sync.redaction import redact_url
 from weft_sync.storage import SUPPORTED_SCHEMES
 
-__all__ = [
-    "SETTING",
-    "Problem",
-    "WeftSyncSettings",
-    "find_problems",
-    "load_config",
-]
-
 SETTING: Final = "WEFT_SYNC"
 _KEYS: Final = (
     "URL",

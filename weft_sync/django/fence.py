@@ -26,9 +26,6 @@ from .runtime import get_ownership
 if TYPE_CHECKING:
     from ..ownership.facade import Ownership
 
-__all__ = ["AtomicTransaction", "fenced_atomic"]
-
-
 class AtomicTransaction:
     """A :class:`~weft_sync.fencing.base.HostTransaction` inside an open ``atomic`` block.
 

@@ -30,8 +30,6 @@ from weft_sync.redaction import redact_url
 
 from .conf import WeftSyncSettings, load_config
 
-__all__ = ["close_ownership", "get_ownership", "handlers_from_settings", "is_open"]
-
 _log = logging.getLogger(__name__)
 
 # _lock guards _current, _pid and _opening.

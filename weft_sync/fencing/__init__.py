@@ -8,8 +8,9 @@ each connection family implements (:mod:`.sqlite3`, :mod:`.psycopg`, :mod:`.psyc
 
 from __future__ import annotations
 
-from .adapters import ACCEPTED, adapt
-from .base import HostTransaction
-from .core import HostFence, fenced_transaction
+from .adapters import ACCEPTED as ACCEPTED
+from .adapters import adapt as adapt
+from .base import HostTransaction as HostTransaction
+from .core import HostFence as HostFence
+from .core import fenced_transaction as fenced_transaction
 
-__all__ = ["ACCEPTED", "HostFence", "HostTransaction", "adapt", "fenced_transaction"]

@@ -13,8 +13,6 @@ from typing import Any, Final
 
 from .base import FastBlockFactory, HostTransaction
 
-__all__ = ["ACCEPTED", "FAST_BLOCKS", "adapt"]
-
 ACCEPTED: Final = (
     "sqlite3.Connection",
     "psycopg.Connection",

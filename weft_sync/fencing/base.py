@@ -16,16 +16,6 @@ from typing import Any, NoReturn, Protocol, runtime_checkable
 from ..errors import StorageError
 from ..storage.fence_proof import FenceBinding
 
-__all__ = [
-    "FastBlockFactory",
-    "FenceContext",
-    "FindBinding",
-    "HostTransaction",
-    "SupportsBeginReading",
-    "as_value",
-    "savepoint_name",
-]
-
 _savepoints = itertools.count(1)
 
 

@@ -82,15 +82,6 @@ from ..storage.fence_proof import FenceBinding, FenceTarget
 from .adapters import FAST_BLOCKS, adapt
 from .base import HostTransaction, as_value
 
-__all__ = [
-    "FEATURE",
-    "ForeignDatabaseError",
-    "HostFence",
-    "HostStoreWrites",
-    "fenced_transaction",
-    "open_fence_writes",
-]
-
 _log = logging.getLogger(__name__)
 
 FEATURE = "Ownership.fenced()"

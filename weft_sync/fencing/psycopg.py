@@ -19,8 +19,6 @@ from typing import Any
 import psycopg
 from psycopg.rows import tuple_row
 
-__all__ = ["PsycopgTransaction", "run_query"]
-
 _PIPELINE_OFF = psycopg.pq.PipelineStatus.OFF
 
 

@@ -14,8 +14,6 @@ import psycopg2.extensions
 
 from .base import savepoint_name
 
-__all__ = ["Psycopg2Transaction"]
-
 
 class Psycopg2Transaction:
     """A :class:`~weft_sync.fencing.base.HostTransaction` over a psycopg2 connection."""

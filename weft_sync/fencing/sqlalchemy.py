@@ -19,8 +19,6 @@ from sqlalchemy.orm import Session, SessionTransaction
 
 from .wrapped import as_psycopg
 
-__all__ = ["ConnectionTransaction", "SessionTransactionAdapter"]
-
 
 def _dialect_family(connection: Connection) -> str:
     return str(connection.dialect.name)

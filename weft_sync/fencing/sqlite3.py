@@ -25,8 +25,6 @@ from typing import Any
 
 from .base import FenceContext, FindBinding, as_value, savepoint_name
 
-__all__ = ["Sqlite3Block", "Sqlite3Transaction"]
-
 _log = logging.getLogger(__name__)
 
 # Python 3.12+ only; before it every connection is in the legacy transaction mode.

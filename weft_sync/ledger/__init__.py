@@ -11,27 +11,24 @@ Hosts use :class:`weft_sync.workflows.Workflows`; these modules are its parts.
 
 from __future__ import annotations
 
-from .fenced_writes import Fence, WakeCheck, WakeCheckStatus, wake_ownership_check
+from .fenced_writes import Fence as Fence
+from .fenced_writes import WakeCheck as WakeCheck
+from .fenced_writes import WakeCheckStatus as WakeCheckStatus
+from .fenced_writes import wake_ownership_check as wake_ownership_check
 from .records import (
-    ExternalCommitConflictError,
-    WorkflowNotFoundError,
-    WorkflowOutcome,
-    WorkflowStateError,
+    ExternalCommitConflictError as ExternalCommitConflictError,
 )
-from .signals import SignalBuffer
-from .updates import UpdateHandler, UpdateQueue, WorkflowUpdate
+from .records import (
+    WorkflowNotFoundError as WorkflowNotFoundError,
+)
+from .records import (
+    WorkflowOutcome as WorkflowOutcome,
+)
+from .records import (
+    WorkflowStateError as WorkflowStateError,
+)
+from .signals import SignalBuffer as SignalBuffer
+from .updates import UpdateHandler as UpdateHandler
+from .updates import UpdateQueue as UpdateQueue
+from .updates import WorkflowUpdate as WorkflowUpdate
 
-__all__ = [
-    "ExternalCommitConflictError",
-    "Fence",
-    "SignalBuffer",
-    "UpdateHandler",
-    "UpdateQueue",
-    "WakeCheck",
-    "WakeCheckStatus",
-    "WorkflowNotFoundError",
-    "WorkflowOutcome",
-    "WorkflowStateError",
-    "WorkflowUpdate",
-    "wake_ownership_check",
-]

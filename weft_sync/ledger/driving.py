@@ -49,8 +49,6 @@ from ..metrics import ClaimMetrics
 if TYPE_CHECKING:
     from ..workflows import Workflows
 
-__all__ = ["DriveContext", "Driver", "DriverTracker"]
-
 _log = logging.getLogger(__name__)
 
 DisposeCallback = Callable[[str, dict[str, Any]], object]

@@ -33,8 +33,6 @@ from .records import (
 from .signals import SignalBuffer
 from .updates import UpdateQueue
 
-__all__ = ["EXTERNAL_MAX_ATTEMPTS", "SUSPENDABLE_STATUSES", "ExternalTransitions"]
-
 _log = logging.getLogger(__name__)
 
 EXTERNAL_MAX_ATTEMPTS: Final = 5

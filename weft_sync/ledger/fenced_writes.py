@@ -41,19 +41,6 @@ from ..storage.base import (
     storage_conditional_batch,
 )
 
-__all__ = [
-    "Fence",
-    "FenceObserver",
-    "RegistrySource",
-    "WakeCheck",
-    "WakeCheckStatus",
-    "checked_conditions",
-    "checked_host_operations",
-    "default_warn",
-    "is_library_owned",
-    "wake_ownership_check",
-]
-
 _log = logging.getLogger(__name__)
 
 RegistrySource = Callable[[], "ClaimRegistry | None"]

@@ -42,8 +42,6 @@ from .records import (
     with_status,
 )
 
-__all__ = ["SELF_MAX_ATTEMPTS", "HostWrites", "HostWritesLookup", "SelfTransitions"]
-
 _log = logging.getLogger(__name__)
 
 SELF_MAX_ATTEMPTS: Final = 5

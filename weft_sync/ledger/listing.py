@@ -9,8 +9,6 @@ from .. import keys
 from ..codec import WorkflowRecord, try_decode_workflow_record
 from ..storage.base import Storage
 
-__all__ = ["SCAN_PAGE", "list_records"]
-
 SCAN_PAGE: Final = 500
 """Rows read per scan call; listings page through larger key ranges."""
 

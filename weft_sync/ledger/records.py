@@ -33,29 +33,6 @@ from ..codec import (
 from ..errors import WeftError
 from ..storage.base import Condition, Delete, Operation, Put, Storage
 
-__all__ = [
-    "ACTIVE_STATUSES",
-    "MAX_NAME_LENGTH",
-    "TERMINAL_STATUSES",
-    "ExternalCommitConflictError",
-    "WorkflowNotFoundError",
-    "WorkflowOutcome",
-    "WorkflowStateError",
-    "checkpoint_key",
-    "decode_payload_map",
-    "new_sequence",
-    "pack_payload",
-    "read_record",
-    "related_prefix",
-    "result_key",
-    "signal_prefix",
-    "status_change_operations",
-    "update_prefix",
-    "validate_name",
-    "validate_status",
-    "with_status",
-]
-
 TERMINAL_STATUSES: Final = frozenset({"completed", "failed", "cancelled", "timed-out"})
 """Statuses a workflow never leaves (only ``purge`` removes it)."""
 

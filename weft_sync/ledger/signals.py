@@ -40,8 +40,6 @@ from .records import (
     validate_name,
 )
 
-__all__ = ["SEND_MAX_ATTEMPTS", "SignalBuffer", "require_active_record"]
-
 _log = logging.getLogger(__name__)
 
 SEND_MAX_ATTEMPTS: Final = 5

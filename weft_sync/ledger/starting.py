@@ -38,8 +38,6 @@ from .records import (
     with_status,
 )
 
-__all__ = ["RESUMABLE_STATUSES", "START_MAX_ATTEMPTS", "Starts"]
-
 _log = logging.getLogger("weft_sync.workflows")
 
 START_MAX_ATTEMPTS: Final = 3

@@ -34,8 +34,6 @@ from .records import (
 )
 from .signals import require_active_record
 
-__all__ = ["SUBMIT_MAX_ATTEMPTS", "UpdateHandler", "UpdateQueue", "WorkflowUpdate"]
-
 _log = logging.getLogger(__name__)
 
 SUBMIT_MAX_ATTEMPTS: Final = 5

@@ -21,14 +21,13 @@ from ..reclaim.engine_discovery import EngineIndexDiscovery
 from ..reclaim.fair_share import validate_max_claims
 from ..reclaim.target import EligibilityPredicate, ReclaimTargetHandle, create_reclaim_target
 from ..storage.base import Storage
-from .instrumentation import MetricsPassObserver, metrics_bridge
+from .instrumentation import MetricsPassObserver
+from .instrumentation import metrics_bridge as metrics_bridge
 from .observer import PassObserver
 from .scheduler import IntervalScheduler
 from .targets import SignalPollTarget, UpdatePollTarget
 from .task import PassCallback, RenewalTask
 from .task_factory import create_renewal_task
-
-__all__ = ["OwnershipBootstrap", "bootstrap_workflow_lease_ownership", "metrics_bridge"]
 
 _log = logging.getLogger(__name__)
 

@@ -16,8 +16,6 @@ from ..metrics import SUBPASSES, ClaimMetrics
 from .targets import PassKind, PassResult, ReclaimOutcomeStatus, ReclaimPassResult, RenewalStatus
 from .task import PassCallback
 
-__all__ = ["MetricsPassObserver", "PassMarginSource", "metrics_bridge", "reclaim_backlog"]
-
 # Outcomes after which the candidate is no longer stranded as far as this engine can tell: taken
 # over here, won by another engine, or not this engine's to drive.
 _SETTLED = frozenset(

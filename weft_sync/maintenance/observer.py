@@ -16,8 +16,6 @@ from collections.abc import Iterator, Sequence
 from contextlib import AbstractContextManager
 from typing import Protocol, runtime_checkable
 
-__all__ = ["FULL_PASS", "PassObserver", "notify_skipped", "observed"]
-
 _log = logging.getLogger(__name__)
 
 FULL_PASS = "pass"

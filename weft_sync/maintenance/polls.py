@@ -26,17 +26,6 @@ from .targets import (
     UpdatePollTarget,
 )
 
-__all__ = [
-    "WAIT_SIGNAL",
-    "LiveSignalWaiter",
-    "ParkedOperation",
-    "SignalPollSources",
-    "SignalWakeDecision",
-    "build_owner_side_signal_poll_target",
-    "run_owner_side_signal_poll",
-    "run_owner_side_update_poll",
-]
-
 _log = logging.getLogger(__name__)
 
 WAIT_SIGNAL: Final = "wait-signal"

@@ -13,8 +13,6 @@ import threading
 from collections.abc import Callable
 from typing import Protocol, runtime_checkable
 
-__all__ = ["IntervalScheduler", "TimerScheduler"]
-
 _log = logging.getLogger(__name__)
 
 _timer_ids = itertools.count(1)

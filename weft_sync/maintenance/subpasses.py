@@ -39,13 +39,6 @@ from .targets import (
     UpdatePollTarget,
 )
 
-__all__ = [
-    "run_reclaim_pass",
-    "run_renewal_subpass",
-    "run_signal_poll_subpass",
-    "run_update_poll_subpass",
-]
-
 _T = TypeVar("_T")
 _RENEWED: Final = RenewalStatus.RENEWED
 BatchRenewer = Callable[[Sequence[str]], "list[Exception | None]"]

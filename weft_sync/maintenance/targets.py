@@ -16,41 +16,8 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Final, Protocol, runtime_checkable
 
-from ..reclaim.attempts import TAKEOVER_MAX_ATTEMPTS, ReclaimAttemptResult
-
-__all__ = [
-    "RECLAIM_CHUNK_SIZE",
-    "RECLAIM_CONCURRENCY",
-    "RENEWAL_CHUNK_SIZE",
-    "RENEWAL_CONCURRENCY",
-    "TAKEOVER_MAX_ATTEMPTS",
-    "BatchReclaimTarget",
-    "BatchRenewalTarget",
-    "ParkedSignalWait",
-    "PassKind",
-    "PassResult",
-    "ReclaimAttemptResult",
-    "ReclaimOutcome",
-    "ReclaimOutcomeStatus",
-    "ReclaimPassResult",
-    "ReclaimPassStatus",
-    "ReclaimTarget",
-    "RenewalOutcome",
-    "RenewalStatus",
-    "RenewalSubpassResult",
-    "RenewalTarget",
-    "SignalPollOutcome",
-    "SignalPollResult",
-    "SignalPollStatus",
-    "SignalPollSubpassResult",
-    "SignalPollTarget",
-    "SubpassStatus",
-    "UpdatePollOutcome",
-    "UpdatePollResult",
-    "UpdatePollStatus",
-    "UpdatePollSubpassResult",
-    "UpdatePollTarget",
-]
+from ..reclaim.attempts import TAKEOVER_MAX_ATTEMPTS as TAKEOVER_MAX_ATTEMPTS
+from ..reclaim.attempts import ReclaimAttemptResult as ReclaimAttemptResult
 
 RENEWAL_CONCURRENCY: Final = 16
 """At most this many renewals (or renewal chunks) of one sub-pass run at once."""

@@ -46,8 +46,6 @@ from .targets import (
     UpdatePollTarget,
 )
 
-__all__ = ["URGENT_RECLAIM_GAP_MS", "URGENT_RECLAIM_ROUNDS", "PassCallback", "RenewalTask"]
-
 _log = logging.getLogger(__name__)
 
 PassCallback = Callable[[PassResult], None]

@@ -16,8 +16,6 @@ from .targets import (
 )
 from .task import PassCallback, RenewalTask
 
-__all__ = ["create_renewal_task"]
-
 
 def create_renewal_task(
     *,

@@ -31,8 +31,6 @@ from ..codec import decode_epoch
 from ..metrics import ClaimMetrics
 from .claim_handle import ClaimHandle
 
-__all__ = ["ClaimAttempt", "attempt_claim", "claim_is_gone", "claim_with_wait", "validate_wait"]
-
 _log = logging.getLogger(__name__)
 
 _ATTEMPTS: Final = 3

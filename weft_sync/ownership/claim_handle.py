@@ -7,8 +7,6 @@ from collections.abc import Callable
 
 from ..errors import WorkflowClaimLostError
 
-__all__ = ["ClaimHandle"]
-
 
 class ClaimHandle:
     """One claim taken by :meth:`weft_sync.Ownership.claim`, valid until its block exits.

@@ -28,8 +28,6 @@ if TYPE_CHECKING:
     from ..workflows import Workflows
     from .handler_executor import HandlerExecutor
 
-__all__ = ["close_engine"]
-
 # The bound ends a pass's lock wait within one busy slice of the deadline: the passes are waited
 # for that much longer rather than left running past close().
 _PASS_GRACE_S: Final = 0.25

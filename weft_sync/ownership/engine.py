@@ -27,8 +27,6 @@ from .handler_table import HandlerTable
 from .observability import build_instrumentation
 from .opening import EngineSettings
 
-__all__ = ["EngineParts", "build_engine"]
-
 
 @dataclass(frozen=True, slots=True)
 class EngineParts:

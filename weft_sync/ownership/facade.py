@@ -59,20 +59,13 @@ from ..storage import Storage
 from ..workflows import Workflows
 from . import prefork
 from .bare_claims import ClaimAttempt, attempt_claim, claim_is_gone, claim_with_wait, validate_wait
-from .claim_handle import ClaimHandle
+from .claim_handle import ClaimHandle as ClaimHandle
 from .closing import close_engine
 from .engine import build_engine
-from .handler_table import HandlerTable, ReclaimedWorkflow, WorkflowHandler
+from .handler_table import HandlerTable
+from .handler_table import ReclaimedWorkflow as ReclaimedWorkflow
+from .handler_table import WorkflowHandler as WorkflowHandler
 from .opening import EngineSettings, close_quietly, resolve_storage, validate_settings
-
-__all__ = [
-    "Background",
-    "ClaimHandle",
-    "LostCallback",
-    "Ownership",
-    "ReclaimedWorkflow",
-    "WorkflowHandler",
-]
 
 _log = logging.getLogger(__name__)
 

@@ -36,8 +36,6 @@ from ..clock import Clock
 from ..errors import ClosedError
 from ..metrics import ClaimMetrics
 
-__all__ = ["HandlerExecutor", "HandlerRun"]
-
 _log = logging.getLogger(__name__)
 
 

@@ -60,8 +60,6 @@ if TYPE_CHECKING:
     from ..workflows import Workflows
     from .facade import Ownership
 
-__all__ = ["HandlerTable", "ReclaimedWorkflow", "WorkflowHandler", "validate_handlers"]
-
 _log = logging.getLogger(__name__)
 
 _KEPT_FAILURES: Final = 500

@@ -15,8 +15,6 @@ from ..metrics import ClaimMetrics
 from ..options import OwnershipOptions
 from ..tracing import Tracing, resolve_tracing
 
-__all__ = ["Instrumentation", "build_instrumentation"]
-
 
 @dataclass(frozen=True, slots=True)
 class Instrumentation:

@@ -19,8 +19,6 @@ from ..storage import Storage, open_storage
 from ..tracing import validate_tracing
 from .handler_table import WorkflowHandler, validate_handlers
 
-__all__ = ["EngineSettings", "close_quietly", "resolve_storage", "validate_settings"]
-
 _log = logging.getLogger("weft_sync.ownership.facade")
 
 

@@ -30,8 +30,6 @@ import threading
 import weakref
 from typing import Protocol
 
-__all__ = ["ForkStoppable", "unwatch", "watch"]
-
 _log = logging.getLogger(__name__)
 
 

@@ -9,8 +9,6 @@ from __future__ import annotations
 import enum
 from typing import Final
 
-__all__ = ["TAKEOVER_MAX_ATTEMPTS", "ReclaimAttemptResult"]
-
 TAKEOVER_MAX_ATTEMPTS: Final = 5
 """CAS attempts one reclaim attempt makes before it reports ``lost-race`` (inclusive bound)."""
 

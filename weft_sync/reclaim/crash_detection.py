@@ -24,8 +24,6 @@ from ..storage.base import Storage
 from .engine_liveness import EngineLiveness
 from .watcher import LivenessWatcher
 
-__all__ = ["CrashDetection", "build_crash_detection"]
-
 _log = logging.getLogger(__name__)
 
 _REFRESH_MS = 1_000

@@ -18,17 +18,6 @@ from .engine_records import ENGINE_RECORD_PREFIX
 from .scan import HolderJudge, ReclaimDiscovery, discover_reclaim_candidates
 from .verdicts import EngineStatus, EngineVerdict, survey_engines
 
-__all__ = [
-    "Discovery",
-    "EngineDiscovery",
-    "ExpiryJudge",
-    "ScanDiscovery",
-    "crash_participants",
-    "expiry_judge",
-    "holder_engine_and_expiry",
-    "survey_for_discovery",
-]
-
 _log = logging.getLogger(__name__)
 
 

@@ -54,14 +54,6 @@ from .scan import HolderJudge, discover_reclaim_candidates
 from .scan_windows import RotatingWindow, read_windows
 from .verdicts import EngineStatus, EngineVerdict
 
-__all__ = [
-    "BACKFILL_BUDGET",
-    "DEAD_ENGINE_READ_LIMIT",
-    "DEAD_SHARE_WINDOW_MS",
-    "DISCOVERY_WINDOW",
-    "EngineIndexDiscovery",
-]
-
 _log = logging.getLogger(__name__)
 
 DISCOVERY_WINDOW: Final = 256

@@ -7,8 +7,6 @@ from ..storage import Condition, Delete, Storage, storage_conditional_batch
 from ..storage.session_locks import storage_session_locks
 from .verdicts import EngineStatus, EngineVerdict
 
-__all__ = ["forget_engine"]
-
 _FORGETTABLE = (EngineVerdict.CRASHED, EngineVerdict.CLOSED)
 
 

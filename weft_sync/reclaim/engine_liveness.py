@@ -27,8 +27,6 @@ from ..storage import Storage
 from ..storage.session_locks import SessionLock, storage_session_locks
 from .engine_records import MAX_ENGINE_ID_LENGTH, EngineRecord, encode_engine_record
 
-__all__ = ["EngineLiveness", "heartbeat_due", "refresh_after_ms"]
-
 _log = logging.getLogger(__name__)
 
 # How long close() waits for a heartbeat already writing, so that it cannot land after close.

@@ -19,18 +19,6 @@ from ..codec import SAFE_INT_MAX
 from ..keys import engine_liveness, try_decode_key_component
 from ..storage import Storage
 
-__all__ = [
-    "ENGINE_RECORD_PREFIX",
-    "ENGINE_STATES",
-    "MAX_ENGINE_ID_LENGTH",
-    "EngineRecord",
-    "EngineState",
-    "decode_engine_record",
-    "decode_engine_rows",
-    "encode_engine_record",
-    "read_engine_records",
-]
-
 EngineState = Literal["live", "closed"]
 ENGINE_STATES: Final = get_args(EngineState)
 ENGINE_RECORD_PREFIX: Final = engine_liveness("")

@@ -34,15 +34,6 @@ import math
 from collections.abc import Iterable, Mapping
 from typing import Final
 
-__all__ = [
-    "FAIR_SHARE_WINDOW_INTERVALS",
-    "assigned_to",
-    "select_takeovers",
-    "takeover_budget",
-    "takeover_order",
-    "validate_max_claims",
-]
-
 FAIR_SHARE_WINDOW_INTERVALS: Final = 2
 """Renew intervals a stranded workflow waits for its fair-share taker before anyone takes it."""
 

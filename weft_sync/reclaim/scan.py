@@ -32,15 +32,6 @@ from .. import _fork, keys
 from ..codec import try_decode_workflow_record
 from ..storage.base import Storage
 
-__all__ = [
-    "AUTHORITATIVE_SCAN_LIMIT",
-    "HolderJudge",
-    "ReclaimDiscovery",
-    "decode_key_id",
-    "discover_reclaim_candidates",
-    "list_reclaim_candidates",
-]
-
 _log = logging.getLogger(__name__)
 
 AUTHORITATIVE_SCAN_LIMIT: Final = 500

@@ -18,8 +18,6 @@ from collections.abc import Sequence
 from ..storage.base import Storage
 from ..storage.reads import ScanRange, storage_scan_many
 
-__all__ = ["RotatingWindow", "read_windows"]
-
 
 class RotatingWindow:
     """A bounded, rotating read over the keys under ``prefix``.

@@ -22,8 +22,6 @@ from .discoveries import Discovery, EngineDiscovery
 from .engine_discovery import DEAD_SHARE_WINDOW_MS
 from .fair_share import FAIR_SHARE_WINDOW_INTERVALS, assigned_to, select_takeovers
 
-__all__ = ["CandidateSelection"]
-
 # Logs under the reclaim target's logger: one logger names every step of a reclaim pass.
 _log = logging.getLogger("weft_sync.reclaim.target")
 

@@ -48,8 +48,6 @@ from .fair_share import validate_max_claims
 from .scan import list_reclaim_candidates
 from .selection import CandidateSelection
 
-__all__ = ["EligibilityPredicate", "ReclaimPlan", "ReclaimTargetHandle", "create_reclaim_target"]
-
 _log = logging.getLogger(__name__)
 
 EligibilityPredicate = Callable[[str, "str | None"], bool]

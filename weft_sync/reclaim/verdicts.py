@@ -32,19 +32,9 @@ from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 
 from ..storage import Storage
-from ..storage.session_locks import LockState, storage_session_locks
+from ..storage.session_locks import LockState as LockState
+from ..storage.session_locks import storage_session_locks
 from .engine_records import EngineRecord, decode_engine_rows, read_engine_records
-
-__all__ = [
-    "EngineStatus",
-    "EngineVerdict",
-    "LockState",
-    "Survey",
-    "judge_engine",
-    "stale_after_ms",
-    "survey_engines",
-    "take_survey",
-]
 
 
 class EngineVerdict(str, enum.Enum):

@@ -29,8 +29,6 @@ from ..storage import Storage
 from ..storage.session_locks import LockState, SessionLock, storage_session_locks
 from .verdicts import EngineVerdict, take_survey
 
-__all__ = ["LivenessWatcher", "THREAD_NAME"]
-
 _log = logging.getLogger(__name__)
 
 THREAD_NAME: Final = "weft-liveness-watch"

@@ -9,25 +9,6 @@ from typing import Final, Protocol, runtime_checkable
 
 from ..errors import StorageCapabilityError
 
-__all__ = [
-    "Batch",
-    "Condition",
-    "Delete",
-    "Operation",
-    "Put",
-    "Storage",
-    "StorageCapabilities",
-    "prefix_upper_bound",
-    "storage_conditional_batch",
-    "check_batch_shape",
-    "validate_batch",
-    "validate_key",
-    "validate_operations",
-    "tightest_bounds",
-    "validate_scan_args",
-    "validate_table_name",
-]
-
 _TABLE_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,62}$")
 _SCAN_BOUNDS: Final = (("gt", ">"), ("gte", ">="), ("lt", "<"), ("lte", "<="))
 

@@ -19,14 +19,6 @@ from typing import Final, Protocol, runtime_checkable
 from ..errors import StorageCapabilityError, StorageError
 from .base import Batch, Condition, Put, Storage, validate_key
 
-__all__ = [
-    "CasRow",
-    "SupportsCompareAndSetMany",
-    "cas_batches",
-    "storage_compare_and_set_many",
-    "validate_cas_rows",
-]
-
 CasRow = tuple[str, bytes, bytes]
 """``(key, expected, new)``: set ``key`` to ``new`` if it holds exactly ``expected``."""
 

@@ -14,17 +14,6 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol, runtime_checkable
 
-__all__ = [
-    "PG_FENCE_MARK",
-    "FenceBinding",
-    "FenceTarget",
-    "PostgresFenceTarget",
-    "Query",
-    "SqliteFenceTarget",
-    "SupportsHostFence",
-    "quote_identifier",
-]
-
 Family = Literal["sqlite", "postgresql"]
 Query = Callable[[str, Sequence[object]], list[tuple[Any, ...]]]
 """Runs one statement on the host connection and returns its rows."""

@@ -24,14 +24,6 @@ from ..errors import StorageError
 from .base import Batch, Storage
 from .cas import CasRow, storage_compare_and_set_many
 
-__all__ = [
-    "Judged",
-    "RowLockedError",
-    "SupportsIsolatedBatches",
-    "storage_compare_and_set_many_isolated",
-    "storage_conditional_batches_isolated",
-]
-
 
 class RowLockedError(StorageError):
     """Another session held a row of this batch locked for longer than the store's lock timeout.

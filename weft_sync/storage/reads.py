@@ -20,16 +20,6 @@ from typing import Protocol, runtime_checkable
 from ..errors import StorageError
 from .base import Storage, validate_key, validate_scan_args
 
-__all__ = [
-    "ScanRange",
-    "SupportsGetMany",
-    "SupportsScanMany",
-    "storage_get_many",
-    "storage_scan_many",
-    "validate_keys",
-    "validate_scan_ranges",
-]
-
 
 @dataclass(frozen=True, slots=True)
 class ScanRange:

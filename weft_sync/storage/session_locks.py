@@ -31,16 +31,6 @@ import enum
 from collections.abc import Collection, Mapping
 from typing import Final, Protocol, runtime_checkable
 
-__all__ = [
-    "MAX_SESSION_LOCK_NAME_LENGTH",
-    "LockState",
-    "SessionLock",
-    "SupportsSessionLocks",
-    "storage_session_locks",
-    "validate_lock_name",
-    "validate_lock_names",
-]
-
 MAX_SESSION_LOCK_NAME_LENGTH: Final = 1024
 
 

@@ -13,8 +13,6 @@ import math
 import threading
 from typing import Protocol, runtime_checkable
 
-__all__ = ["SupportsWaitBound", "WaitDeadline"]
-
 
 class WaitDeadline:
     """The current bound: a ``time.monotonic()`` reading, or none. Safe to use from any thread."""

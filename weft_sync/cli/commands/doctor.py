@@ -15,8 +15,6 @@ from .listing import read_claims
 from .output import CommandError, StoreMissing, StoreRef, one_line
 from .store_view import read_store_view
 
-__all__ = ["CLOCK_SKEW_LIMIT_MS", "doctor"]
-
 CLOCK_SKEW_LIMIT_MS: Final = 24 * 3600 * 1000
 """A claim expiring further ahead than this was written by a clock that is far off."""
 

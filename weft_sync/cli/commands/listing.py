@@ -13,8 +13,6 @@ from ...storage import Storage
 from ...workflows import Workflows
 from .output import NotFound, StoreRef, emit_json, emit_table, human_time, record_dict
 
-__all__ = ["ClaimRow", "claims", "read_claims", "show", "workflows"]
-
 
 @dataclass(frozen=True)
 class ClaimRow:

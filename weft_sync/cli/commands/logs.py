@@ -16,8 +16,6 @@ from typing import Final, TextIO
 
 from .output import one_line
 
-__all__ = ["LIBRARY_LOGGER", "warnings_to_stderr"]
-
 LIBRARY_LOGGER: Final = "weft_sync"
 
 

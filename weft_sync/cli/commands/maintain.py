@@ -24,8 +24,6 @@ from ...storage import Storage
 from .logs import warnings_to_stderr
 from .output import StoreRef, UsageError, emit_json
 
-__all__ = ["StopSignals", "load_handler", "maintain"]
-
 StopSignals = Callable[[], AbstractContextManager[threading.Event]]
 """Returns a context manager yielding an event set on SIGTERM or SIGINT while it is open."""
 

@@ -15,8 +15,6 @@ from ...storage import Condition, storage_conditional_batch
 from ...workflows import WorkflowNotFoundError, Workflows
 from .output import CommandError, NotFound, StoreRef, UsageError, human_time
 
-__all__ = ["RELEASE_ATTEMPTS", "cancel", "demo", "release", "repair_epoch"]
-
 RELEASE_ATTEMPTS: Final = 5
 """Compare-and-swap attempts of ``release`` while the claim keeps changing under it."""
 

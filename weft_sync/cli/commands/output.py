@@ -12,21 +12,6 @@ from ...errors import MissingStoreError, StorageError, WeftError
 from ...redaction import redact_text, redact_url
 from ...storage import Storage, open_storage
 
-__all__ = [
-    "CommandError",
-    "NotFound",
-    "StoreMissing",
-    "StoreRef",
-    "UsageError",
-    "emit_json",
-    "emit_table",
-    "human_time",
-    "iso_utc",
-    "one_line",
-    "record_dict",
-    "relative_time",
-]
-
 
 class NotFound(WeftError):
     """The workflow or claim named on the command line does not exist (exit 3)."""

@@ -18,8 +18,6 @@ from ...storage import Storage, storage_get_many
 from .listing import read_claims
 from .output import StoreRef, emit_json, emit_table, human_time
 
-__all__ = ["StoreView", "metrics", "read_store_view", "status"]
-
 _SHOWN_IDS: Final = 10
 """Running workflows without a holder named in the text view (all of them in JSON)."""
 

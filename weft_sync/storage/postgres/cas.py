@@ -25,8 +25,6 @@ from ..cas import CasRow, cas_batches, validate_cas_rows
 from .locked import renewal_rows
 from .sql import Plan, Queries, disjoint, renewal_keys
 
-__all__ = ["ConditionalWrites"]
-
 _Conn = psycopg.Connection[TupleRow]
 
 # Written into a key that a batch requires absent but does not write; deleted before commit.

@@ -24,8 +24,6 @@ import time
 from collections.abc import Iterator
 from typing import Any, Final
 
-__all__ = ["CUT_AFTER_S", "CallDeadlines"]
-
 _log = logging.getLogger(__name__)
 
 CANCEL_TIMEOUT_S: Final = 0.5

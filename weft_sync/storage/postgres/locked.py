@@ -20,15 +20,6 @@ from ..cas import CasRow, cas_batches, validate_cas_rows
 from ..isolation import Judged, RowLockedError
 from .sql import Plan, Queries, disjoint, renewal_keys
 
-__all__ = [
-    "IsolatedBatches",
-    "caused_by",
-    "judge_disjoint_skip_locked",
-    "lock_timed_out",
-    "renewal_rows",
-    "update_rows_skip_locked",
-]
-
 
 def renewal_rows(batches: Sequence[tuple[list[Condition], list[Operation]]]) -> list[CasRow]:
     """The ``(key, expected, new)`` rows of renewal-shaped batches (see ``renewal_keys``)."""

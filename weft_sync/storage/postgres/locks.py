@@ -48,8 +48,6 @@ from ...errors import StorageError
 from ...redaction import redact_text
 from ..session_locks import LockState, validate_lock_name, validate_lock_names
 
-__all__ = ["PostgresSessionLock", "PostgresSessionLockMethods", "lock_keys"]
-
 _Conn = psycopg.Connection[TupleRow]
 
 # libpq keepalive settings for lock connections, unless the DSN sets its own.

@@ -40,23 +40,6 @@ from typing import Any, Final
 from ...options import parse_duration
 from ...redaction import redact_url
 
-__all__ = [
-    "DEFAULT_RENEW_INTERVAL_MS",
-    "DERIVED",
-    "Derived",
-    "ReplicationSettings",
-    "WaitBounds",
-    "check_pool_sizes",
-    "check_connect_timeout",
-    "check_session_settings",
-    "expected_settings",
-    "check_seconds",
-    "derive_wait_bounds",
-    "merged_options",
-    "parse_bound_param",
-    "parse_seconds_param",
-]
-
 
 class Derived(enum.Enum):
     """The type of :data:`DERIVED`."""

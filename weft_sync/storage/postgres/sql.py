@@ -10,8 +10,6 @@ from psycopg import sql
 
 from ..base import Condition, Operation, Put
 
-__all__ = ["Plan", "Queries", "advisory_key", "disjoint", "renewal_keys"]
-
 
 @dataclass(frozen=True, slots=True)
 class Plan:

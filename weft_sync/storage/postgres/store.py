@@ -56,8 +56,6 @@ from .settings import (
 )
 from .sql import Plan, Queries, advisory_key
 
-__all__ = ["PostgresStorage"]
-
 _log = logging.getLogger(__name__)
 
 _Conn = psycopg.Connection[TupleRow]

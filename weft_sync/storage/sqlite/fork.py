@@ -38,8 +38,6 @@ from typing import Protocol
 
 from ... import _fork
 
-__all__ = ["Abandonable", "live", "opening", "track", "untrack"]
-
 _log = logging.getLogger("weft_sync.storage.sqlite.store")
 
 

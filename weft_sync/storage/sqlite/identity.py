@@ -45,8 +45,6 @@ from typing import Final
 from ..._fork import pin
 from ...errors import StorageError, StoreIdentityError
 
-__all__ = ["OpenPath", "StoreIdentity", "ensure_store_id", "refuse_second_name"]
-
 _log = logging.getLogger("weft_sync.storage.sqlite.store")
 
 _SUFFIXES: Final = ("", "-wal", "-shm")

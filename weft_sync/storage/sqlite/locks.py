@@ -47,8 +47,6 @@ from ..session_locks import LockState, validate_lock_name, validate_lock_names
 
 _log = logging.getLogger(__name__)
 
-__all__ = ["SqliteSessionLock", "SqliteSessionLockMethods", "SqliteSessionLocks", "lock_directory"]
-
 _SUFFIX: Final = ".lock"
 # Encoded names longer than this are hashed, so that a file name stays under NAME_MAX (255).
 _MAX_STEM: Final = 200

@@ -17,8 +17,6 @@ from types import TracebackType
 from ..._fork import pin
 from ...errors import ClosedError
 
-__all__ = ["Reader", "ReaderConnections"]
-
 
 class Reader:
     """One thread's read connection and its gate; ``with reader as conn:`` holds the gate."""

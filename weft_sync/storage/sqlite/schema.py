@@ -11,8 +11,6 @@ from ...errors import MissingStoreError, StorageError
 from .identity import ensure_store_id
 from .writer import WriterFileLock
 
-__all__ = ["check_schema", "create_schema", "replaces_deleted_store"]
-
 # Logs under the backend's logger: its operators read one logger for the SQLite store.
 _log = logging.getLogger("weft_sync.storage.sqlite.store")
 

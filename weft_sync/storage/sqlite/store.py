@@ -52,8 +52,6 @@ from .writer import (
 if TYPE_CHECKING:
     from sqlitedict import SqliteDict
 
-__all__ = ["SqliteStorage"]
-
 _log = logging.getLogger(__name__)
 
 SYNCHRONOUS_MODES: Final = ("FULL", "NORMAL")

@@ -26,17 +26,6 @@ from ..base import Condition, Operation, Put, validate_key
 from ..cas import CasRow
 from ..wait_bound import WaitDeadline
 
-__all__ = [
-    "RenewalRow",
-    "RequestQueue",
-    "SqliteWriter",
-    "WriteRequest",
-    "WriterFileLock",
-    "as_bytes",
-    "renewal_batch",
-    "renewal_row",
-]
-
 _log = logging.getLogger(__name__)
 
 # Requests committed together in one transaction at most; bounds the work a failure throws away.
