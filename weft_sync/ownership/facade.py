@@ -46,8 +46,7 @@ from ..errors import (
     WorkflowClaimLostWarning,
     WorkflowClaimUnavailableError,
 )
-from ..fencing import HostFence
-from ..fencing.core import open_fence_writes
+from ..fencing.core import HostFence, open_fence_writes
 from ..keys import validate_workflow_id
 from ..ledger.driving import DriverTracker
 from ..maintenance.targets import PassResult
