@@ -3,6 +3,7 @@ clock and the corrupt-epoch repair."""
 
 from __future__ import annotations
 
+from ..options import OwnershipOptions, parse_duration
 from .cooldown import TakeoverCooldown
 from .epochs import CorruptEpoch, find_corrupt_epochs, repair_corrupt_epoch
 from .mode_gates import (
@@ -51,6 +52,7 @@ __all__ = [
     "Fragment",
     "OWNERSHIP_MODES",
     "OwnershipModeName",
+    "OwnershipOptions",
     "RegistryRenewalTarget",
     "ReleasePreparation",
     "ReleaseResult",
@@ -77,5 +79,6 @@ __all__ = [
     "find_corrupt_epochs",
     "is_claim_expired",
     "next_epoch",
+    "parse_duration",
     "repair_corrupt_epoch",
 ]
