@@ -526,3 +526,46 @@ def test_the_old_public_paths_keep_working() -> None:
     assert SqliteStorage is weft_sync.SqliteStorage
     assert PostgresStorage is weft_sync.PostgresStorage
     assert importlib.import_module("weft_sync.cli").main.__name__ == "main"
+
+
+_WITHOUT_EXTRAS = """
+import sys
+
+class Refuse:
+    blocked = ("psycopg", "psycopg_pool", "psycopg2", "prometheus_client", "opentelemetry",
+               "flask", "django", "sqlalchemy")
+
+    def find_spec(self, name, path=None, target=None):
+        if name.partition(".")[0] in self.blocked:
+            raise ModuleNotFoundError(f"No module named {name!r} (blocked)", name=name)
+        return None
+
+sys.meta_path.insert(0, Refuse())
+import weft_sync
+import weft_sync.storage.postgres
+from weft_sync.storage import open_storage
+
+store = open_storage("sqlite:///" + sys.argv[1])
+store.put("k", b"v")
+assert store.get("k") == b"v"
+store.close()
+try:
+    weft_sync.PostgresStorage
+except ImportError as exc:
+    print("refused", "weft_sync[postgres]" in str(exc))
+"""
+
+
+def test_weft_sync_imports_without_any_optional_extra(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    done = subprocess.run(
+        [sys.executable, "-c", _WITHOUT_EXTRAS, str(tmp_path / "plain.db")],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["refused", "True"]
