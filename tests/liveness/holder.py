@@ -4,7 +4,8 @@
 then sleeps until killed (or until its stdin closes). Modes:
 
 - ``lock``: take the session lock ``NAME``;
-- ``engine``: start an :class:`~weft_sync.reclaim.engine_liveness.EngineLiveness` with engine id ``NAME``;
+- ``engine``: start an :class:`~weft_sync.reclaim.engine_liveness.EngineLiveness` with engine
+  id ``NAME``;
 - ``fork``: take the lock, fork a child that exits at once and another that sleeps; the line
   printed is ``ready <pid of the sleeping child>``;
 - ``exec``: take the lock, start ``sleep`` without closing inherited descriptors (only

@@ -1,4 +1,4 @@
-"""How :meth:`Ownership.close <weft_sync.ownership.facade.Ownership.close>` ends an engine by one deadline.
+"""How :meth:`Ownership.close <weft_sync.ownership.Ownership.close>` ends an engine by one deadline.
 
 In order: the maintenance task stops and its passes in flight are waited for, the handlers
 running are waited for (half of what is left of the timeout, then abandoned), the ledger

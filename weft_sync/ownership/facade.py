@@ -10,8 +10,8 @@ Threading model:
 - Each ``Ownership`` has one lock guarding its lifecycle state, the live ``claim()`` handles and
   the ``on_lost`` callbacks. Registry calls, storage I/O, callbacks and logging happen outside it.
 - Workflow handlers (:mod:`weft_sync.ownership.handler_table`) run on the engine's handler threads
-  (:mod:`weft_sync.ownership.handler_executor`), after the reclaim pass took the claim over; they must
-  not call :meth:`Ownership.close`.
+  (:mod:`weft_sync.ownership.handler_executor`), after the reclaim pass took the claim over;
+  they must not call :meth:`Ownership.close`.
 - Lost claims are reported by the registry through a warning sink this object installs; the sink
   runs on whichever thread found the loss (usually a maintenance thread), marks the matching
   handle lost, calls the ``on_lost`` callbacks (their exceptions are logged, never raised into

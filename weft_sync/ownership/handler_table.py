@@ -16,9 +16,9 @@ rule: an engine reclaims a workflow record only when it can drive it, that is wh
 An engine with none of the three reclaims no workflow records at all: taking over work nobody
 here drives would strand it.
 
-Threading: handlers run on the engine's handler executor (:mod:`weft_sync.ownership.handler_executor`:
-``OwnershipOptions(handler_workers=4)`` threads of their own, never a maintenance thread), so a
-slow or hung handler delays no renewal, reclaim or poll. A handler may write through
+Threading: handlers run on the engine's handler executor
+(:mod:`weft_sync.ownership.handler_executor`: ``OwnershipOptions(handler_workers=4)`` threads of
+their own, never a maintenance thread), so a slow or hung handler delays no renewal, reclaim or poll. A handler may write through
 ``ctx.workflows`` and call any method of ``ctx.ownership`` except ``close()``.
 
 A handler is its workflow's driver while it runs (:mod:`weft_sync.ledger.driving`): it should

@@ -80,7 +80,7 @@ def _file_id(path: str) -> FileId | None:
 
 
 class StoreIdentity:
-    """The identity one :class:`~weft_sync.storage.sqlite.store.SqliteStorage` opened, and its checks.
+    """The identity one :class:`~weft_sync.storage.SqliteStorage` opened, and its checks.
 
     :param path: the database file.
     :param connect: opens a configured connection to ``path``.

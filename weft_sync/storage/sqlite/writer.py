@@ -1,6 +1,6 @@
 """The SQLite backend's write path: the request queue, the group-commit writer thread, the flock.
 
-Internal to :mod:`weft_sync.storage.sqlite.store`; :class:`~weft_sync.storage.sqlite.store.SqliteStorage`
+Internal to :mod:`weft_sync.storage.sqlite.store`; :class:`~weft_sync.storage.SqliteStorage`
 hands every write here: committed on the caller's thread when no other write is under way,
 queued for the writer thread otherwise.
 """
