@@ -21,7 +21,7 @@ echo "== built $wheel and $sdist"
 python - "$wheel" <<'PY'
 import sys, zipfile
 names = zipfile.ZipFile(sys.argv[1]).namelist()
-for wanted in ("weft_sync/py.typed", "weft_sync/django/templates/admin/weft_sync/", "weft_sync/cli.py"):
+for wanted in ("weft_sync/py.typed", "weft_sync/django/templates/admin/weft_sync/", "weft_sync/cli/"):
     if not any(name.startswith(wanted) for name in names):
         sys.exit(f"the wheel lacks {wanted}")
 print(f"== the wheel holds {len(names)} files, py.typed and the admin templates among them")

@@ -65,12 +65,7 @@ FLOORS: tuple[tuple[int, str], ...] = (
 
 # Upward imports still waiting for their fix, each with the reason. An entry that no longer
 # occurs fails the test too, so the list only shrinks.
-KNOWN_UPWARD: dict[tuple[str, str], str] = {
-    ("weft_sync.storage.fence_proof", "weft_sync.storage.sqlite_handle"): (
-        "the fence proof reads SQLite's file state through the handle module, which is being "
-        "replaced by plain sqlite3 calls; the check moves with it"
-    ),
-}
+KNOWN_UPWARD: dict[tuple[str, str], str] = {}
 
 
 def _modules() -> dict[str, tuple[Path, bool]]:

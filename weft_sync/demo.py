@@ -27,8 +27,7 @@ from typing import Any
 from . import keys
 from .codec import HolderRecord, decode_epoch, decode_holder, encode_epoch
 from .options import OwnershipOptions
-from .ownership.facade import Ownership
-from .ownership.handler_table import ReclaimedWorkflow
+from .ownership.facade import Ownership, ReclaimedWorkflow
 from .storage import Condition, Put, open_storage
 
 Printer = Callable[[str], None]

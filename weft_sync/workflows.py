@@ -54,7 +54,7 @@ from .errors import (
     FencedWriteConflict,
     WorkflowClaimUnavailableError,
 )
-from .ledger.driving import DriveContext, DriverTracker
+from .ledger.driving import DriverTracker
 from .ledger.external import EXTERNAL_MAX_ATTEMPTS, SUSPENDABLE_STATUSES, ExternalTransitions
 from .ledger.fenced_writes import (
     Fence,
@@ -86,6 +86,7 @@ from .metrics import ClaimMetrics
 from .storage.base import Condition, Operation, Put, Storage
 
 __all__ = [
+    "DriveContext",
     "EXTERNAL_MAX_ATTEMPTS",
     "ExternalCommitConflictError",
     "Workflows",
@@ -589,3 +590,65 @@ class WorkflowUpdatePollTarget:
         ledger = self._ledger()
         if ledger is not None:
             ledger._updates.drain(workflow_id)
+
+
+class DriveContext:
+    """What ``with workflows.drive(workflow_id) as ctx:`` yields: the claim's driver API.
+
+    :param workflow_id: the workflow driven.
+    :param epoch: the epoch this engine holds it at (the fencing token of its writes).
+    :param workflows: the ledger to write through.
+    """
+
+    __slots__ = ("_epoch", "_workflow_id", "_workflows")
+
+    def __init__(self, workflow_id: str, epoch: int, workflows: Workflows) -> None:
+        self._workflow_id = workflow_id
+        self._epoch = epoch
+        self._workflows = workflows
+
+    @property
+    def workflow_id(self) -> str:
+        """The workflow driven."""
+        return self._workflow_id
+
+    @property
+    def epoch(self) -> int:
+        """The epoch this drive holds the claim at."""
+        return self._epoch
+
+    @property
+    def workflows(self) -> Workflows:
+        """The ledger (fenced writes, signals, updates) of the engine driving it."""
+        return self._workflows
+
+    def checkpoint(self, data: bytes) -> None:
+        """Save ``data`` as the workflow's checkpoint (a fenced write).
+
+        :raises EngineDeposedError: this engine no longer owns the workflow.
+        """
+        self._workflows.save_checkpoint(self._workflow_id, data)
+
+    def complete(self, result: Any = None) -> None:
+        """Complete the workflow with ``result`` and release its claim, in one write.
+
+        Inside ``Ownership.fenced(workflow_id, conn)`` on the store's own database, the write
+        commits in the host's transaction.
+
+        :raises EngineDeposedError: this engine no longer owns the workflow.
+        """
+        self._workflows.complete(self._workflow_id, result)
+
+    def fail(self, error: Any) -> None:
+        """Fail the workflow with ``error`` and release its claim, in one write (as complete).
+
+        :raises EngineDeposedError: this engine no longer owns the workflow.
+        """
+        self._workflows.fail(self._workflow_id, error)
+
+    def suspend(self) -> None:
+        """Suspend the workflow (its claim ends; ``resume()`` or ``drive()`` takes it again)."""
+        self._workflows.suspend(self._workflow_id)
+
+    def __repr__(self) -> str:
+        return f"DriveContext({self._workflow_id!r}, epoch={self._epoch})"

@@ -13,7 +13,7 @@ from __future__ import annotations
 import threading
 import time
 
-from weft_sync.ownership.handler_table import ReclaimedWorkflow
+from weft_sync.ownership import ReclaimedWorkflow
 
 __all__ = [
     "CHECKPOINT",

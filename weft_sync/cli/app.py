@@ -24,7 +24,7 @@ from ..errors import WeftError
 from . import commands
 
 if TYPE_CHECKING:
-    from ..ownership.handler_table import WorkflowHandler
+    from ..ownership import WorkflowHandler
 
 DEFAULT_URL: Final = "sqlite:///weft_sync.db"
 EXIT_OK, EXIT_FAILURE, EXIT_USAGE, EXIT_NOT_FOUND, EXIT_INTERRUPTED = 0, 1, 2, 3, 130

@@ -3,8 +3,7 @@
 from __future__ import annotations
 
 from .claim_handle import ClaimHandle
-from .facade import Background, LostCallback, Ownership
-from .handler_table import ReclaimedWorkflow, WorkflowHandler
+from .facade import Background, LostCallback, Ownership, ReclaimedWorkflow, WorkflowHandler
 
 __all__ = [
     "Background",

@@ -33,6 +33,7 @@ import threading
 import warnings
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import AbstractContextManager, contextmanager
+from dataclasses import dataclass
 from types import TracebackType
 from typing import Any, Literal, TypeVar
 
@@ -40,6 +41,7 @@ from .. import _fork
 from ..claims.registry import ClaimRegistry, WarnSink
 from ..claims.results import ReleaseStatus
 from ..clock import Clock, system_clock
+from ..codec import WorkflowRecord
 from ..errors import (
     ClosedError,
     WorkflowClaimLostError,
@@ -62,11 +64,33 @@ from .claim_handle import ClaimHandle as ClaimHandle
 from .closing import close_engine
 from .engine import build_engine
 from .handler_table import HandlerTable
-from .handler_table import ReclaimedWorkflow as ReclaimedWorkflow
-from .handler_table import WorkflowHandler as WorkflowHandler
 from .opening import EngineSettings, close_quietly, resolve_storage, validate_settings
 
 _log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class ReclaimedWorkflow:
+    """A workflow this engine just took over, handed to the handler for its type.
+
+    :param workflow_id: the workflow's id.
+    :param type: its workflow type (the key its handler was registered under).
+    :param epoch: the epoch this engine holds it at (the fencing token of its writes).
+    :param record: its record as read right before the handler was called.
+    :param ownership: this engine's ``Ownership``.
+    :param workflows: the ledger to write through (``ownership.workflows``).
+    """
+
+    workflow_id: str
+    type: str
+    epoch: int
+    record: WorkflowRecord
+    ownership: Ownership
+    workflows: Workflows
+
+
+WorkflowHandler = Callable[[ReclaimedWorkflow], object]
+"""Drives (resumes) a reclaimed workflow of one type; its return value is ignored."""
 
 Background = Literal["thread", "manual"]
 LostCallback = Callable[[str], object]
@@ -104,7 +128,14 @@ class Ownership:
         self._handles: dict[str, ClaimHandle] = {}
         self._lost_callbacks: list[LostCallback] = []
         parts = build_engine(storage, settings, self._on_warning)
-        parts.handlers.bind(self, parts.workflows, parts.registry)
+        workflows = parts.workflows
+
+        def reclaimed(
+            workflow_id: str, workflow_type: str, epoch: int, record: WorkflowRecord
+        ) -> ReclaimedWorkflow:
+            return ReclaimedWorkflow(workflow_id, workflow_type, epoch, record, self, workflows)
+
+        parts.handlers.bind(reclaimed, workflows, parts.registry)
         self._handlers = parts.handlers
         self._workflows = parts.workflows
         self._registry: ClaimRegistry = parts.registry
@@ -152,7 +183,7 @@ class Ownership:
             30 s, renew 5 s, the backend's time source: the database clock on PostgreSQL).
         :param handlers: workflow type -> handler. A running workflow of one of these types whose
             owner died is taken over here and its handler called with a
-            :class:`~weft_sync.ownership.handler_table.ReclaimedWorkflow`, on a handler thread (see
+            :class:`ReclaimedWorkflow`, on a handler thread (see
             :mod:`weft_sync.ownership.handler_table`). More can be added with :meth:`handler`.
         :param max_claims: the most claims this engine holds before its reclaim passes stop
             taking over (``None``: no limit). Each pass takes at most a fair share of the

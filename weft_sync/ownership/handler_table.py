@@ -18,8 +18,9 @@ here drives would strand it.
 
 Threading: handlers run on the engine's handler executor
 (:mod:`weft_sync.ownership.handler_executor`: ``OwnershipOptions(handler_workers=4)`` threads of
-their own, never a maintenance thread), so a slow or hung handler delays no renewal, reclaim or poll. A handler may write through
-``ctx.workflows`` and call any method of ``ctx.ownership`` except ``close()``.
+their own, never a maintenance thread), so a slow or hung handler delays no renewal, reclaim or
+poll. A handler may write through ``ctx.workflows`` and call any method of ``ctx.ownership`` except
+``close()``.
 
 A handler is its workflow's driver while it runs (:mod:`weft_sync.ledger.driving`): it should
 finish the workflow (``complete``/``fail``/``suspend``). A handler that raises (logged and
@@ -43,8 +44,7 @@ import logging
 import threading
 from collections.abc import Callable, Mapping
 from contextlib import AbstractContextManager
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Final, TypeVar
+from typing import TYPE_CHECKING, Any, Final, TypeVar
 
 from ..claims.registry import ClaimRegistry
 from ..codec import WorkflowRecord
@@ -58,37 +58,19 @@ from .handler_executor import HandlerExecutor
 if TYPE_CHECKING:
     from ..tracing import Tracing
     from ..workflows import Workflows
-    from .facade import Ownership
 
 _log = logging.getLogger(__name__)
 
 _KEPT_FAILURES: Final = 500
 
 
-@dataclass(frozen=True, slots=True)
-class ReclaimedWorkflow:
-    """A workflow this engine just took over, handed to the handler for its type.
+Handler = Callable[[Any], object]
+"""A handler as the table keeps it: called with the engine's ``ReclaimedWorkflow``."""
 
-    :param workflow_id: the workflow's id.
-    :param type: its workflow type (the key its handler was registered under).
-    :param epoch: the epoch this engine holds it at (the fencing token of its writes).
-    :param record: its record as read right before the handler was called.
-    :param ownership: this engine's ``Ownership``.
-    :param workflows: the ledger to write through (``ownership.workflows``).
-    """
+ContextFactory = Callable[[str, str, int, WorkflowRecord], object]
+"""``(workflow_id, type, epoch, record) -> the object a handler is called with``."""
 
-    workflow_id: str
-    type: str
-    epoch: int
-    record: WorkflowRecord
-    ownership: Ownership
-    workflows: Workflows
-
-
-WorkflowHandler = Callable[[ReclaimedWorkflow], object]
-"""Drives (resumes) a reclaimed workflow of one type; its return value is ignored."""
-
-_Handler = TypeVar("_Handler", bound=WorkflowHandler)
+_Handler = TypeVar("_Handler", bound=Handler)
 
 
 def validate_handlers(handlers: object) -> None:
@@ -132,7 +114,7 @@ class HandlerTable:
 
     def __init__(
         self,
-        handlers: Mapping[str, WorkflowHandler] | None,
+        handlers: Mapping[str, Handler] | None,
         *,
         on_reclaimed: Callable[[str], object] | None,
         is_eligible: EligibilityPredicate | None,
@@ -148,21 +130,26 @@ class HandlerTable:
         # raised since take_failures() last took them) and _failed_at (the epoch of each
         # workflow whose last handler call raised: its next drive is a redrive).
         self._lock = threading.Lock()
-        self._handlers: dict[str, WorkflowHandler] = {}
+        self._handlers: dict[str, Handler] = {}
         self._failed_at: dict[str, int] = {}
         self._failures: dict[str, Exception] = {}
-        self._bound: tuple[Ownership, Workflows, ClaimRegistry] | None = None
+        self._bound: tuple[ContextFactory, Workflows, ClaimRegistry] | None = None
         self._drivers: DriverTracker | None = None
         self._executor: HandlerExecutor | None = None
         for workflow_type, handler in (handlers or {}).items():
             self.register(workflow_type, handler)
 
-    def bind(self, ownership: Ownership, workflows: Workflows, registry: ClaimRegistry) -> None:
-        """Bind the engine the handlers act for; the facade calls it once, when it is built."""
-        with self._lock:
-            self._bound = (ownership, workflows, registry)
+    def bind(
+        self, context: ContextFactory, workflows: Workflows, registry: ClaimRegistry
+    ) -> None:
+        """Bind the engine the handlers act for; the facade calls it once, when it is built.
 
-    def register(self, workflow_type: str, handler: WorkflowHandler) -> None:
+        :param context: builds what a handler is called with (the facade's ``ReclaimedWorkflow``).
+        """
+        with self._lock:
+            self._bound = (context, workflows, registry)
+
+    def register(self, workflow_type: str, handler: Handler) -> None:
         """Drive reclaimed workflows of ``workflow_type`` with ``handler`` from now on.
 
         :raises TypeError: ``handler`` is not callable, or ``workflow_type`` is not a ``str``.
@@ -192,7 +179,7 @@ class HandlerTable:
 
         return decorate
 
-    def get(self, workflow_type: str) -> WorkflowHandler | None:
+    def get(self, workflow_type: str) -> Handler | None:
         """The handler registered for ``workflow_type``, or ``None``."""
         with self._lock:
             return self._handlers.get(workflow_type)
@@ -228,7 +215,7 @@ class HandlerTable:
             bound = self._bound
         if bound is None:
             raise RuntimeError("the handler table is not bound to an Ownership yet")
-        ownership, workflows, registry = bound
+        context, workflows, registry = bound
         epoch = registry.current_epoch(workflow_id)
         if record is None:
             record = workflows.get(workflow_id)
@@ -244,8 +231,13 @@ class HandlerTable:
             return
         drivers.expect(workflow_id, epoch, queued=True)
         self._count_start(workflow_id, record.type, epoch)
-        reclaimed = ReclaimedWorkflow(workflow_id, record.type, epoch, record, ownership, workflows)
-        executor.submit(workflow_id, record.type, lambda: self._run(reclaimed, handler))
+        reclaimed = context(workflow_id, record.type, epoch, record)
+        wtype = record.type
+        executor.submit(
+            workflow_id,
+            wtype,
+            lambda: self._run(workflow_id, wtype, epoch, registry, reclaimed, handler),
+        )
 
     def bind_runtime(self, drivers: DriverTracker, executor: HandlerExecutor) -> None:
         """Bind the driver tracker and the handler executor (the engine builder calls it)."""
@@ -267,11 +259,18 @@ class HandlerTable:
             raise RuntimeError("the handler table has no handler executor bound yet")
         return drivers, executor
 
-    def _run(self, reclaimed: ReclaimedWorkflow, handler: WorkflowHandler | None) -> None:
+    def _run(
+        self,
+        wid: str,
+        wtype: str,
+        epoch: int,
+        registry: ClaimRegistry,
+        reclaimed: object,
+        handler: Handler | None,
+    ) -> None:
         """One drive on a handler thread: the handler is the claim's driver while it runs."""
         drivers, _ = self._runtime()
-        wid, wtype, epoch = reclaimed.workflow_id, reclaimed.type, reclaimed.epoch
-        if reclaimed.ownership.registry.current_epoch(wid) != epoch:
+        if registry.current_epoch(wid) != epoch:
             _log.debug("workflow %r changed hands before its handler ran; not driven", wid)
             return
         if handler is None:

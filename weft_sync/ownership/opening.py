@@ -17,7 +17,7 @@ from ..reclaim.fair_share import validate_max_claims
 from ..reclaim.target import EligibilityPredicate
 from ..storage import Storage, open_storage
 from ..tracing import validate_tracing
-from .handler_table import WorkflowHandler, validate_handlers
+from .handler_table import Handler, validate_handlers
 
 _log = logging.getLogger("weft_sync.ownership.facade")
 
@@ -28,7 +28,7 @@ class EngineSettings:
 
     options: OwnershipOptions
     clock: Clock
-    handlers: Mapping[str, WorkflowHandler] | None = None
+    handlers: Mapping[str, Handler] | None = None
     max_claims: int | None = None
     on_reclaimed: Callable[[str], object] | None = None
     is_eligible: EligibilityPredicate | None = None
@@ -43,7 +43,7 @@ def validate_settings(
     background: str,
     options: OwnershipOptions | None,
     clock: Clock,
-    handlers: Mapping[str, WorkflowHandler] | None,
+    handlers: Mapping[str, Handler] | None,
     max_claims: int | None,
     on_reclaimed: Callable[[str], object] | None,
     is_eligible: EligibilityPredicate | None,

@@ -3,9 +3,9 @@
 :func:`build_crash_detection` is called by :func:`weft_sync.ownership.engine.build_engine`.
 The parts:
 
-- :class:`~weft_sync.reclaim.engine_liveness.EngineLiveness` takes the engine's session lock
-  (when the store has them) and writes its engine record; the renewal sub-pass beats it once per
-  pass; at close the record is removed (or marked closed when claims are left) and the lock released.
+- :class:`~weft_sync.reclaim.engine_liveness.EngineLiveness` takes the engine's session lock (when
+  the store has them) and writes its engine record; the renewal sub-pass beats it once per pass; at
+  close the record is removed (or marked closed when claims are left) and the lock released.
 - :class:`~weft_sync.reclaim.watcher.LivenessWatcher` (``background="thread"`` only, unless
   ``crash_poll_interval=None``) probes the other engines' locks and asks the renewal task for an
   immediate reclaim pass when one is gone, so a crashed engine's claims move in milliseconds.

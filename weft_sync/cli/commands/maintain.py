@@ -17,8 +17,7 @@ from typing import Final, TextIO
 from ...maintenance import PassResult
 from ...maintenance.targets import ReclaimOutcome, ReclaimOutcomeStatus
 from ...options import OwnershipOptions
-from ...ownership.facade import Ownership
-from ...ownership.handler_table import WorkflowHandler
+from ...ownership.facade import Ownership, WorkflowHandler
 from ...redaction import redact_text
 from ...storage import Storage
 from .logs import warnings_to_stderr

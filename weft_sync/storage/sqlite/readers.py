@@ -1,9 +1,9 @@
 """The SQLite backend's read connections: one per thread, each behind its own gate.
 
 Internal to :mod:`weft_sync.storage.sqlite.store`. A read holds its connection's gate, an
-uncontended per-thread lock, for the length of its statements. A forked child reads the copies of the gates
-to tell whether a thread of the parent was inside SQLite on these connections at the fork (see
-:mod:`~weft_sync.storage.sqlite.fork`).
+uncontended per-thread lock, for the length of its statements. A forked child reads the copies of
+the gates to tell whether a thread of the parent was inside SQLite on these connections at the fork
+(see :mod:`~weft_sync.storage.sqlite.fork`).
 """
 
 from __future__ import annotations

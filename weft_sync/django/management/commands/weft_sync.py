@@ -19,7 +19,7 @@ from django.core.exceptions import ImproperlyConfigured
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from weft_sync.cli import app as cli
-from weft_sync.ownership.handler_table import WorkflowHandler
+from weft_sync.ownership import WorkflowHandler
 from weft_sync.redaction import redact_text
 
 from ...conf import load_config
