@@ -31,25 +31,6 @@ FENCE = re.compile(r"^```(\w+)[^\n]*\n(.*?)^```", re.MULTILINE | re.DOTALL)
 FRAGMENT = re.compile(r"<!-- fragment: [^>]*\S[^>]*-->\s*$")
 FENCE_EXAMPLE = re.compile(r"<!-- fence-example: (\w+) -->\s*$")
 FENCE_TESTS = ROOT / "tests" / "fencing" / "test_readme_fencing.py"
-REQUIRES = re.compile(r"<!-- requires: ([\w.]+) -->\s*$")
-
-
-def _present(dotted: str) -> bool:
-    """Whether ``weft_sync.a.B.c`` exists in this tree (a feature an example needs)."""
-    import importlib
-
-    parts = dotted.split(".")
-    for cut in range(len(parts), 0, -1):
-        try:
-            target: object = importlib.import_module(".".join(parts[:cut]))
-        except ImportError:
-            continue
-        for name in parts[cut:]:
-            if not hasattr(target, name):
-                return False
-            target = getattr(target, name)
-        return True
-    return False
 
 
 @dataclass(frozen=True)
@@ -76,24 +57,20 @@ def _blocks() -> list[Block]:
             fragment = bool(FRAGMENT.search(before))
             elsewhere = FENCE_EXAMPLE.search(before)
             run_by = elsewhere.group(1) if elsewhere else None
-            needs = REQUIRES.search(before)
-            if needs and not _present(needs.group(1)):
-                run_by = f"absent:{needs.group(1)}"  # documents a feature of a later tree
             found.append(Block(page, line, match.group(1), match.group(2), fragment, run_by))
     return found
 
 
 BLOCKS = _blocks()
 PYTHON = [b for b in BLOCKS if b.language == "python" and not b.fragment and not b.run_by]
-ELSEWHERE = [b for b in BLOCKS if b.run_by and not b.run_by.startswith("absent:")]
-AHEAD = [b for b in BLOCKS if b.run_by and b.run_by.startswith("absent:")]
+ELSEWHERE = [b for b in BLOCKS if b.run_by]
 FRAGMENTS = [b for b in BLOCKS if b.language == "python" and b.fragment]
 SHELL = [b for b in BLOCKS if b.language == "sh"]
 
 
 def test_the_pages_have_examples_to_check() -> None:
     assert len(PAGES) >= 10, PAGES
-    assert len(PYTHON) + len(AHEAD) >= 12, [b.name for b in PYTHON]
+    assert len(PYTHON) >= 12, [b.name for b in PYTHON]
     # Fragments are the exception: at least two examples run for each one that cannot.
     assert len(FRAGMENTS) * 2 <= len(PYTHON), [b.name for b in FRAGMENTS]
 
@@ -121,12 +98,6 @@ def test_a_python_example_runs_as_written(block: Block, tmp_path: Path) -> None:
 @pytest.mark.parametrize("block", ELSEWHERE, ids=[b.name for b in ELSEWHERE])
 def test_an_example_run_by_another_test_is_the_one_it_runs(block: Block) -> None:
     assert f'example("{block.run_by}")' in FENCE_TESTS.read_text(), block.name
-    compile(block.code, block.name, "exec")
-
-
-@pytest.mark.parametrize("block", AHEAD, ids=[b.name for b in AHEAD])
-def test_an_example_of_a_feature_this_tree_lacks_is_valid_python(block: Block) -> None:
-    # Marked <!-- requires: NAME -->: it runs above once NAME exists in the tree.
     compile(block.code, block.name, "exec")
 
 
