@@ -163,7 +163,10 @@ def test_a_started_workflow_nobody_drives_is_released_after_one_renew_interval_a
     with caplog.at_level(logging.WARNING):
         engine.run_maintenance()
     assert engine.metrics.snapshot().claims_without_driver == 1
-    assert any("no live driver" in r.getMessage() for r in caplog.records)
+    released = [r for r in caplog.records if "no live driver" in r.getMessage()]
+    assert [r.levelno for r in released] == [logging.WARNING]
+    assert "'job-1'" in released[0].getMessage()
+    assert "(nothing drove it)" in released[0].getMessage()
     text = serialize_prometheus(engine.metrics.snapshot())
     assert "weft_workflow_claims_without_driver 1" in text.splitlines()
 

@@ -221,6 +221,15 @@ def jobs_of(app: Flask) -> Jobs:
     return jobs
 
 
+JOB_HANDLER_WORKERS = 32
+"""Default ``handler_workers`` of the app. :func:`resume_job` runs a whole job on a handler
+thread, so this bounds how many taken-over jobs run at once in one worker. After a stall of the
+store (a paused SQLite writer) every claim has expired at once and the first worker to reclaim
+may take over most jobs of every worker: with the library's default of 4 they would run four at
+a time, held (and renewed) but queued, while the other workers sit idle. On PostgreSQL the
+store's pool must then allow job threads + this + 4 connections."""
+
+
 def create_app(config: Mapping[str, Any] | None = None) -> Flask:
     """Build the app; nothing is opened until the first request that needs the store."""
     app = Flask(__name__)
@@ -230,6 +239,9 @@ def create_app(config: Mapping[str, Any] | None = None) -> Flask:
     app.config.from_prefixed_env()
     if config is not None:
         app.config.update(config)
+    options = app.config.get("WEFT_SYNC_OPTIONS") or {}
+    if isinstance(options, Mapping):
+        app.config["WEFT_SYNC_OPTIONS"] = {"handler_workers": JOB_HANDLER_WORKERS, **options}
     weft.init_app(app)
     app.extensions[JOBS_KEY] = Jobs(
         int(app.config["JOBS_STEP_MS"]), Events(app.config["JOBS_EVENTS_DIR"])

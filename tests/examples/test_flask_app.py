@@ -180,3 +180,27 @@ def test_self_test_mode_runs_one_job_end_to_end() -> None:
 
     assert (done.returncode, done.stderr) == (0, "")
     assert ": completed, 3 steps, result {" in done.stdout
+
+
+def test_jobs_taken_over_at_once_all_run_at_once_not_four_at_a_time(
+    storage_url: str, tmp_path: Path
+) -> None:
+    """After a store stall one worker may take over most jobs in one pass; its handler runs a
+    whole job on a handler thread, so the app's handler threads must not queue them behind
+    each other (held and renewed, so no idle worker may take them) four at a time."""
+    jobs = [f"job-stalled-{i}" for i in range(12)]
+    for job in jobs:
+        abandon(storage_url, job, flask_example.JOB_TYPE, input={"steps": 50})
+    app = make_app(storage_url, tmp_path, WEFT_SYNC_BACKGROUND="manual", JOBS_STEP_MS=100)
+    try:
+        ownership = flask_example.weft.get_ownership(app)
+        ownership.run_maintenance(wait_handlers=0)
+        seen = wait_for(
+            lambda: events(tmp_path),
+            lambda log: sum(e["event"] == "resumed" for e in log) == len(jobs),
+            "every taken-over job to be resumed",
+        )
+        # All twelve started before any finished: none waited for a free handler thread.
+        assert not [e for e in seen if e["event"] == "completed"]
+    finally:
+        flask_example.shutdown(app)
