@@ -65,13 +65,26 @@ def _worker_main(
         sys.stdout.write(f"  {name}: {line}\n")
         sys.stdout.flush()
 
+    stopping = threading.Event()
+
+    def pay_out(workflow_id: str) -> None:
+        # Drives one payout on its own thread until the demo stops this worker, then finishes
+        # it: the block is the claim's driver, and complete() releases the claim.
+        with ownership.workflows.drive(workflow_id) as ctx:
+            stopping.wait()
+            ctx.complete({"paid": 100, "by": name})
+
     def resume_payout(ctx: ReclaimedWorkflow) -> None:
-        # Runs on this worker's handler thread, as the workflow's new owner.
+        # Runs on this worker's handler thread, as the workflow's new owner, and drives the
+        # payout from there until the stop.
         say(f"took over {ctx.workflow_id} at epoch {ctx.epoch}")
+        stopping.wait()
+        ctx.workflows.complete(ctx.workflow_id, {"paid": 100, "by": name})
 
     options = OwnershipOptions(
         claim_ttl=settings.claim_ttl_ms, claim_renew_interval=settings.claim_renew_interval_ms
     )
+    drivers: list[threading.Thread] = []
     with Ownership.open(
         url,
         options=options,
@@ -82,12 +95,20 @@ def _worker_main(
             ownership.workflows.start(workflow_id, "payout", input={"amount": 100})
             epoch = ownership.registry.current_epoch(workflow_id)
             say(f"started {workflow_id}: claimed at epoch {epoch}")
+            driver = threading.Thread(
+                target=pay_out, args=(workflow_id,), name=f"demo-{workflow_id}", daemon=True
+            )
+            driver.start()
+            drivers.append(driver)
         partial = Path(engine_file + ".tmp")
         partial.write_text(ownership.engine_id)
         partial.rename(engine_file)  # the file appearing whole is the "ready" signal
         while not Path(stop_file).exists():
             time.sleep(0.05)
-    say("stopped and released its claims")
+        stopping.set()
+        for driver in drivers:
+            driver.join(5.0)
+    say("stopped: finished its payouts, which released their claims")
 
 
 def _holders(url: str, workflow_ids: list[str]) -> dict[str, HolderRecord]:
@@ -284,7 +305,7 @@ def _kill_and_watch(
     if victim_ids and early == len(victim_ids):
         out("   every claim moved before it expired: the crash was detected, not waited out")
     ok = len(taken) == len(victim_ids) and _show_fence(out, url, victim_ids, before)
-    out("5. Stopping the surviving workers (they release their claims).")
+    out("5. Stopping the surviving workers (they finish their payouts, releasing the claims).")
     return 0 if ok else 1
 
 

@@ -43,6 +43,11 @@ def _proven(env: HostEnv) -> tuple[Ownership, Any]:
     return old, conn
 
 
+def _unwrapped(block: object) -> object:
+    """The connection family's block inside the fence's open-block wrapper."""
+    return getattr(block, "_inner", block)
+
+
 def _short_path_expected(env: HostEnv) -> bool:
     return env.driver == "sqlite3"
 
@@ -56,7 +61,7 @@ def test_a_deposed_owners_write_on_its_proven_connection_is_refused_and_nothing_
     assert new.registry.current_epoch(WID) == 2
     block = old.fenced(WID, conn)
     if _short_path_expected(env):
-        assert isinstance(block, Sqlite3Block)
+        assert isinstance(_unwrapped(block), Sqlite3Block)
     ran: list[bool] = []
     with (
         pytest.warns(WorkflowClaimLostWarning),
@@ -68,8 +73,9 @@ def test_a_deposed_owners_write_on_its_proven_connection_is_refused_and_nothing_
         env.write(yielded, "r1", "stale")
     assert err.value.workflow_id == WID
     assert ran == []
-    if isinstance(block, Sqlite3Block):
-        assert block._generic is None  # refused by the short path itself, not handed over
+    if isinstance(_unwrapped(block), Sqlite3Block):
+        inner: Any = _unwrapped(block)
+        assert inner._generic is None  # refused by the short path itself, not handed over
     assert env.rows() == {"r0": "old"}
     # The refused connection is usable again, by the new owner.
     with new.fenced(WID, conn) as yielded:
@@ -121,7 +127,7 @@ def test_a_takeover_during_the_window_between_check_and_write_never_interleaves(
     env.clock.advance(PAST_EXPIRY_MS)
     block = old.fenced(WID, conn)
     if _short_path_expected(env):
-        assert isinstance(block, Sqlite3Block)
+        assert isinstance(_unwrapped(block), Sqlite3Block)
     committed = False
     attempt: Takeover | None = None
     landed_while_paused = False
@@ -146,5 +152,6 @@ def test_a_takeover_during_the_window_between_check_and_write_never_interleaves(
     # waiting (retried later); or the block was refused.
     if committed:
         assert attempt.status in ("acquired", "storage-error"), attempt.status
-    if isinstance(block, Sqlite3Block):
-        assert block._generic is None
+    if isinstance(_unwrapped(block), Sqlite3Block):
+        inner = _unwrapped(block)
+        assert inner._generic is None  # type: ignore[attr-defined]

@@ -11,12 +11,16 @@ wrapper that hides the session-lock capability, so its liveness is its heartbeat
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import os
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from tests.integration.procs import Journal, log_warnings_to, run_journaled, wait_for_go
+from tests.integration.procs import Journal, log_warnings_to, run_journaled
 from weft_sync import Ownership, OwnershipOptions, ReclaimedWorkflow
+from weft_sync.errors import WorkflowClaimUnavailableError
 from weft_sync.storage import (
     Batch,
     Condition,
@@ -89,6 +93,17 @@ class LocklessStore:
         self.close()
 
 
+def _drive_held(ownership: Ownership, ids: Sequence[str]) -> None:
+    """Make this thread the driver of each claim of ``ids`` held and not driven elsewhere now."""
+    held = set(ownership.registry.list_held_workflow_ids())
+    for wid in [w for w in ids if w in held]:
+        epoch = ownership.registry.current_epoch(wid)
+        if epoch is None:
+            continue
+        with contextlib.suppress(WorkflowClaimUnavailableError):
+            ownership.drivers.enter(wid, epoch, "fleet engine loop")
+
+
 def run_engine(config: FleetEngine) -> None:
     """The body of one fleet process."""
     log_warnings_to(config.log)
@@ -105,15 +120,25 @@ def _run(config: FleetEngine, journal: Journal) -> None:
     if config.variant == "lockless":
         store = LocklessStore(store)
 
+    resumed: list[str] = []  # appended to by handler threads (list.append is atomic)
+
     def drive(ctx: ReclaimedWorkflow) -> None:
         journal.write({"ev": "drive", "id": ctx.workflow_id, "epoch": ctx.epoch})
         ctx.workflows.save_checkpoint(ctx.workflow_id, config.name.encode())
+        resumed.append(ctx.workflow_id)  # handed on to the engine's own loop below
 
     try:
         with Ownership.open(store, options=options, handlers={JOB_TYPE: drive}) as ownership:
             for workflow_id in config.workflows:
                 ownership.workflows.start(workflow_id, JOB_TYPE)
+            _drive_held(ownership, config.workflows)
             journal.write({"ev": "ready", "engine": ownership.engine_id})
-            wait_for_go(config.stop, timeout_s=600, poll_s=STOP_POLL_S)
+            deadline = time.monotonic() + 600
+            while not os.path.exists(config.stop):
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"the go file {config.stop!r} never appeared")
+                # The engine's own loop drives what it started and what its handler resumed.
+                _drive_held(ownership, [*config.workflows, *resumed])
+                time.sleep(STOP_POLL_S)
     finally:
         store.close()

@@ -18,6 +18,7 @@ from contextlib import contextmanager
 import psycopg
 import pytest
 
+from tests.engines import adopt_claims
 from weft_sync import ManualClock, Ownership, OwnershipOptions
 from weft_sync.claims import ClaimRegistry
 from weft_sync.errors import StorageError
@@ -167,6 +168,7 @@ def test_renewals_succeed_on_the_first_pass_after_a_kill_storm(
     with Ownership.open(url, options=OPTIONS, background="manual", clock=clock) as victim:
         for i in range(10):
             victim.workflows.start(f"wf-{i}", "report")
+        adopt_claims(victim)  # this thread drives them: the claims stay held
         stop = threading.Event()
         killed = [0]
 
