@@ -21,6 +21,7 @@ import signal
 import sqlite3
 import time
 from collections import Counter, defaultdict
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -43,6 +44,7 @@ from weft_sync.errors import EngineDeposedError, StorageError, WeftError
 TTL_MS = 900
 RENEW_MS = 300
 TABLE = "fence_history"
+EXTRA_S = 30.0
 
 
 @dataclass(frozen=True)
@@ -219,7 +221,7 @@ def run_contention(
             str(tmp_path / f"engine-{n}.log"),
             str(go),
             str(stop),
-            duration_s + 30.0,
+            duration_s + EXTRA_S + 30.0,
             seed * 100 + n,
         )
         for n in range(processes)
@@ -231,7 +233,12 @@ def run_contention(
         for config in configs:
             wait_ready(config.engine_id, config.journal_path, deadline, 0.02, lambda: None)
         go.touch()
-        _disturb(procs, duration_s, random.Random(seed), signals)
+
+        def contended() -> bool:
+            histories = read_histories(backend, db_url, table)
+            return any(len(set(_epochs(h))) > 1 for h in histories.values())
+
+        _disturb(procs, duration_s, random.Random(seed), signals, contended)
     finally:
         stop_all(procs, stop)
     counts: Counter[str] = Counter()
@@ -253,13 +260,31 @@ def run_contention(
     return ContentionResult(entries, handed_over, counts, signals)
 
 
+def _epochs(history: str) -> list[str]:
+    return [item.split(":")[0] for item in history.split(";") if item]
+
+
 def _disturb(
-    procs: list[Any], duration_s: float, rng: random.Random, signals: Counter[str]
+    procs: list[Any],
+    duration_s: float,
+    rng: random.Random,
+    signals: Counter[str],
+    contended: Callable[[], bool],
 ) -> None:
-    """SIGSTOP/SIGCONT contenders at random for ``duration_s``; SIGKILL one halfway."""
+    """SIGSTOP/SIGCONT contenders at random for ``duration_s``; SIGKILL one halfway.
+
+    A slow machine (a freeze that lands while a contender holds SQLite's write lock stalls every
+    other one) can spend the whole window without a workflow changing owner. The disturbance then
+    goes on, without another kill, until some history holds two epochs or ``EXTRA_S`` more
+    seconds have passed; the test then fails saying nothing contended.
+    """
     end = time.monotonic() + duration_s
+    give_up = end + EXTRA_S
     killed = False
-    while time.monotonic() < end:
+    while True:
+        now = time.monotonic()
+        if now >= end and (now >= give_up or contended()):
+            break
         time.sleep(rng.uniform(0.05, 0.2))
         live = [p for p in procs if p.is_alive()]
         if not killed and time.monotonic() > end - duration_s / 2 and len(live) > 1:
