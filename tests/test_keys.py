@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from urllib.parse import quote
+
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -32,6 +34,18 @@ def test_decoding_is_strict_but_keeps_plus_and_lowercase_hex() -> None:
     assert keys.decode_key_component("a+b") == "a+b"
     assert keys.decode_key_component("%c3%a9") == "é"
     assert keys.decode_key_component("plain") == "plain"
+
+
+@given(st.text(alphabet=st.sampled_from("aZ09-_.!~*'() %/:+é\u00a0\n😀")) | st.text())
+def test_encoding_agrees_with_quote_on_any_text(text: str) -> None:
+    # The verbatim shortcut must give what quote() gives (the reference encoding).
+    try:
+        expected = quote(text, safe="-_.!~*'()", encoding="utf-8", errors="strict")
+    except UnicodeEncodeError:
+        with pytest.raises(ValueError, match="lone surrogate"):
+            keys.encode_key_component(text)
+        return
+    assert keys.encode_key_component(text) == expected
 
 
 @given(st.text())

@@ -49,6 +49,8 @@ def encode_key_component(s: str) -> str:
     """
     if not isinstance(s, str):
         raise TypeError(f"key components must be str, got {type(s).__name__} {s!r}")
+    if _VERBATIM.fullmatch(s):
+        return s  # nothing to escape (the usual id): one regex match instead of quote()
     try:
         return quote(s, safe=_UNRESERVED, encoding="utf-8", errors="strict")
     except UnicodeEncodeError as exc:

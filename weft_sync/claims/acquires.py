@@ -24,7 +24,6 @@ from ..errors import ClosedError, CorruptEpochError
 from ..storage.base import Storage, storage_conditional_batch
 from ..storage.reads import storage_get_many
 from .engine_index import with_claim_entry
-from .holder_splice import renewal_split
 from .losses import LocalLosses
 from .releases import Releases
 from .results import AcquirePreparation, AcquireResult, AcquireStatus
@@ -120,10 +119,7 @@ class Acquires:
         epoch = decode_epoch(epoch_bytes)
         if epoch is None:
             raise ValueError(f"the fragment for workflow {wid!r} puts an invalid epoch")
-        head_len, tail_len = renewal_split(holder_bytes)
-        entry = TrackedClaim(
-            epoch, claimed_at, epoch_bytes, holder_bytes, holder_key, head_len, tail_len
-        )
+        entry = TrackedClaim(epoch, claimed_at, epoch_bytes, holder_bytes, holder_key)
         if not self._table.install(wid, entry):
             self._releases.give_back(wid, epoch_bytes, holder_bytes)
             raise ClosedError(

@@ -357,12 +357,14 @@ class Renewals:
         if not 0 <= expires_at <= SAFE_INT_MAX:
             return [self._rebuilt(wid, entry, old, now) for wid, entry, old in columns]
         packed = msgpack.packb(expires_at)
-        return [
-            (entry.holder_key, old, packed.join((old[: entry.head_len], old[-entry.tail_len :])))
-            if entry.head_len
-            else self._rebuilt(wid, entry, old, now)
-            for wid, entry, old in columns
-        ]
+        rows: list[CasRow] = []
+        for wid, entry, old in columns:
+            head_len, tail_len = entry.splice_lengths()
+            if head_len:
+                rows.append((entry.holder_key, old, packed.join((old[:head_len], old[-tail_len:]))))
+            else:
+                rows.append(self._rebuilt(wid, entry, old, now))
+        return rows
 
     def _rebuilt(self, wid: str, entry: TrackedClaim, old: bytes, now: int) -> CasRow:
         """One renewal built by decoding and re-encoding the holder record."""

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Final
 
 from .cooldown import TakeoverCooldown
+from .holder_splice import renewal_split
 from .results import RenewResult
 
 PENDING_LIMIT: Final = 8
@@ -27,7 +28,8 @@ class TrackedClaim:
     ``holder_bytes`` is what the store held at ``holder_key`` after this engine's last confirmed
     write. A renewal rewrites only the ``expires_at`` value: ``head_len`` bytes before it and
     ``tail_len`` bytes after it stay as they are (``head_len == 0``: renew through
-    ``build_renew_transition``).
+    ``build_renew_transition``). They are found at the first renewal (:meth:`splice_lengths`),
+    so a claim released before it renews never pays for the search.
 
     ``pending`` holds the values of renewals whose commit raised: any one of them may have
     committed all the same (a connection lost during COMMIT). Each of those renewals was
@@ -46,7 +48,8 @@ class TrackedClaim:
     epoch_bytes: bytes
     holder_bytes: bytes
     holder_key: str
-    head_len: int = 0
+    head_len: int = -1
+    """``-1`` until :meth:`splice_lengths` looked."""
     tail_len: int = 0
     pending: tuple[bytes, ...] = ()
     renewed: RenewResult | None = None
@@ -55,6 +58,16 @@ class TrackedClaim:
     def __post_init__(self) -> None:
         if self.renewed_at < 0:
             self.renewed_at = self.claimed_at
+
+    def splice_lengths(self) -> tuple[int, int]:
+        """``(head_len, tail_len)``, found in ``holder_bytes`` on the first call.
+
+        Every renewal keeps the bytes around ``expires_at``, so the lengths found in any holder
+        value of this claim hold for all of them. Two threads may both look; they find the same.
+        """
+        if self.head_len < 0:
+            self.head_len, self.tail_len = renewal_split(self.holder_bytes)
+        return self.head_len, self.tail_len
 
     def remember_pending(self, value: bytes) -> None:
         """Add the value of a renewal whose commit raised. Call with the table lock held."""

@@ -26,6 +26,7 @@ from .runtime import get_ownership
 if TYPE_CHECKING:
     from ..ownership.facade import Ownership
 
+
 class AtomicTransaction:
     """A :class:`~weft_sync.fencing.base.HostTransaction` inside an open ``atomic`` block.
 

@@ -73,8 +73,6 @@ class _Tracked:
     queued: bool = False  # a handler run waits for a free handler thread: driven by then
 
 
-
-
 class DriverTracker:
     """The drivers of the workflow claims one engine holds (see the module docstring).
 

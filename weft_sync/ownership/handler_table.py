@@ -139,9 +139,7 @@ class HandlerTable:
         for workflow_type, handler in (handlers or {}).items():
             self.register(workflow_type, handler)
 
-    def bind(
-        self, context: ContextFactory, workflows: Workflows, registry: ClaimRegistry
-    ) -> None:
+    def bind(self, context: ContextFactory, workflows: Workflows, registry: ClaimRegistry) -> None:
         """Bind the engine the handlers act for; the facade calls it once, when it is built.
 
         :param context: builds what a handler is called with (the facade's ``ReclaimedWorkflow``).

@@ -25,4 +25,3 @@ from .output import UsageError as UsageError
 from .output import one_line as one_line
 from .store_view import metrics as metrics
 from .store_view import status as status
-

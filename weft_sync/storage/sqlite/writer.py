@@ -268,9 +268,11 @@ class SqliteWriter:
 
     Every write transaction is ``BEGIN IMMEDIATE`` taken under the :class:`WriterFileLock` and
     the in-process transaction lock, so transactions of one instance never overlap, in this
-    process or across processes. Each request in a transaction runs under its own SAVEPOINT, so
-    its failed condition or error leaves the others intact. An error that aborts the transaction
-    itself fails every request in it.
+    process or across processes. In a transaction of several requests each runs under its own
+    SAVEPOINT, so its failed condition or error leaves the others intact; a request alone in its
+    transaction needs none (its error rolls the transaction back). An error that aborts the
+    transaction itself fails every request in it. A batch reads its conditions' keys in one
+    query and writes each run of puts (or deletes) with one ``executemany``.
 
     A request submitted while no request is queued and no transaction runs is committed by the
     calling thread itself (:meth:`try_begin_fast` then :meth:`commit_fast`), sparing the handoff
@@ -310,6 +312,7 @@ class SqliteWriter:
         self._bound = bound
         self._before_commit = before_commit
         self._sql_get = f"SELECT value FROM {quoted} WHERE key = ?"
+        self._sql_get_in = f"SELECT key, value FROM {quoted} WHERE key IN "
         self._sql_put = f"REPLACE INTO {quoted} (key, value) VALUES (?, ?)"
         self._sql_delete = f"DELETE FROM {quoted} WHERE key = ?"
         self._sql_renew = f"UPDATE {quoted} SET value = ?3 WHERE key = ?1 AND value = ?2"
@@ -436,7 +439,8 @@ class SqliteWriter:
                 with self._file_lock.hold():
                     self._begin_immediate(conn)
                     try:
-                        outcomes = [self._apply_request(conn, req) for req in group]
+                        isolate = len(group) > 1
+                        outcomes = [self._apply_request(conn, req, isolate) for req in group]
                         if self._before_commit is not None:
                             self._before_commit()
                         conn.execute("COMMIT")
@@ -489,13 +493,23 @@ class SqliteWriter:
                 ) from exc
 
     def _apply_request(
-        self, conn: sqlite3.Connection, request: WriteRequest
+        self, conn: sqlite3.Connection, request: WriteRequest, isolate: bool
     ) -> tuple[list[bool] | None, BaseException | None]:
+        """Apply one request; with ``isolate``, under a savepoint that its error rolls back.
+
+        Without ``isolate`` (the request is alone in its transaction) an error propagates and
+        rolls back the whole transaction, which holds nothing else.
+        """
+        if not isolate:
+            with self._translate("write"):
+                if request.renewals is not None:
+                    return self._apply_renewals(conn, request.renewals, isolate), None
+                return [self._apply_batch(conn, c, o) for c, o in request.batches], None
         conn.execute("SAVEPOINT weft_request")
         try:
             with self._translate("write"):
                 if request.renewals is not None:
-                    results = self._apply_renewals(conn, request.renewals)
+                    results = self._apply_renewals(conn, request.renewals, isolate)
                 else:
                     results = [self._apply_batch(conn, c, o) for c, o in request.batches]
         except StorageError as exc:
@@ -507,27 +521,57 @@ class SqliteWriter:
         conn.execute("RELEASE weft_request")
         return results, None
 
-    def _apply_renewals(self, conn: sqlite3.Connection, rows: list[RenewalRow]) -> list[bool]:
-        """Apply renewal rows in order, inside the request's savepoint."""
+    def _apply_renewals(
+        self, conn: sqlite3.Connection, rows: list[RenewalRow], isolated: bool
+    ) -> list[bool]:
+        """Apply renewal rows in order, inside the request's savepoint when ``isolated``."""
+        if len(rows) == 1:
+            # One UPDATE changes its row exactly when the condition holds; a foreign writer's
+            # text value is judged by the general path.
+            if conn.execute(self._sql_renew, rows[0]).rowcount == 1:
+                return [True]
+            return [self._apply_batch(conn, *renewal_batch(rows[0]))]
+        if not isolated:
+            conn.execute("SAVEPOINT weft_request")
         # The key is unique, so each UPDATE changes at most one row, and changes one exactly when
         # its condition held at its turn: a full count is the sequential outcome of every row.
         if conn.executemany(self._sql_renew, rows).rowcount == len(rows):
+            if not isolated:
+                conn.execute("RELEASE weft_request")
             return [True] * len(rows)
         # Some condition failed (or a foreign writer stored text): judge row by row.
         conn.execute("ROLLBACK TO weft_request")
+        if not isolated:
+            conn.execute("RELEASE weft_request")
         return [self._apply_batch(conn, *renewal_batch(row)) for row in rows]
 
     def _apply_batch(
         self, conn: sqlite3.Connection, conditions: list[Condition], operations: list[Operation]
     ) -> bool:
-        for cond in conditions:
+        if len(conditions) == 1:
+            cond = conditions[0]
             row = conn.execute(self._sql_get, (cond.key,)).fetchone()
-            stored = None if row is None else as_bytes(row[0])
-            if stored != cond.expected:
+            if (None if row is None else as_bytes(row[0])) != cond.expected:
                 return False
-        for op in operations:
-            if isinstance(op, Put):
-                conn.execute(self._sql_put, (op.key, op.value))
+        elif conditions:
+            # One query reads every condition's key (one statement, not one per condition).
+            wanted = list(dict.fromkeys(cond.key for cond in conditions))
+            sql = self._sql_get_in + "(" + ",".join("?" * len(wanted)) + ")"
+            stored = {key: as_bytes(value) for key, value in conn.execute(sql, wanted)}
+            if any(stored.get(cond.key) != cond.expected for cond in conditions):
+                return False
+        # Consecutive operations of one kind go in one executemany; the order is kept.
+        start = 0
+        while start < len(operations):
+            kind = type(operations[start])
+            end = start + 1
+            while end < len(operations) and type(operations[end]) is kind:
+                end += 1
+            run = operations[start:end]
+            if kind is Put:
+                puts = [(op.key, op.value) for op in run if isinstance(op, Put)]
+                conn.executemany(self._sql_put, puts)
             else:
-                conn.execute(self._sql_delete, (op.key,))
+                conn.executemany(self._sql_delete, [(op.key,) for op in run])
+            start = end
         return True
