@@ -6,8 +6,10 @@ a noisy machine; absolute numbers from different runs are not comparable.
 
 PostgreSQL comes from ``WEFT_SYNC_TEST_POSTGRES_DSN`` when set, otherwise from a throwaway cluster
 started with ``tests/pgcluster.py`` (it runs with ``fsync=off`` and ``synchronous_commit=off``, so
-PostgreSQL numbers exclude durable-commit costs). SQLite stores use the library defaults: WAL and
-``synchronous=FULL``.
+PostgreSQL numbers exclude durable-commit costs). ``bench_site(..., durable_postgres=True)``
+restarts that cluster with ``fsync=on``, ``synchronous_commit=on`` and ``full_page_writes=on``
+instead; :func:`postgres_settings` reads back what a server runs with. SQLite stores use the
+library defaults: WAL and ``synchronous=FULL``.
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
@@ -40,6 +42,9 @@ from weft_sync.claims.transitions import build_acquire_transition  # noqa: E402
 from weft_sync.clock import Clock, system_clock  # noqa: E402
 from weft_sync.codec import WorkflowRecord, encode_workflow_record  # noqa: E402
 from weft_sync.storage import Operation, Put, Storage, open_storage  # noqa: E402
+
+if TYPE_CHECKING:
+    from tests.pgcluster import PostgresCluster
 
 BACKENDS = ("sqlite", "postgres")
 ENGINE_ID = "bench-engine"
@@ -244,9 +249,19 @@ class Site:
         return StoreSpec(backend, f"{self.pg_url}{sep}table={table}", table, dsn=self.pg_url)
 
 
+DURABLE_POSTGRES_SETTINGS = ("fsync=on", "synchronous_commit=on", "full_page_writes=on")
+REPORTED_POSTGRES_SETTINGS = ("fsync", "synchronous_commit", "full_page_writes", "wal_sync_method")
+
+
 @contextmanager
-def bench_site(backends: Sequence[str]) -> Iterator[Site]:
-    """A temporary directory, plus a PostgreSQL server if ``postgres`` is among ``backends``."""
+def bench_site(backends: Sequence[str], *, durable_postgres: bool = False) -> Iterator[Site]:
+    """A temporary directory, plus a PostgreSQL server if ``postgres`` is among ``backends``.
+
+    :param durable_postgres: run the throwaway cluster with durable commits
+        (:data:`DURABLE_POSTGRES_SETTINGS`) rather than ``tests/pgcluster.py``'s fast settings.
+        A server given by ``WEFT_SYNC_TEST_POSTGRES_DSN`` runs as it was configured; read its
+        settings with :func:`postgres_settings`.
+    """
     with tempfile.TemporaryDirectory(prefix="weft-bench-") as tmp:
         if "postgres" not in backends:
             yield Site(Path(tmp), None)
@@ -257,11 +272,49 @@ def bench_site(backends: Sequence[str]) -> Iterator[Site]:
             return
         from tests.pgcluster import start_cluster
 
-        cluster = start_cluster()
+        cluster = start_durable_cluster() if durable_postgres else start_cluster()
         try:
             yield Site(Path(tmp), cluster.url)
         finally:
             cluster.stop()
+
+
+def start_durable_cluster() -> PostgresCluster:
+    """A throwaway cluster (``tests/pgcluster.py``) restarted with durable commit settings.
+
+    The server is started once as the test suite starts it, then stopped and started again on
+    the same data directory with :data:`DURABLE_POSTGRES_SETTINGS` on its command line.
+    """
+    from tests.pgcluster import PostgresCluster, _as_server_user, _run, start_cluster
+
+    class DurablePostgresCluster(PostgresCluster):
+        def start(self) -> None:
+            settings = " ".join(f"-c {setting}" for setting in DURABLE_POSTGRES_SETTINGS)
+            opts = f"-k {self.directory} -c listen_addresses='' {settings} -c max_connections=300"
+            cmd = [self.pg_ctl, "-D", str(self.data_dir), "-o", opts]
+            cmd += ["-l", str(self.directory / "server.log"), "-w", "-t", "60", "start"]
+            _run(_as_server_user(cmd))
+
+    fast = start_cluster()
+    cluster = DurablePostgresCluster(fast.directory, fast.pg_ctl)
+    try:
+        cluster.restart()
+    except BaseException:
+        fast.stop()
+        raise
+    return cluster
+
+
+def postgres_settings(dsn: str, names: Sequence[str] = REPORTED_POSTGRES_SETTINGS) -> str:
+    """``name=value`` of each of ``names`` as the server at ``dsn`` runs it, comma-separated."""
+    import psycopg
+
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        values = [
+            f"{name}={conn.execute(f'SHOW {name}').fetchone()[0]}"  # type: ignore[index]
+            for name in names
+        ]
+    return ", ".join(values)
 
 
 # -- claims ---------------------------------------------------------------------------------
