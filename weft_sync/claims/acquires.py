@@ -3,9 +3,10 @@
 An acquire claims a workflow that has no holder record (a present holder, however old, is only
 ever replaced by a takeover), minting epoch + 1 conditioned on the holder being absent and on the
 exact epoch bytes read. The same batch adds the claim's by-engine entry
-(see :mod:`~weft_sync.claims.engine_index`). A folded acquire hands that batch to the caller,
-who commits it inside its own write and then has it tracked with
-:meth:`Acquires.record_folded`.
+(see :mod:`~weft_sync.claims.engine_index`). Read and write are one transaction where the store
+can (:mod:`~weft_sync.storage.read_then_write`), else a read and a compare-and-swap. A folded
+acquire hands that batch to the caller, who commits it inside its own write and then has it
+tracked with :meth:`Acquires.record_folded`.
 
 :meth:`Acquires.install` is the one place a committed claim, acquired or taken over, starts to
 be tracked: from the exact bytes its fragment put, so later compare-and-swaps name them. The
@@ -21,8 +22,8 @@ from .. import keys
 from ..clock import Clock
 from ..codec import decode_epoch, decode_holder
 from ..errors import ClosedError, CorruptEpochError
-from ..storage.base import Storage, storage_conditional_batch
-from ..storage.reads import storage_get_many
+from ..storage.base import Storage
+from ..storage.read_then_write import Decision, storage_read_then_write
 from .engine_index import with_claim_entry
 from .losses import LocalLosses
 from .releases import Releases
@@ -69,15 +70,30 @@ class Acquires:
         """See :meth:`ClaimRegistry.acquire <weft_sync.claims.registry.ClaimRegistry.acquire>`."""
         self._losses.refuse_lost_store()
         holder_key = keys.workflow_owner_holder(wid)
-        observed_holder, observed_epoch = storage_get_many(
-            self._storage, [holder_key, keys.workflow_owner_epoch(wid)]
-        )
         now = self._clock()
-        fragment = self._acquire_fragment(wid, now, observed_epoch)
-        if not self._commit(fragment):
+        built: list[Fragment] = []
+
+        def decide(values: list[bytes | None]) -> Decision | None:
+            # Runs inside the store's write transaction: no I/O, no logging.
+            observed_holder, observed_epoch = values
+            if observed_holder is not None:
+                return None  # held, however old: only a takeover replaces it
+            fragment = self._acquire_fragment(wid, now, observed_epoch)
+            built.append(fragment)
+            return fragment.conditions, fragment.operations
+
+        try:
+            (observed_holder, _), committed = storage_read_then_write(
+                self._storage, [holder_key, keys.workflow_owner_epoch(wid)], decide
+            )
+        except CorruptEpochError as exc:
+            _log.warning("%s", exc)
+            raise
+        if not committed:
             held_by = self._held_by(holder_key, observed_holder)
             _log.debug("acquire of workflow %r lost the race (held by %r)", wid, held_by)
             return AcquireResult(AcquireStatus.LOST_RACE, wid, held_by=held_by)
+        fragment = built[-1]
         epoch = self.install(wid, fragment, now)
         _log.info("engine %s acquired workflow %r at epoch %d", self._engine_id, wid, epoch)
         token = extract_put_value(fragment.operations, keys.workflow_owner_epoch(wid))
@@ -90,7 +106,11 @@ class Acquires:
         self._losses.refuse_lost_store()
         observed_epoch = self._storage.get(keys.workflow_owner_epoch(wid))
         now = self._clock()
-        fragment = self._acquire_fragment(wid, now, observed_epoch)
+        try:
+            fragment = self._acquire_fragment(wid, now, observed_epoch)
+        except CorruptEpochError as exc:
+            _log.warning("%s", exc)
+            raise
         epoch = decode_epoch(extract_put_value(fragment.operations, keys.workflow_owner_epoch(wid)))
         assert epoch is not None  # the fragment was just encoded from a valid epoch
         _log.debug("prepared an acquire fragment for workflow %r at epoch %d", wid, epoch)
@@ -128,22 +148,19 @@ class Acquires:
             )
         return epoch
 
-    def _commit(self, fragment: Fragment) -> bool:
-        return storage_conditional_batch(self._storage, fragment.conditions, fragment.operations)
-
     def _acquire_fragment(self, wid: str, now: int, observed_epoch: bytes | None) -> Fragment:
-        try:
-            fragment = build_acquire_transition(
-                workflow_id=wid,
-                engine_id=self._engine_id,
-                now=now,
-                claim_ttl_ms=self._claim_ttl_ms,
-                observed_epoch_bytes=observed_epoch,
-            )
-            return with_claim_entry(fragment, wid, self._engine_id, None)
-        except CorruptEpochError as exc:
-            _log.warning("%s", exc)
-            raise
+        """The acquire's batch, by-engine entry included.
+
+        :raises CorruptEpochError: the observed epoch bytes do not decode.
+        """
+        fragment = build_acquire_transition(
+            workflow_id=wid,
+            engine_id=self._engine_id,
+            now=now,
+            claim_ttl_ms=self._claim_ttl_ms,
+            observed_epoch_bytes=observed_epoch,
+        )
+        return with_claim_entry(fragment, wid, self._engine_id, None)
 
     def _held_by(self, holder_key: str, observed: bytes | None) -> str | None:
         """The engine id in ``observed`` holder bytes, or in a fresh read when none were seen."""

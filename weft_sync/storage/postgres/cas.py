@@ -22,6 +22,8 @@ from psycopg.rows import TupleRow
 from ..._fork import process_bound
 from ..base import Batch, Condition, Operation, check_batch_shape, validate_batch
 from ..cas import CasRow, cas_batches, validate_cas_rows
+from ..read_then_write import Decide
+from ..reads import validate_keys
 from .locked import renewal_rows
 from .sql import Plan, Queries, disjoint, renewal_keys
 
@@ -98,6 +100,55 @@ class ConditionalWrites:
         if len({row[0] for row in checked}) == len(checked):
             return self._update_rows(checked, "compare_and_set_many")
         return self.conditional_batches(cas_batches(checked))
+
+    @process_bound
+    def read_then_write(
+        self, keys: Sequence[str], decide: Decide
+    ) -> tuple[list[bytes | None], bool]:
+        """Lock and read ``keys``, then apply the batch ``decide`` makes of them, in one
+        transaction. See :class:`~weft_sync.storage.read_then_write.SupportsReadThenWrite`.
+
+        Present keys are held by ``SELECT … FOR UPDATE``; a key read as absent is held by the
+        batch's insert of it (a concurrent insert makes the batch fail, as in
+        ``conditional_batch``).
+        """
+        checked = validate_keys(keys)
+        read = sorted(set(checked))
+        values: list[bytes | None] = []
+        with self._connection("read_then_write") as conn:
+            try:
+                with conn.transaction():
+                    found = self._lock_rows(conn, read)
+                    values = [found.get(key) for key in checked]
+                    decision = decide(list(values))
+                    if decision is None:
+                        return values, False
+                    plan = Plan.build(*validate_batch(*decision))
+                    unread = [key for key in plan.lock_keys if key not in found]
+                    found.update(self._lock_rows(conn, [k for k in unread if k not in read]))
+                    return values, self._apply_plan(conn, plan, found)
+            except _Refused:
+                return values, False
+
+    def _lock_rows(self, conn: _Conn, keys: list[str]) -> dict[str, bytes]:
+        """Lock the rows of ``keys`` (sorted) that exist; return their values."""
+        if not keys:
+            return {}
+        rows = conn.execute(self._q.lock, [keys], binary=True).fetchall()
+        return {str(k): bytes(v) for k, v in rows}
+
+    def _apply_plan(self, conn: _Conn, plan: Plan, found: dict[str, bytes]) -> bool:
+        """Judge ``plan`` against the locked rows ``found`` and apply it (no savepoint).
+
+        :raises _Refused: it failed after writing; the caller rolls its transaction back.
+        """
+        if not plan.holds(found):
+            return False
+        if plan.absent:
+            self._claim_and_write(conn, plan, found)
+        else:
+            self._write(conn, plan.put_keys, plan.put_values, plan.delete_keys)
+        return True
 
     def _renew(
         self, batches: Sequence[tuple[list[Condition], list[Operation]]], action: str

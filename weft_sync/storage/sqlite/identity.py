@@ -156,11 +156,23 @@ class StoreIdentity:
 
         :raises StoreIdentityError: one was deleted or replaced (now, or earlier).
         """
+        self._check_files()
+
+    def _check_files(self) -> int | None:
+        """:meth:`check_files`; return the database file's size (``None``: no file)."""
         self.raise_if_failed()
+        size = None
         for suffix, recorded in self._files.items():
             if recorded is None:
                 continue
-            now = _file_id(self._path + suffix)
+            try:
+                st = os.stat(self._path + suffix)
+            except FileNotFoundError:
+                now = None
+            else:
+                now = st.st_dev, st.st_ino
+                if not suffix:
+                    size = st.st_size
             if now != recorded:
                 what = _NAMES[suffix]
                 if now is None:
@@ -171,15 +183,19 @@ class StoreIdentity:
                         f"{recorded[0]}/{recorded[1]} -> {now[0]}/{now[1]})"
                     )
                 self._fail(detail)
+        return size
 
     def check_before_commit(self) -> None:
         """The checks of every write transaction: :meth:`check_files` and
-        :meth:`check_truncated` (a few ``stat`` calls).
+        :meth:`check_truncated`, one ``stat`` per file.
 
         :raises StoreIdentityError: see those two.
         """
-        self.check_files()
-        self.check_truncated()
+        size = self._check_files()
+        if size is None:
+            self.check_truncated()  # the database file's id was not recorded: stat it here
+        else:
+            self._judge_size(size)
 
     def check_truncated(self) -> None:
         """Fail once the database file, after holding its header, holds less than one.
@@ -196,6 +212,9 @@ class StoreIdentity:
             size = os.stat(self._path).st_size
         except FileNotFoundError:
             return  # check_files reports a deleted file
+        self._judge_size(size)
+
+    def _judge_size(self, size: int) -> None:
         if size >= _SQLITE_HEADER_SIZE:
             self._had_header = True
         elif self._had_header:

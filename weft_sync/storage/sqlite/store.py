@@ -31,6 +31,7 @@ from ..base import (
 )
 from ..cas import CasRow, validate_cas_rows
 from ..fence_proof import SqliteFenceTarget
+from ..read_then_write import Decide
 from ..reads import validate_keys
 from ..wait_bound import WaitDeadline
 from . import fork as sqlite_fork
@@ -419,17 +420,38 @@ class SqliteStorage(SqliteSessionLockMethods):
             return []
         return self._submit([], checked)
 
+    def read_then_write(
+        self, keys: Sequence[str], decide: Decide
+    ) -> tuple[list[bytes | None], bool]:
+        """Read ``keys`` inside a write transaction and apply the batch ``decide`` makes of
+        them, in that transaction. See
+        :class:`~weft_sync.storage.read_then_write.SupportsReadThenWrite`.
+        """
+        checked = validate_keys(keys)
+        request = self._submit_request([], None, (checked, decide))
+        committed = request.wait()[0]
+        return request.values, committed
+
     def _submit(
         self,
         batches: list[tuple[list[Condition], list[Operation]]],
         renewals: list[RenewalRow] | None = None,
     ) -> list[bool]:
+        return self._submit_request(batches, renewals).wait()
+
+    def _submit_request(
+        self,
+        batches: list[tuple[list[Condition], list[Operation]]],
+        renewals: list[RenewalRow] | None,
+        read: tuple[list[str], Decide] | None = None,
+    ) -> WriteRequest:
+        """Commit a request (on this thread when the writer is idle, else queued); return it
+        once finished or queued: its ``wait()`` gives the results or raises."""
         if self._read_only:
             self._check_open()
             raise ReadOnlyStorageError(
                 f"SqliteStorage({self._path!r}) was opened read-only; writes are refused"
             )
-        request = WriteRequest(batches, renewals)
         with self._lock:
             self._check_open()
             if self._writer is None:
@@ -450,10 +472,12 @@ class SqliteStorage(SqliteSessionLockMethods):
             # queued commits before this one.
             fast = writer.try_begin_fast()
             if not fast:
+                request = WriteRequest(batches, renewals, read=read)
                 self._queue.put(request)
         if fast:
+            request = WriteRequest(batches, renewals, queued=False, read=read)
             writer.commit_fast(request)
-        return request.wait()
+        return request
 
     # -- identity ----------------------------------------------------------------------------
 

@@ -22,8 +22,9 @@ from typing import Final
 
 from ..._fork import pin
 from ...errors import StorageError
-from ..base import Condition, Operation, Put, validate_key
+from ..base import Condition, Operation, Put, validate_batch, validate_key
 from ..cas import CasRow
+from ..read_then_write import Decide
 from ..wait_bound import WaitDeadline
 
 _log = logging.getLogger(__name__)
@@ -122,30 +123,44 @@ class WriteRequest:
     """Conditional batches committed together; the caller blocks in :meth:`wait`.
 
     ``renewals`` replaces ``batches`` when every batch is renewal-shaped (see
-    :func:`renewal_row`) or the rows come from ``compare_and_set_many``.
+    :func:`renewal_row`) or the rows come from ``compare_and_set_many``; ``read`` replaces both
+    for a ``read_then_write``.
     """
 
-    __slots__ = ("batches", "done", "error", "renewals", "results")
+    __slots__ = ("batches", "decide", "done", "error", "read_keys", "renewals", "results", "values")
 
     def __init__(
         self,
         batches: list[tuple[list[Condition], list[Operation]]],
         renewals: list[RenewalRow] | None = None,
+        *,
+        queued: bool = True,
+        read: tuple[list[str], Decide] | None = None,
     ) -> None:
         self.batches = batches
         self.renewals = renewals
-        self.done = threading.Event()
+        # A read-then-write request (see weft_sync.storage.read_then_write): its keys are read
+        # in the transaction, ``decide`` makes its one batch of them; ``values`` gets what was
+        # read.
+        self.read_keys: list[str] = [] if read is None else read[0]
+        self.decide: Decide | None = None if read is None else read[1]
+        self.values: list[bytes | None] = []
+        # Only a queued request is finished by another thread; one its caller commits itself
+        # (SqliteWriter.commit_fast) is finished before wait() is called, and needs no event.
+        self.done = threading.Event() if queued else None
         self.results: list[bool] | None = None
         self.error: BaseException | None = None
 
     def finish(self, results: list[bool] | None, error: BaseException | None) -> None:
         self.results = results
         self.error = error
-        self.done.set()
+        if self.done is not None:
+            self.done.set()
 
     def wait(self) -> list[bool]:
         """Block until the request is finished; return one result per batch or raise its error."""
-        self.done.wait()
+        if self.done is not None:
+            self.done.wait()
         if self.error is not None:
             raise self.error
         assert self.results is not None
@@ -500,6 +515,8 @@ class SqliteWriter:
         Without ``isolate`` (the request is alone in its transaction) an error propagates and
         rolls back the whole transaction, which holds nothing else.
         """
+        if request.decide is not None:
+            return self._apply_read_then_write(conn, request, isolate)
         if not isolate:
             with self._translate("write"):
                 if request.renewals is not None:
@@ -520,6 +537,51 @@ class SqliteWriter:
             return None, exc
         conn.execute("RELEASE weft_request")
         return results, None
+
+    def _apply_read_then_write(
+        self, conn: sqlite3.Connection, request: WriteRequest, isolate: bool
+    ) -> tuple[list[bool] | None, BaseException | None]:
+        """Read the request's keys, ask its ``decide``, apply the batch it returns.
+
+        What ``decide`` raises, or a bad batch, is the request's own error: nothing was written
+        for it yet, so the others in the transaction are untouched.
+        """
+        assert request.decide is not None
+        with self._translate("read"):
+            known = self._read(conn, request.read_keys)
+        request.values = [known.get(key) for key in request.read_keys]
+        try:
+            decision = request.decide(list(request.values))
+            if decision is None:
+                return [False], None
+            conditions, operations = validate_batch(*decision)
+        except Exception as exc:
+            return None, exc
+        if not isolate:
+            with self._translate("write"):
+                return [self._apply_batch(conn, conditions, operations, known)], None
+        conn.execute("SAVEPOINT weft_request")
+        try:
+            with self._translate("write"):
+                result = self._apply_batch(conn, conditions, operations, known)
+        except StorageError as exc:
+            if not conn.in_transaction:
+                raise
+            conn.execute("ROLLBACK TO weft_request")
+            conn.execute("RELEASE weft_request")
+            return None, exc
+        conn.execute("RELEASE weft_request")
+        return [result], None
+
+    def _read(self, conn: sqlite3.Connection, keys: Sequence[str]) -> dict[str, bytes | None]:
+        """The stored value of each of ``keys`` (absent ones: ``None``), in one query."""
+        wanted = list(dict.fromkeys(keys))
+        if not wanted:
+            return {}
+        sql = self._sql_get_in + "(" + ",".join("?" * len(wanted)) + ")"
+        found: dict[str, bytes | None] = dict.fromkeys(wanted)
+        found.update((key, as_bytes(value)) for key, value in conn.execute(sql, wanted))
+        return found
 
     def _apply_renewals(
         self, conn: sqlite3.Connection, rows: list[RenewalRow], isolated: bool
@@ -546,8 +608,21 @@ class SqliteWriter:
         return [self._apply_batch(conn, *renewal_batch(row)) for row in rows]
 
     def _apply_batch(
-        self, conn: sqlite3.Connection, conditions: list[Condition], operations: list[Operation]
+        self,
+        conn: sqlite3.Connection,
+        conditions: list[Condition],
+        operations: list[Operation],
+        known: dict[str, bytes | None] | None = None,
     ) -> bool:
+        """Judge the conditions, then apply the operations; ``False`` when one fails.
+
+        :param known: values read earlier in this transaction (nothing wrote them since);
+            conditions on those keys are judged against them without another query.
+        """
+        if known:
+            if any(c.key in known and known[c.key] != c.expected for c in conditions):
+                return False
+            conditions = [c for c in conditions if c.key not in known]
         if len(conditions) == 1:
             cond = conditions[0]
             row = conn.execute(self._sql_get, (cond.key,)).fetchone()
