@@ -650,13 +650,33 @@ def test_a_read_on_a_connection_the_server_dropped_runs_again_on_a_checked_one(
             with caplog.at_level("DEBUG", logger="weft_sync.storage.postgres.store"):
                 assert read(store) == expected
             assert any(f"{name} failed on a pooled connection" in m for m in caplog.messages)
-        # Writes are lent checked connections: a dropped one is replaced before use.
+        # A write on a dropped session fails at its BEGIN, before writing anything, and starts
+        # again on a checked connection.
         raw.execute(
             "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = %s",
             [app],
         )
-        assert store.conditional_batch([Condition("k", b"v")], [Put("k", b"w")])
+        caplog.clear()
+        with caplog.at_level("DEBUG", logger="weft_sync.storage.postgres.store"):
+            # Not renewal-shaped (two puts): it runs in a transaction.
+            assert store.conditional_batch([Condition("k", b"v")], [Put("k", b"w"), Put("j", b"")])
+        assert any("BEGIN failed on a pooled connection" in m for m in caplog.messages)
         assert store.get("k") == b"w"
+        raw.execute(
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = %s",
+            [app],
+        )
+        decided: list[list[bytes | None]] = []
+
+        def decide(values: list[bytes | None]) -> tuple[list[Condition], list[Put]]:
+            decided.append(values)
+            return [Condition("k", values[0])], [Put("k", b"x")]
+
+        caplog.clear()
+        with caplog.at_level("DEBUG", logger="weft_sync.storage.postgres.store"):
+            assert store.read_then_write(["k"], decide) == ([b"w"], True)
+        assert any("BEGIN failed on a pooled connection" in m for m in caplog.messages)
+        assert decided == [[b"w"]] and store.get("k") == b"x"
 
 
 # -- errors and lifecycle --------------------------------------------------------------------

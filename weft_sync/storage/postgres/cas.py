@@ -51,6 +51,8 @@ class ConditionalWrites:
             self, action: str, *, check: bool = True
         ) -> AbstractContextManager[_Conn]: ...
 
+        def _write_transaction(self, action: str) -> AbstractContextManager[_Conn]: ...
+
     @process_bound
     def conditional_batch(
         self, conditions: Sequence[Condition], operations: Sequence[Operation]
@@ -62,12 +64,11 @@ class ConditionalWrites:
             self._check_open()
             return True
         plan = Plan.build(conds, ops)
-        with self._connection("conditional_batch") as conn:
-            try:
-                with conn.transaction():
-                    return self._run(conn, plan, savepoint=False)
-            except _Refused:
-                return False
+        try:
+            with self._write_transaction("conditional_batch") as conn:
+                return self._run(conn, plan, savepoint=False)
+        except _Refused:
+            return False
 
     @process_bound
     def conditional_batches(self, batches: Sequence[Batch]) -> list[bool]:
@@ -110,25 +111,29 @@ class ConditionalWrites:
 
         Present keys are held by ``SELECT … FOR UPDATE``; a key read as absent is held by the
         batch's insert of it (a concurrent insert makes the batch fail, as in
-        ``conditional_batch``).
+        ``conditional_batch``). Keys the batch judges beyond ``keys`` are locked after them (name
+        them in ``keys`` to lock every row in one order); keys it only writes are locked by the
+        write.
         """
         checked = validate_keys(keys)
-        read = sorted(set(checked))
+        read_set = set(checked)
+        read = sorted(read_set)
         values: list[bytes | None] = []
-        with self._connection("read_then_write") as conn:
-            try:
-                with conn.transaction():
-                    found = self._lock_rows(conn, read)
-                    values = [found.get(key) for key in checked]
-                    decision = decide(list(values))
-                    if decision is None:
-                        return values, False
-                    plan = Plan.build(*validate_batch(*decision))
-                    unread = [key for key in plan.lock_keys if key not in found]
-                    found.update(self._lock_rows(conn, [k for k in unread if k not in read]))
-                    return values, self._apply_plan(conn, plan, found)
-            except _Refused:
-                return values, False
+        try:
+            with self._write_transaction("read_then_write") as conn:
+                found = self._lock_rows(conn, read)
+                values = [found.get(key) for key in checked]
+                decision = decide(list(values))
+                if decision is None:
+                    return values, False
+                plan = Plan.build(*validate_batch(*decision))
+                # Keys the batch only writes need no lock first: the write takes it.
+                judged = {c.key for c in plan.conditions}
+                unread = [k for k in plan.lock_keys if k in judged and k not in read_set]
+                found.update(self._lock_rows(conn, unread))
+                return values, self._apply_plan(conn, plan, found)
+        except _Refused:
+            return values, False
 
     def _lock_rows(self, conn: _Conn, keys: list[str]) -> dict[str, bytes]:
         """Lock the rows of ``keys`` (sorted) that exist; return their values."""
@@ -220,7 +225,8 @@ class ConditionalWrites:
         return True
 
     def _claim_and_write(self, conn: _Conn, plan: Plan, found: dict[str, bytes]) -> None:
-        """Insert the plan's keys that had no row, in key order, then write the rest.
+        """Insert the plan's keys required absent and write its puts, in one statement in key
+        order, then delete what it deletes.
 
         :raises _Refused: another transaction created a key the plan requires absent.
         """
@@ -228,16 +234,16 @@ class ConditionalWrites:
         # A key required absent but not written gets a placeholder row, deleted below: holding its
         # unique-index entry until commit makes a concurrent insert of it wait for this
         # transaction, where a mere re-check would let it land between check and commit.
-        claim = sorted(plan.absent | {k for k in plan.put_keys if k not in found})
-        values = [puts.get(k, _PLACEHOLDER) for k in claim]
-        rows = conn.execute(self._q.insert_absent, [claim, values]).fetchall()
-        inserted = {str(row[0]) for row in rows}
-        if not plan.absent <= inserted:
+        rows = sorted(plan.absent.union(puts))
+        values = [puts.get(k, _PLACEHOLDER) for k in rows]
+        absent = sorted(plan.absent)
+        returned = conn.execute(self._q.claim_upsert, [rows, values, absent]).fetchall()
+        written = {str(row[0]) for row in returned}
+        if not plan.absent <= written:
             raise _Refused
-        put_keys = [k for k in plan.put_keys if k not in inserted]
-        placeholders = [k for k in claim if k not in puts]
-        deletes = sorted(set(plan.delete_keys).union(placeholders))
-        self._write(conn, put_keys, [puts[k] for k in put_keys], deletes)
+        placeholders = [k for k in absent if k not in puts]
+        if plan.delete_keys or placeholders:
+            conn.execute(self._q.delete_many, [sorted(set(plan.delete_keys).union(placeholders))])
 
     def _write(
         self, conn: _Conn, put_keys: list[str], put_values: list[bytes], delete_keys: list[str]

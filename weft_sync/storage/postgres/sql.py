@@ -63,9 +63,12 @@ class Queries:
             "INSERT INTO {t} (key, value) SELECT k, v FROM unnest(%b::text[], %b::bytea[]) "
             "AS u(k, v) ON CONFLICT (key) DO UPDATE SET value = EXCLUDED.value"
         ).format(t=t)
-        self.insert_absent = sql.SQL(
+        # Inserts every row and overwrites a present one, except a key of the third array (one
+        # required absent): a conflict there changes nothing and returns no key.
+        self.claim_upsert = sql.SQL(
             "INSERT INTO {t} (key, value) SELECT k, v FROM unnest(%b::text[], %b::bytea[]) "
-            "AS u(k, v) ON CONFLICT (key) DO NOTHING RETURNING key"
+            "AS u(k, v) ON CONFLICT (key) DO UPDATE SET value = EXCLUDED.value "
+            "WHERE NOT ({t}.key = ANY(%b::text[])) RETURNING key"
         ).format(t=t)
         self.delete_many = sql.SQL("DELETE FROM {t} WHERE key = ANY(%b::text[])").format(t=t)
         self.lock = sql.SQL(

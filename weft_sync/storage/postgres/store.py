@@ -87,9 +87,12 @@ class PostgresStorage(ConditionalWrites, IsolatedBatches, PostgresSessionLockMet
     A conditional batch runs in one READ COMMITTED transaction: it locks the existing rows of
     every key it names with one ``SELECT … ORDER BY key FOR UPDATE`` (one order for every caller,
     so batches over the same keys queue rather than deadlock), compares, then writes. A key a
-    condition requires absent has no row to lock, so it is claimed with ``INSERT … ON CONFLICT DO
-    NOTHING`` and the row count checked: the uncommitted row holds the key's unique-index entry,
-    and a concurrent writer of that key waits for this transaction. ``conditional_batches`` runs
+    condition requires absent has no row to lock, so it is claimed by an insert that does nothing
+    on a conflict (one ``INSERT … ON CONFLICT DO UPDATE … WHERE`` writes those keys and the
+    batch's puts together) and the keys it returns are checked: the uncommitted row holds the
+    key's unique-index entry, and a concurrent writer of that key waits for this transaction.
+    ``read_then_write`` locks the keys it reads the same way, before its batch is decided; keys
+    that batch only writes are locked by the write. ``conditional_batches`` runs
     all batches in one transaction and gives a batch a SAVEPOINT when it could fail after writing;
     a list of renewal-shaped batches (one condition expecting bytes and one put, on the same key,
     keys distinct across the list) runs as a single ``UPDATE … FROM unnest(…)``, and batches on
@@ -370,7 +373,8 @@ class PostgresStorage(ConditionalWrites, IsolatedBatches, PostgresSessionLockMet
         """Borrow a pooled connection for the block (as ``pool.connection()`` does).
 
         A connection is checked with a round trip before it is lent, unless ``check`` is false:
-        only reads that run again after a failure (:meth:`_read`) skip it. One that fails the
+        reads that run again after a failure (:meth:`_read`) and writes that start again after a
+        failed ``BEGIN`` (:meth:`_write_transaction`) skip it. One that fails the
         check goes back to the pool, which discards it and opens another, and the next one is
         tried at once: after the server dropped every pooled session (a restart, a kill storm)
         a call waits for one fresh connection, never for the pool's retry back-off. The whole
@@ -394,6 +398,31 @@ class PostgresStorage(ConditionalWrites, IsolatedBatches, PostgresSessionLockMet
                     yield conn
             finally:
                 pool.putconn(conn)
+
+    @contextmanager
+    def _write_transaction(self, action: str) -> Iterator[_Conn]:
+        """A pooled connection inside a transaction, lent without the liveness round trip.
+
+        ``BEGIN`` is the first thing the transaction sends: on a session the server dropped it
+        fails there, before anything is written, and the transaction starts once more on a
+        checked connection (the pool discards the broken one). A ``BEGIN`` cut by the statement
+        bound is not tried again. An exception raised in the block rolls the transaction back
+        and propagates (driver errors as ``StorageError``).
+        """
+        with self._connection(action, check=False) as conn:
+            stack = contextlib.ExitStack()
+            try:
+                stack.enter_context(conn.transaction())
+            except psycopg.OperationalError as exc:
+                if isinstance(exc, psycopg.errors.QueryCanceled):
+                    raise
+                _log.debug("PostgreSQL %s: BEGIN failed on a pooled connection (%s)", action, exc)
+            else:
+                with stack:
+                    yield conn
+                return
+        with self._connection(action) as conn, conn.transaction():
+            yield conn
 
     def guard_call(
         self, conn: _Conn, since: float | None = None
