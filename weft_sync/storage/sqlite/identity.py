@@ -7,10 +7,21 @@ gets another store (empty, or a copy) and hands out the same epochs again. Likew
 
 - **files**, before every write transaction commits: the device and inode of the database file,
   its ``-wal`` and its ``-shm`` at the path must be the ones recorded when the storage opened
-  them (a few ``stat`` calls, no I/O on the database). The storage keeps one *anchor*
-  connection open for its lifetime, so SQLite never removes the ``-wal``/``-shm`` files itself
-  while the storage is open (it does only when the last connection closes): a missing or
-  different one means someone else removed or replaced it.
+  them (``stat`` calls, no I/O on the database). The storage keeps one *anchor* connection open
+  for its lifetime, so SQLite never removes the ``-wal``/``-shm`` files itself while the storage
+  is open (it does only when the last connection closes): a missing or different one means
+  someone else removed or replaced it. The database file is looked at on every commit. The
+  ``-wal`` and ``-shm`` are looked at whenever their directory changed since they were last
+  found intact: deleting, renaming or creating a name changes the directory's modification and
+  change times, and a directory stamp (device, inode, both times) read before a full check that
+  passed stands for the names in it until it changes. Why not simply ``stat`` the log each time:
+  on kernels with fine-grained timestamps on demand (Linux 6.13 and later), reading a file's
+  times makes its next write update them, so every commit's ``fdatasync`` of a log that was just
+  looked at also writes its inode: a quarter of a small commit's time on a local disk. A stamp
+  is trusted only once the directory's last change is :data:`DIR_STAMP_MARGIN_NS` older than
+  the moment it was read, so that a change in the same timestamp tick cannot leave the times as
+  they were (file systems with coarse, even 2 s, timestamps included); until then every commit
+  looks at both files.
 - **store id**, on every :meth:`StoreIdentity.verify` (once per maintenance pass): a random
   32-bit id kept in the database header (``PRAGMA application_id``), written once when the store
   is created and read back through a fresh connection on the path, catches a file whose content
@@ -38,6 +49,7 @@ import secrets
 import sqlite3
 import stat
 import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Final
@@ -53,6 +65,12 @@ _NAMES: Final = {"": "the database file", "-wal": "its write-ahead log", "-shm":
 FileId = tuple[int, int]
 
 _SQLITE_HEADER_SIZE: Final = 100
+
+DIR_STAMP_MARGIN_NS = 3_000_000_000
+"""How much older than its reading the directory's last change must be for its stamp to stand
+for the ``-wal`` and ``-shm`` names (see the module docstring)."""
+
+DirStamp = tuple[int, int, int, int]
 
 
 def ensure_store_id(conn: sqlite3.Connection) -> None:
@@ -88,12 +106,16 @@ class StoreIdentity:
 
     def __init__(self, path: str, connect: Callable[[], sqlite3.Connection]) -> None:
         self._path = path
+        self._dir = os.path.dirname(os.path.abspath(path))
         self._connect = connect
         # Guards _error; the checks themselves run outside it.
         self._lock = threading.Lock()
         self._error: StoreIdentityError | None = None
         self._anchor: sqlite3.Connection | None = None
         self._files: dict[str, FileId | None] = {}
+        # The directory stamp the last full check passed under (None: not trusted yet). Read and
+        # written without a lock: a tuple is replaced whole, and a stale one only costs a check.
+        self._dir_stamp: DirStamp | None = None
         self._store_id = 0
         # Whether the database file was seen holding at least its header (see check_truncated).
         self._had_header = False
@@ -130,6 +152,7 @@ class StoreIdentity:
             open_path.close_in_child()
         anchor, self._anchor = self._anchor, None
         self._files = {}
+        self._dir_stamp = None
         self._had_header = False
         self._lock = threading.Lock()
         if anchor is None:
@@ -187,15 +210,47 @@ class StoreIdentity:
 
     def check_before_commit(self) -> None:
         """The checks of every write transaction: :meth:`check_files` and
-        :meth:`check_truncated`, one ``stat`` per file.
+        :meth:`check_truncated`; the ``-wal`` and ``-shm`` only when their directory changed
+        (see the module docstring).
 
         :raises StoreIdentityError: see those two.
         """
+        self.raise_if_failed()
+        recorded = self._files.get("")
+        if recorded is None or self._dir_stamp is None:
+            self._full_check()
+            return
+        try:
+            st = os.stat(self._path)
+        except FileNotFoundError:
+            self._full_check()  # reports the deleted file
+            return
+        if (st.st_dev, st.st_ino) != recorded:
+            self._full_check()  # reports the replaced file
+            return
+        self._judge_size(st.st_size)
+        if self._read_dir_stamp() != self._dir_stamp:
+            self._full_check()
+
+    def _full_check(self) -> None:
+        """Every file, then the size; remember the directory stamp read first if it is old
+        enough to stand for the names in it."""
+        stamp = self._read_dir_stamp()
+        now_ns = time.time_ns()
         size = self._check_files()
         if size is None:
             self.check_truncated()  # the database file's id was not recorded: stat it here
         else:
             self._judge_size(size)
+        trusted = stamp is not None and now_ns - max(stamp[2], stamp[3]) > DIR_STAMP_MARGIN_NS
+        self._dir_stamp = stamp if trusted else None
+
+    def _read_dir_stamp(self) -> DirStamp | None:
+        try:
+            st = os.stat(self._dir)
+        except OSError:
+            return None
+        return st.st_dev, st.st_ino, st.st_mtime_ns, st.st_ctime_ns
 
     def check_truncated(self) -> None:
         """Fail once the database file, after holding its header, holds less than one.
@@ -225,7 +280,7 @@ class StoreIdentity:
 
         :raises StoreIdentityError: the files changed, or the file holds another store.
         """
-        self.check_before_commit()
+        self._full_check()
         if not self._store_id:
             return
         # Read-only, so a file deleted since the check is not created again by this read.
