@@ -90,12 +90,12 @@ class _PausedWrite:
         self.release = threading.Event()
         original = writer._apply_request
 
-        def apply(conn: sqlite3.Connection, request: WriteRequest) -> Any:
+        def apply(conn: sqlite3.Connection, request: WriteRequest, isolate: bool) -> Any:
             if not self.entered.is_set():
                 assert conn.in_transaction
                 self.entered.set()
                 assert self.release.wait(timeout=30)
-            return original(conn, request)
+            return original(conn, request, isolate)
 
         monkeypatch.setattr(writer, "_apply_request", apply)
 

@@ -35,6 +35,7 @@ FLOORS: tuple[tuple[int, str], ...] = (
     (2, "weft_sync.storage.base"),
     (2, "weft_sync.storage.cas"),
     (2, "weft_sync.storage.reads"),
+    (2, "weft_sync.storage.read_then_write"),
     (2, "weft_sync.storage.isolation"),
     (2, "weft_sync.storage.wait_bound"),
     (2, "weft_sync.storage.session_locks"),

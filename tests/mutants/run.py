@@ -113,6 +113,26 @@ MUTANTS: tuple[Mutant, ...] = (
         ("tests/storage/test_wait_deadline_bound.py",),
     ),
     Mutant(
+        "SQLite read_then_write trusts a condition on a key it read",
+        "weft_sync/storage/sqlite/writer.py",
+        "if any(c.key in known and known[c.key] != c.expected for c in conditions):",
+        "if False:",
+        (
+            "tests/storage/test_read_then_write.py::"
+            "test_a_condition_on_a_key_read_is_judged_against_the_value_read",
+        ),
+    ),
+    Mutant(
+        "PostgreSQL read_then_write reads without locking the rows",
+        "weft_sync/storage/postgres/cas.py",
+        "rows = conn.execute(self._q.lock, [keys], binary=True).fetchall()",
+        "rows = conn.execute(self._q.get_many, [keys], binary=True).fetchall()",
+        (
+            "tests/storage/test_read_then_write.py::"
+            "test_postgres_decide_runs_with_the_rows_read_locked",
+        ),
+    ),
+    Mutant(
         "a deposed owner's finish checks the status before the epoch",
         "weft_sync/ledger/finishing.py",
         "                self._check_still_owner(wid, preparation)\n"

@@ -77,6 +77,16 @@ def test_a_decision_of_none_writes_nothing(view: Storage) -> None:
     assert [key for key, _ in view.scan()] == ["k"]
 
 
+def test_a_condition_on_a_key_read_is_judged_against_the_value_read(view: Storage) -> None:
+    view.put("k", b"stored")
+
+    def decide(values: list[bytes | None]) -> Decision:
+        return [Condition("k", b"something else")], [Put("k", b"new"), Put("also", b"x")]
+
+    assert storage_read_then_write(view, ["k"], decide) == ([b"stored"], False)
+    assert (view.get("k"), view.get("also")) == (b"stored", None)
+
+
 def test_a_failed_condition_on_a_key_not_read_writes_nothing(view: Storage) -> None:
     view.put("other", b"now")
 
