@@ -18,6 +18,7 @@ from .base import (
     validate_table_name,
 )
 from .cas import CasRow, SupportsCompareAndSetMany, storage_compare_and_set_many
+from .read_then_write import Decide, Decision, SupportsReadThenWrite, storage_read_then_write
 from .reads import SupportsGetMany, storage_get_many
 from .session_locks import SessionLock, SupportsSessionLocks, storage_session_locks
 from .sqlite.store import SqliteStorage
@@ -30,6 +31,8 @@ __all__ = [
     "Batch",
     "CasRow",
     "Condition",
+    "Decide",
+    "Decision",
     "Delete",
     "Operation",
     "PostgresStorage",
@@ -40,12 +43,14 @@ __all__ = [
     "StorageCapabilities",
     "SupportsCompareAndSetMany",
     "SupportsGetMany",
+    "SupportsReadThenWrite",
     "SupportsSessionLocks",
     "SupportsWaitBound",
     "open_storage",
     "storage_compare_and_set_many",
     "storage_conditional_batch",
     "storage_get_many",
+    "storage_read_then_write",
     "storage_session_locks",
 ]
 

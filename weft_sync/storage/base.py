@@ -86,7 +86,10 @@ class Storage(Protocol):
       compare-and-sets in one transaction (see :mod:`weft_sync.storage.cas`); callers go through
       ``storage_compare_and_set_many``, which falls back to ``conditional_batches`` without it.
       Likewise ``get_many(keys)`` (see :mod:`weft_sync.storage.reads`) through
-      ``storage_get_many``, which falls back to one ``get`` per key.
+      ``storage_get_many``, which falls back to one ``get`` per key, and
+      ``read_then_write(keys, decide)`` (see :mod:`weft_sync.storage.read_then_write`: the read
+      and the conditional batch made of it in one transaction, as an acquire needs) through
+      ``storage_read_then_write``, which falls back to a read and a ``conditional_batch``.
     - Driver failures raise :class:`~weft_sync.errors.StorageError`, never ``False``; a failed
       transaction writes nothing. Bad arguments raise ``TypeError``/``ValueError`` before any I/O.
     - ``close()`` is idempotent; any other call after it raises
