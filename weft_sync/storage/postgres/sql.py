@@ -5,7 +5,9 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
+import psycopg
 from psycopg import sql
 
 from ..base import Condition, Operation, Put
@@ -42,39 +44,59 @@ class Plan:
         return all(found.get(c.key) == c.expected for c in self.conditions)
 
 
+Statement = bytes | sql.Composed
+"""A statement as ``Queries`` keeps it: composed, or rendered to bytes."""
+
+# The statements of every read and write: rendered to bytes once a connection is at hand
+# (Queries.render), since psycopg renders a composed statement again on every execute.
+_RENDERED = (
+    "get",
+    "get_many",
+    "put",
+    "delete",
+    "upsert_many",
+    "claim_upsert",
+    "delete_many",
+    "lock",
+    "renew",
+)
+
+
 class Queries:
-    """The SQL statements for one table, composed once."""
+    """The SQL statements for one table, composed once (the hot ones rendered once)."""
 
     def __init__(self, table: str) -> None:
         t = sql.Identifier(table)
         self.create = sql.SQL(
             'CREATE TABLE {t} (key TEXT COLLATE "C" PRIMARY KEY, value BYTEA NOT NULL)'
         ).format(t=t)
-        self.get = sql.SQL("SELECT value FROM {t} WHERE key = %s").format(t=t)
-        self.get_many = sql.SQL("SELECT key, value FROM {t} WHERE key = ANY(%b::text[])").format(
-            t=t
-        )
-        self.put = sql.SQL(
+        self.get: Statement = sql.SQL("SELECT value FROM {t} WHERE key = %s").format(t=t)
+        self.get_many: Statement = sql.SQL(
+            "SELECT key, value FROM {t} WHERE key = ANY(%b::text[])"
+        ).format(t=t)
+        self.put: Statement = sql.SQL(
             "INSERT INTO {t} (key, value) VALUES (%s, %b) "
             "ON CONFLICT (key) DO UPDATE SET value = EXCLUDED.value"
         ).format(t=t)
-        self.delete = sql.SQL("DELETE FROM {t} WHERE key = %s").format(t=t)
-        self.upsert_many = sql.SQL(
+        self.delete: Statement = sql.SQL("DELETE FROM {t} WHERE key = %s").format(t=t)
+        self.upsert_many: Statement = sql.SQL(
             "INSERT INTO {t} (key, value) SELECT k, v FROM unnest(%b::text[], %b::bytea[]) "
             "AS u(k, v) ON CONFLICT (key) DO UPDATE SET value = EXCLUDED.value"
         ).format(t=t)
         # Inserts every row and overwrites a present one, except a key of the third array (one
         # required absent): a conflict there changes nothing and returns no key.
-        self.claim_upsert = sql.SQL(
+        self.claim_upsert: Statement = sql.SQL(
             "INSERT INTO {t} (key, value) SELECT k, v FROM unnest(%b::text[], %b::bytea[]) "
             "AS u(k, v) ON CONFLICT (key) DO UPDATE SET value = EXCLUDED.value "
             "WHERE NOT ({t}.key = ANY(%b::text[])) RETURNING key"
         ).format(t=t)
-        self.delete_many = sql.SQL("DELETE FROM {t} WHERE key = ANY(%b::text[])").format(t=t)
-        self.lock = sql.SQL(
+        self.delete_many: Statement = sql.SQL("DELETE FROM {t} WHERE key = ANY(%b::text[])").format(
+            t=t
+        )
+        self.lock: Statement = sql.SQL(
             "SELECT key, value FROM {t} WHERE key = ANY(%b::text[]) ORDER BY key FOR UPDATE"
         ).format(t=t)
-        self.renew = sql.SQL(
+        self.renew: Statement = sql.SQL(
             "UPDATE {t} SET value = u.v "
             "FROM unnest(%b::text[], %b::bytea[], %b::bytea[]) AS u(k, e, v) "
             "WHERE {t}.key = u.k AND {t}.value = u.e RETURNING {t}.key"
@@ -107,6 +129,17 @@ class Queries:
             "FROM pg_control_system() AS s, pg_class AS c "
             "JOIN pg_namespace AS n ON n.oid = c.relnamespace WHERE c.oid = to_regclass(%s)"
         )
+
+    def render(self, conn: psycopg.Connection[Any]) -> None:
+        """Render the statements of every read and write to bytes, with ``conn``'s encoding.
+
+        The table name is ASCII (see ``validate_table_name``), so the bytes serve every
+        connection of the store. Idempotent.
+        """
+        for name in _RENDERED:
+            statement = getattr(self, name)
+            if isinstance(statement, sql.Composable):
+                setattr(self, name, statement.as_bytes(conn))
 
 
 def advisory_key(table: str) -> int:

@@ -257,6 +257,7 @@ class PostgresStorage(ConditionalWrites, IsolatedBatches, PostgresSessionLockMet
         with psycopg.connect(self._dsn, **self._connect_kwargs) as conn:
             _refuse_standby(conn, self._dsn)
             version = conn.info.server_version
+            self._q.render(conn)
             ident = sql.Identifier(self._table).as_string(conn)
             # The advisory lock serialises creation by several processes: CREATE TABLE IF NOT
             # EXISTS alone can still fail with a unique violation when two run at once.
@@ -287,6 +288,7 @@ class PostgresStorage(ConditionalWrites, IsolatedBatches, PostgresSessionLockMet
         """
         with psycopg.connect(self._dsn, **self._connect_kwargs) as conn:
             version = conn.info.server_version
+            self._q.render(conn)
             ident = sql.Identifier(self._table).as_string(conn)
             row = conn.execute("SELECT to_regclass(%s) IS NOT NULL", [ident]).fetchone()
         if row is None or not row[0]:
