@@ -42,10 +42,6 @@ FLOORS: tuple[tuple[int, str], ...] = (
     (2, "weft_sync.storage.fence_proof"),
     # the backends (and SQLite's process-level helpers)
     (3, "weft_sync.storage.sqlite"),
-    (3, "weft_sync.storage.sqlite_fork"),
-    (3, "weft_sync.storage.sqlite_handle"),
-    (3, "weft_sync.storage.sqlite_mutexes"),
-    (3, "weft_sync.storage.sqlite_library"),
     (3, "weft_sync.storage.postgres"),
     # opening a store from a URL
     (4, "weft_sync.storage"),
