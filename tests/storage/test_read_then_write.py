@@ -17,6 +17,8 @@ from typing import Any
 import psycopg
 import pytest
 
+from tests.claims.gated import GatedStorage
+from weft_sync.errors import StorageCapabilityError
 from weft_sync.storage import Condition, Delete, Put, SqliteStorage, Storage
 from weft_sync.storage.base import Operation
 from weft_sync.storage.read_then_write import Decision, storage_read_then_write
@@ -160,6 +162,14 @@ def test_concurrent_decisions_on_one_counter_lose_no_increment(
     assert sorted(k for k, _ in stores[0].scan("log/")) == sorted(
         f"log/{n}" for n in range(1, total + 1)
     )
+
+
+def test_a_store_without_conditional_batch_is_refused_before_any_read(storage: Storage) -> None:
+    called: list[object] = []
+    no_cas = GatedStorage(storage, conditional_batch=False)
+    with pytest.raises(StorageCapabilityError, match="conditional_batch"):
+        storage_read_then_write(no_cas, ["k"], lambda values: called.append(values))  # type: ignore[func-returns-value]
+    assert called == [] and no_cas.calls["get"] == 0
 
 
 # -- the read is inside the write transaction ---------------------------------------------------

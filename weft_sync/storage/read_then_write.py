@@ -20,9 +20,9 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Protocol
 
-from ..errors import StorageError
+from ..errors import StorageCapabilityError, StorageError
 from .base import Condition, Operation, Storage, storage_conditional_batch
-from .reads import storage_get_many, validate_keys
+from .reads import storage_get_many
 
 Decision = tuple[Sequence[Condition], Sequence[Operation]]
 """The conditional batch ``decide`` returns: conditions, then operations."""
@@ -55,9 +55,12 @@ def storage_read_then_write(
     """Read ``keys`` and apply what ``decide`` makes of them: in one transaction if the store
     can, else as a read and a conditional batch (see the module docstring).
 
-    :raises StorageCapabilityError: the backend does not declare ``conditional_batch``.
+    :raises StorageCapabilityError: the backend does not declare ``conditional_batch`` (before
+        any I/O; ``decide`` is not called).
     :raises StorageError: the backend returned the wrong number of values (or failed).
     """
+    if not storage.capabilities.conditional_batch:
+        raise StorageCapabilityError("read_then_write", "conditional_batch")
     # getattr rather than isinstance on a protocol: the check would cost more than the rest of
     # an acquire's Python work.
     native = getattr(storage, "read_then_write", None)
@@ -67,9 +70,6 @@ def storage_read_then_write(
         if decision is None:
             return values, False
         return values, storage_conditional_batch(storage, *decision)
-    if not storage.capabilities.conditional_batch:
-        validate_keys(keys)
-        return native(keys, _refused)  # type: ignore[no-any-return]
     values, committed = native(keys, decide)
     if len(values) != len(keys):
         raise StorageError(
@@ -77,7 +77,3 @@ def storage_read_then_write(
             f"breaks the Storage contract"
         )
     return list(values), bool(committed)
-
-
-def _refused(values: list[bytes | None]) -> Decision | None:
-    raise AssertionError("unreachable")  # pragma: no cover

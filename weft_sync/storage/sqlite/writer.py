@@ -517,18 +517,28 @@ class SqliteWriter:
         """
         if request.decide is not None:
             return self._apply_read_then_write(conn, request, isolate)
+        renewals = request.renewals
+        if renewals is not None:
+            return self._in_savepoint(
+                conn, isolate, lambda: self._apply_renewals(conn, renewals, isolate)
+            )
+        return self._in_savepoint(
+            conn, isolate, lambda: [self._apply_batch(conn, c, o) for c, o in request.batches]
+        )
+
+    def _in_savepoint(
+        self, conn: sqlite3.Connection, isolate: bool, apply: Callable[[], list[bool]]
+    ) -> tuple[list[bool] | None, BaseException | None]:
+        """Run ``apply`` for one request: with ``isolate``, under a savepoint that its
+        ``StorageError`` rolls back (the error is then the request's own outcome); without,
+        the error propagates and rolls back the whole transaction."""
         if not isolate:
             with self._translate("write"):
-                if request.renewals is not None:
-                    return self._apply_renewals(conn, request.renewals, isolate), None
-                return [self._apply_batch(conn, c, o) for c, o in request.batches], None
+                return apply(), None
         conn.execute("SAVEPOINT weft_request")
         try:
             with self._translate("write"):
-                if request.renewals is not None:
-                    results = self._apply_renewals(conn, request.renewals, isolate)
-                else:
-                    results = [self._apply_batch(conn, c, o) for c, o in request.batches]
+                results = apply()
         except StorageError as exc:
             if not conn.in_transaction:
                 raise  # SQLite rolled the whole transaction back: every request in it is lost.
@@ -557,21 +567,9 @@ class SqliteWriter:
             conditions, operations = validate_batch(*decision)
         except Exception as exc:
             return None, exc
-        if not isolate:
-            with self._translate("write"):
-                return [self._apply_batch(conn, conditions, operations, known)], None
-        conn.execute("SAVEPOINT weft_request")
-        try:
-            with self._translate("write"):
-                result = self._apply_batch(conn, conditions, operations, known)
-        except StorageError as exc:
-            if not conn.in_transaction:
-                raise
-            conn.execute("ROLLBACK TO weft_request")
-            conn.execute("RELEASE weft_request")
-            return None, exc
-        conn.execute("RELEASE weft_request")
-        return [result], None
+        return self._in_savepoint(
+            conn, isolate, lambda: [self._apply_batch(conn, conditions, operations, known)]
+        )
 
     def _read(self, conn: sqlite3.Connection, keys: Sequence[str]) -> dict[str, bytes | None]:
         """The stored value of each of ``keys`` (absent ones: ``None``), in one query."""
@@ -630,10 +628,8 @@ class SqliteWriter:
                 return False
         elif conditions:
             # One query reads every condition's key (one statement, not one per condition).
-            wanted = list(dict.fromkeys(cond.key for cond in conditions))
-            sql = self._sql_get_in + "(" + ",".join("?" * len(wanted)) + ")"
-            stored = {key: as_bytes(value) for key, value in conn.execute(sql, wanted)}
-            if any(stored.get(cond.key) != cond.expected for cond in conditions):
+            stored = self._read(conn, [cond.key for cond in conditions])
+            if any(stored[cond.key] != cond.expected for cond in conditions):
                 return False
         # Consecutive operations of one kind go in one executemany; the order is kept.
         start = 0
