@@ -50,6 +50,7 @@ from weft_sync.storage import (
     Storage,
     open_storage,
 )
+from weft_sync.storage.sqlite.identity import RESERVED_TABLES
 
 FUZZ = settings(max_examples=200, deadline=None)
 FUZZ_WITH_FIXTURES = settings(
@@ -419,12 +420,14 @@ def test_sqlite_storage_quotes_table_names_that_are_sql_keywords(
 
 @settings(FUZZ_WITH_FIXTURES, max_examples=80)
 @given(st.one_of(st.text(max_size=70), st.from_regex(r"\A[A-Za-z_][A-Za-z0-9_]{0,70}\Z")))
+@example("WEFT_OPEN_PATHS")
+@example("weft_kv")
 def test_sqlite_table_names_are_accepted_exactly_when_they_are_plain_identifiers(
     tmp_path: Path, table: str
 ) -> None:
     assume(not table.lower().startswith("sqlite_"))  # see the reserved-prefix test below
     plain = table.isascii() and table.replace("_", "a").isalnum() and not table[:1].isdigit()
-    acceptable = plain and 1 <= len(table) <= 63
+    acceptable = plain and 1 <= len(table) <= 63 and table.lower() not in RESERVED_TABLES
     if not acceptable:
         with pytest.raises(ValueError, match="invalid table name"):
             SqliteStorage(tmp_path / "fuzz.db", table=table)
@@ -438,6 +441,18 @@ def test_sqlite_table_names_are_accepted_exactly_when_they_are_plain_identifiers
 def test_sqlite_storage_refuses_a_reserved_table_name_up_front(tmp_path: Path, table: str) -> None:
     with pytest.raises(ValueError, match="table"):
         SqliteStorage(tmp_path / "store.db", table=table)
+
+
+@pytest.mark.parametrize("table", ["weft_open_paths", "WEFT_OPEN_PATHS", "Weft_Open_Paths"])
+def test_sqlite_storage_refuses_the_name_of_its_own_paths_table(tmp_path: Path, table: str) -> None:
+    """The store keeps its open paths in a table of its file; a store table of that name (in any
+    case: SQLite compares names without it) would be that table, so it is refused up front, by
+    the constructor and by a URL, before any file is created."""
+    with pytest.raises(ValueError, match=f"invalid table name '{table}'.*keeps a table"):
+        SqliteStorage(tmp_path / "store.db", table=table)
+    with pytest.raises(ValueError, match=f"invalid table name '{table}'"):
+        open_storage(f"sqlite:///{tmp_path / 'url.db'}?table={table}")
+    assert list(tmp_path.iterdir()) == []
 
 
 @pytest.mark.parametrize("table", TABLE_INJECTIONS)

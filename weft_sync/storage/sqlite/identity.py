@@ -338,6 +338,9 @@ class StoreIdentity:
 # store open through that other path now. Rows left by engines that are gone are removed.
 
 _PATHS_TABLE: Final = "weft_open_paths"
+RESERVED_TABLES: Final = frozenset({_PATHS_TABLE})
+"""Tables of the store's database file that the store keeps for itself (names compared
+case-insensitively, as SQLite compares them): a store's own table may not take one of them."""
 _OPEN_MARK: Final = ".weft-open"
 
 

@@ -35,7 +35,7 @@ from ..read_then_write import Decide
 from ..reads import validate_keys
 from ..wait_bound import WaitDeadline
 from . import fork as sqlite_fork
-from .identity import OpenPath, StoreIdentity, refuse_second_name
+from .identity import RESERVED_TABLES, OpenPath, StoreIdentity, refuse_second_name
 from .locks import SqliteSessionLockMethods, SqliteSessionLocks
 from .readers import ReaderConnections
 from .schema import check_schema, create_schema, replaces_deleted_store
@@ -102,7 +102,8 @@ class SqliteStorage(SqliteSessionLockMethods):
     included) should not be open across a fork.
 
     :param path: the database file; created if missing. ``":memory:"`` is refused.
-    :param table: the table name (letters, digits, underscores).
+    :param table: the table name (letters, digits, underscores; not ``sqlite_…`` and not
+        ``weft_open_paths``, a table the store keeps in the same file).
     :param busy_timeout_ms: how long a write waits for another writer, and a read for a lock.
     :param synchronous: ``"FULL"`` or ``"NORMAL"``.
     :param read_only: open an existing store for reading only: connections use SQLite's
@@ -130,6 +131,11 @@ class SqliteStorage(SqliteSessionLockMethods):
                 f"cannot be shared between connections"
             )
         self._table = validate_table_name(table)
+        if self._table.lower() in RESERVED_TABLES:
+            raise ValueError(
+                f"invalid table name {table!r}: the SQLite store keeps a table of that name for "
+                f"itself in the same file ({', '.join(sorted(RESERVED_TABLES))}); pick another name"
+            )
         if type(busy_timeout_ms) is not int or busy_timeout_ms < 0:
             raise ValueError(
                 f"busy_timeout_ms must be a non-negative int of milliseconds, "
