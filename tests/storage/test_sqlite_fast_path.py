@@ -265,3 +265,43 @@ def test_a_fork_during_a_callers_commit_does_not_wait_for_it_and_the_commit_comp
     for exc in errors:
         raise exc
     assert [k for k, _ in store.scan()] == ["before", "parent"]
+
+
+@pytest.mark.parametrize("where", ["after_begin", "before_commit"])
+def test_an_interrupt_inside_a_write_transaction_leaves_no_transaction_open(
+    store: SqliteStorage, db_path: Path, monkeypatch: pytest.MonkeyPatch, where: str
+) -> None:
+    """A KeyboardInterrupt (Ctrl-C in a cron-style ``maintain`` on the main thread) can land
+    between any two statements of a write; the write fails, and the store's next write, and
+    another connection's, go through: no transaction is left open holding SQLite's lock."""
+    store.put("warm", b"0")  # the writer starts with the first write
+    writer = _writer(store)
+    interrupts = [1]
+    if where == "after_begin":
+        original = writer._begin_immediate
+
+        def begin_then_interrupt(conn: sqlite3.Connection) -> None:
+            original(conn)
+            if interrupts and interrupts.pop():
+                raise KeyboardInterrupt
+
+        monkeypatch.setattr(writer, "_begin_immediate", begin_then_interrupt)
+    else:
+
+        def interrupt() -> None:
+            if interrupts and interrupts.pop():
+                raise KeyboardInterrupt
+
+        monkeypatch.setattr(writer, "_before_commit", interrupt)
+    with pytest.raises(KeyboardInterrupt):
+        store.put("a", b"1")
+    assert interrupts == []
+    assert store.get("a") is None
+    store.put("b", b"2")
+    other = sqlite3.connect(db_path, timeout=0.1, isolation_level=None)
+    try:
+        other.execute("BEGIN IMMEDIATE")  # the write lock is free
+        other.execute("ROLLBACK")
+    finally:
+        other.close()
+    assert store.get("b") == b"2"

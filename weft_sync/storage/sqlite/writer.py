@@ -452,8 +452,12 @@ class SqliteWriter:
                     self._conn = self._open_connection()
                 conn = self._conn
                 with self._file_lock.hold():
-                    self._begin_immediate(conn)
                     try:
+                        if conn.in_transaction:
+                            # Left open by a call interrupted between its statements (a
+                            # KeyboardInterrupt lands between any two bytecodes): undone here.
+                            conn.execute("ROLLBACK")
+                        self._begin_immediate(conn)
                         isolate = len(group) > 1
                         outcomes = [self._apply_request(conn, req, isolate) for req in group]
                         if self._before_commit is not None:
