@@ -90,6 +90,26 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     _pg_report["deselected"] = len(dropped)
 
 
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    workeroutput = getattr(session.config, "workeroutput", None)
+    if workeroutput is not None:  # an xdist worker: the controller prints the summary
+        error = _pg_report["error"]
+        workeroutput["pg_report"] = {
+            "deselected": _pg_report["deselected"],
+            "error": None if error is None else str(error),
+        }
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node: object, error: object) -> None:
+    """Under xdist, take the PostgreSQL half's report of a worker that finished."""
+    report = (getattr(node, "workeroutput", None) or {}).get("pg_report")
+    if report:
+        _pg_report["deselected"] = max(int(_pg_report["deselected"]), report["deselected"])
+        if report["error"] is not None:
+            _pg_report["error"] = report["error"]
+
+
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
     deselected, error = _pg_report["deselected"], _pg_report["error"]
     if deselected:

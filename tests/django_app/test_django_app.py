@@ -43,6 +43,8 @@ def test_the_django_app_on_the_backend(django_database: str) -> None:
             str(INNER),
             "-q",
             "-x",
+            "-n",
+            "0",  # a few tests: one process (the repository's setup.cfg asks for two workers)
             "-p",
             "no:randomly",
             "-p",

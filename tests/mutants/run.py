@@ -170,6 +170,8 @@ def _run_tests(copy: Path, tests: tuple[str, ...], env: dict[str, str]) -> tuple
         "pytest",
         "-q",
         "-x",
+        "-n",
+        "0",  # stop at the first failure, in one process
         "-p",
         "no:cacheprovider",
         "-o",
