@@ -12,15 +12,19 @@ import os
 import threading
 from collections.abc import Iterator
 
+import msgpack
 import pytest
 
+from tests.claims.gated import GatedStorage
 from tests.engines import MakeOwnership, opened_engines
 from tests.workflows.helpers import holder_engine, stored_epoch
+from weft_sync import keys
 from weft_sync.clock import ManualClock
 from weft_sync.errors import EngineDeposedError, WorkflowClaimUnavailableError
 from weft_sync.metrics import serialize_prometheus
 from weft_sync.options import OwnershipOptions
 from weft_sync.ownership.facade import ReclaimedWorkflow
+from weft_sync.reclaim.engine_records import UndrivenClaims, decode_engine_record
 from weft_sync.storage import Storage
 
 TTL_MS = 3_000
@@ -430,3 +434,65 @@ def test_host_code_cannot_drive_a_workflow_while_its_handler_runs(
         release.set()
     survivor.run_maintenance(wait_handlers=WAIT_S)
     assert survivor.workflows.get("job-1").status == "completed"  # type: ignore[union-attr]
+
+
+# -- the driver state the heartbeat publishes ----------------------------------------------------
+
+
+def test_a_driver_thread_that_is_gone_is_published_as_no_driver_until_its_claim_is_released(
+    make_ownership: MakeOwnership,
+) -> None:
+    engine = make_ownership("engine-a")
+    engine.workflows.start("job-1", "job")
+    assert engine.drivers.undriven_claims() == UndrivenClaims(("job-1",), (), 1)
+    worker = threading.Thread(target=lambda: engine.drivers.enter("job-1", 1, "drive() block"))
+    worker.start()
+    worker.join(WAIT_S)
+    assert engine.drivers.undriven_claims() == UndrivenClaims((), ("job-1",), 1)
+    engine.run_maintenance()
+    assert engine.drivers.undriven_claims() is None
+
+
+def test_a_claim_its_handler_handed_on_is_published_as_awaiting_until_host_code_drives_it(
+    make_ownership: MakeOwnership, storage: Storage, clock: ManualClock
+) -> None:
+    dead = make_ownership("engine-dead")
+    dead.workflows.start("job-1", "job")
+    clock.advance(PAST_GRACE_MS)
+    survivor = make_ownership("engine-b", handlers={"job": lambda ctx: None})
+    survivor.run_maintenance()  # the handler returned without finishing: handed on
+    survivor.run_maintenance()
+    assert _published(storage, "engine-b") == UndrivenClaims(("job-1",), (), 1)
+    with survivor.workflows.drive("job-1") as ctx:
+        assert survivor.drivers.undriven_claims() is None
+        survivor.run_maintenance()
+        assert _published(storage, "engine-b") is None
+        ctx.complete()
+
+
+def test_an_engine_whose_claims_are_all_driven_writes_its_record_no_more_often(
+    storage: Storage, clock: ManualClock
+) -> None:
+    gated = GatedStorage(storage)
+    with opened_engines(gated, clock, OPTIONS) as make:
+        engine = make("engine-a")
+        engine.workflows.start("job-1", "job")
+        with engine.workflows.drive("job-1") as ctx:
+            engine.run_maintenance()  # the new claim count is written
+            puts = gated.calls["put"]
+            raw = storage.get(keys.engine_liveness("engine-a"))
+            for _ in range(3):
+                clock.advance(RENEW_MS // 4)
+                engine.run_maintenance()
+            # No put within the refresh age, and the record is the one an engine without
+            # driver state writes: no undriven key.
+            assert gated.calls["put"] == puts
+            assert storage.get(keys.engine_liveness("engine-a")) == raw
+            assert "undriven" not in msgpack.unpackb(raw or b"\xc0")
+            ctx.complete()
+
+
+def _published(storage: Storage, engine_id: str) -> UndrivenClaims | None:
+    record = decode_engine_record(storage.get(keys.engine_liveness(engine_id)))
+    assert record is not None
+    return record.undriven

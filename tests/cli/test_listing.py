@@ -35,19 +35,22 @@ def test_claims_table_shows_holder_epoch_state_and_human_expiry(
 
     assert code == 0
     header, *rows = out.splitlines()
-    assert header.split() == ["WORKFLOW", "HOLDER", "EPOCH", "STATE", "EXPIRES"]
+    assert header.split() == ["WORKFLOW", "HOLDER", "EPOCH", "STATE", "DRIVER", "EXPIRES"]
     by_id = {row.split()[0]: row for row in rows}
     assert set(by_id) == {"wf-dead", "wf-live", "wf-garbled"}
     dead_at = iso(expires_at(storage, "wf-dead") or 0)
     live_at = iso(expires_at(storage, "wf-live") or 0)
     # An hour back plus the 30 s TTL is 59 min ago; an hour ahead plus the TTL is in 60 min.
+    # The live claim's engine crashed without a record left: its driver state is unknown.
     assert re.fullmatch(
-        rf"wf-dead\s+dead-engine\s+1\s+expired\s+{dead_at} \(59 min ago\)", by_id["wf-dead"]
+        rf"wf-dead\s+dead-engine\s+1\s+expired\s+-\s+{dead_at} \(59 min ago\)",
+        by_id["wf-dead"],
     )
     assert re.fullmatch(
-        rf"wf-live\s+live-engine\s+1\s+live\s+{live_at} \(in 60 min\)", by_id["wf-live"]
+        rf"wf-live\s+live-engine\s+1\s+live\s+unknown\s+{live_at} \(in 60 min\)",
+        by_id["wf-live"],
     )
-    assert re.fullmatch(r"wf-garbled\s+\(undecodable holder\)\s+-\s+-\s+-", by_id["wf-garbled"])
+    assert re.fullmatch(r"wf-garbled\s+\(undecodable holder\)\s+-\s+-\s+-\s+-", by_id["wf-garbled"])
 
 
 def test_claims_json_keeps_raw_milliseconds(storage_url: str, storage: Storage) -> None:
@@ -62,6 +65,7 @@ def test_claims_json_keeps_raw_milliseconds(storage_url: str, storage: Storage) 
     dead, live = rows["wf-dead"], rows["wf-live"]
     assert (dead["engine_id"], dead["epoch"], dead["valid"]) == ("dead-engine", 1, True)
     assert (live["engine_id"], live["epoch"], live["valid"]) == ("live-engine", 1, True)
+    assert (dead["driver"], live["driver"]) == (None, "unknown")
     assert dead["expires_at"] == expires_at(storage, "wf-dead")
     assert live["expires_at"] == expires_at(storage, "wf-live")
     assert live["claimed_at"] == live["expires_at"] - 30_000
@@ -72,7 +76,7 @@ def test_claims_json_keeps_raw_milliseconds(storage_url: str, storage: Storage) 
 def test_claims_of_an_empty_store_print_only_the_header(storage_url: str, storage: Storage) -> None:
     code, out = run_cli("--url", storage_url, "claims")
     assert code == 0
-    assert out.split() == ["WORKFLOW", "HOLDER", "EPOCH", "STATE", "EXPIRES"]
+    assert out.split() == ["WORKFLOW", "HOLDER", "EPOCH", "STATE", "DRIVER", "EXPIRES"]
     assert run_cli("--url", storage_url, "claims", "--json") == (0, "[]\n")
 
 
@@ -158,6 +162,7 @@ def test_show_prints_record_checkpoint_epoch_holder_with_human_times(
     assert re.fullmatch("[0-9a-f]{16}", fields["mint"])  # the epoch token's mint id
     assert fields["holder"] == "live-engine at epoch 1"
     assert fields["expires"] == f"{iso(expires_at(storage, 'wf-1') or 0)} (in 60 min)"
+    assert fields["driver"] == "unknown"  # its engine crashed and left no record
     assert re.fullmatch(rf"{ISO} \(in 59 min\)", fields["claimed"])
     assert re.fullmatch(rf"{ISO} \(in 59 min\)", fields["created"])
     assert "result" not in fields
@@ -212,6 +217,7 @@ def test_show_json_has_record_outcome_checkpoint_epoch_and_holder_raw(
     assert data["outcome"] is None
     assert data["holder"]["engine_id"] == "dead-engine"
     assert data["holder"]["expires_at"] == expires_at(storage, "wf-1")
+    assert data["holder"]["driver"] is None  # an expired claim has no driver state
 
 
 def test_show_of_a_bare_claim_says_it_has_no_record(storage_url: str) -> None:

@@ -14,7 +14,7 @@ from weft_sync import keys
 from weft_sync.clock import ManualClock
 from weft_sync.errors import ClosedError, StorageError
 from weft_sync.reclaim.engine_liveness import EngineLiveness, heartbeat_due, refresh_after_ms
-from weft_sync.reclaim.engine_records import EngineRecord, decode_engine_record
+from weft_sync.reclaim.engine_records import EngineRecord, UndrivenClaims, decode_engine_record
 from weft_sync.reclaim.verdicts import EngineVerdict, stale_after_ms, survey_engines
 from weft_sync.storage import SqliteStorage, Storage
 from weft_sync.storage.session_locks import storage_session_locks
@@ -95,6 +95,38 @@ def test_a_beat_with_nothing_new_skips_the_put_until_the_refresh_age(storage: St
         liveness.close()
 
 
+def test_undriven_claims_are_written_at_once_and_cost_nothing_while_there_are_none(
+    storage: Storage,
+) -> None:
+    wrapper = ProbeCounting(storage)
+    clock = ManualClock(5_000)
+    liveness = _liveness(wrapper, clock)  # refresh age 1,000 ms
+    liveness.start()
+    key = keys.engine_liveness("engine-a")
+    awaiting = UndrivenClaims(("job-1",), (), 1)
+    try:
+        assert liveness.beat(2) is True
+        puts, plain = wrapper.puts, storage.get(key)
+        clock.advance(10)
+        assert liveness.beat(2, None) is True  # nothing new: no put, the same bytes
+        assert (wrapper.puts, storage.get(key)) == (puts, plain)
+        assert liveness.beat(2, awaiting) is True  # a claim awaiting its driver: written now
+        assert (wrapper.puts, _stored(storage).undriven) == (puts + 1, awaiting)
+        clock.advance(10)
+        assert liveness.beat(2, UndrivenClaims(("job-1",), (), 1)) is True
+        assert wrapper.puts == puts + 1  # the same report again is not due
+        clock.advance(10)
+        assert liveness.beat(2, None) is True  # driven now: written at once, without the key
+        assert wrapper.puts == puts + 2
+        assert _stored(storage).undriven is None
+        assert b"undriven" not in (storage.get(key) or b"")
+        assert liveness.beat(1, UndrivenClaims((), ("job-1",), 1)) is True
+    finally:
+        liveness.close(remaining_claims=1)
+    # What a closed engine left behind has no driver: the closed record carries no list.
+    assert (_stored(storage).state, _stored(storage).undriven) == ("closed", None)
+
+
 def _record(heartbeat_at: int, **changes: object) -> EngineRecord:
     fields: dict[str, object] = {
         "engine_id": "e",
@@ -121,6 +153,7 @@ def _record(heartbeat_at: int, **changes: object) -> EngineRecord:
         (_record(9_999), True),  # the clock went back
         (_record(10_001, held=2), True),
         (_record(10_001, lock=None), True),
+        (_record(10_001, undriven=UndrivenClaims(("job-1",), (), 1)), True),
     ],
 )
 def test_a_heartbeat_is_due_when_anything_else_changed_or_it_reached_its_refresh_age(

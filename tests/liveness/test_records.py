@@ -13,7 +13,9 @@ from hypothesis import strategies as st
 from weft_sync import keys
 from weft_sync.codec import SAFE_INT_MAX
 from weft_sync.reclaim.engine_records import (
+    MAX_UNDRIVEN_IDS,
     EngineRecord,
+    UndrivenClaims,
     decode_engine_record,
     encode_engine_record,
     read_engine_records,
@@ -34,8 +36,26 @@ RECORD = EngineRecord(
 )
 
 
+# RECORD as engines that publish no driver state encode it, without and with a lock identity.
+OLD_BYTES = bytes.fromhex(
+    "8ba9656e67696e655f6964a8656e67696e652d61a57374617465a46c697665ac6865617274626561745f6174"
+    "cd03e8ac636c61696d5f74746c5f6d73cd7530b172656e65775f696e74657276616c5f6d73cd1388a468656c"
+    "6403a46c6f636ba8656e67696e652d61a3706964cd1092a4686f7374a3626f78aa737461727465645f6174cd"
+    "0384a87761746368696e67c2"
+)
+OLD_BYTES_WITH_LOCK_ID = bytes.fromhex(
+    "8ca9656e67696e655f6964a8656e67696e652d61a57374617465a46c697665ac6865617274626561745f6174"
+    "cd03e8ac636c61696d5f74746c5f6d73cd7530b172656e65775f696e74657276616c5f6d73cd1388a468656c"
+    "6403a46c6f636ba8656e67696e652d61a3706964cd1092a4686f7374a3626f78aa737461727465645f6174cd"
+    "0384a87761746368696e67c2a76c6f636b5f6964a5313a323a6e"
+)
+UNDRIVEN = UndrivenClaims(awaiting=("job-2", "job-3"), no_driver=("job-1",), count=3)
+
+
 def _fields(record: EngineRecord) -> dict[str, Any]:
-    return {name: getattr(record, name) for name in EngineRecord.__slots__}
+    """The map ``record`` encodes to (its optional keys only when they have a value)."""
+    data: dict[str, Any] = msgpack.unpackb(encode_engine_record(record))
+    return data
 
 
 def test_round_trip_and_fixed_key_order() -> None:
@@ -119,7 +139,10 @@ def test_decode_never_raises_on_any_bytes(raw: bytes) -> None:
     assert record is None or encode_engine_record(record) is not None
 
 
-@given(st.dictionaries(st.sampled_from([*sorted(_fields(RECORD)), "x"]), st.from_type(object)))
+_KEYS = [*sorted(EngineRecord.__slots__), "x"]  # every field, the optional ones too
+
+
+@given(st.dictionaries(st.sampled_from(_KEYS), st.from_type(object)))
 def test_decode_never_raises_on_any_map(data: dict[str, Any]) -> None:
     try:
         raw = msgpack.packb(data, use_bin_type=True)
@@ -155,3 +178,113 @@ def test_read_engine_records_takes_the_id_from_the_key(storage: Storage) -> None
     assert found["engine/b"][1] == other
     assert found["garbage"] == (b"\x00junk", None)
     assert found["impostor"][1] is None
+
+
+# -- driver state: the optional ``undriven`` key -----------------------------------------------
+
+
+def test_a_record_without_undriven_claims_keeps_the_bytes_it_always_had() -> None:
+    assert encode_engine_record(RECORD) == OLD_BYTES
+    assert encode_engine_record(replace(RECORD, lock_id="1:2:n")) == OLD_BYTES_WITH_LOCK_ID
+    assert decode_engine_record(OLD_BYTES) == RECORD
+    assert decode_engine_record(OLD_BYTES_WITH_LOCK_ID) == replace(RECORD, lock_id="1:2:n")
+
+
+def test_undriven_claims_round_trip_as_a_map_after_the_other_keys() -> None:
+    record = replace(RECORD, lock_id="1:2:n", undriven=UNDRIVEN)
+    raw = encode_engine_record(record)
+    assert decode_engine_record(raw) == record
+    data = msgpack.unpackb(raw)
+    assert list(data)[-2:] == ["lock_id", "undriven"]
+    assert data["undriven"] == {"awaiting": ["job-2", "job-3"], "no_driver": ["job-1"], "count": 3}
+    assert encode_engine_record(replace(record)) == raw
+    # Without the key the rest is byte for byte what an engine without driver state writes.
+    del data["undriven"]
+    assert msgpack.packb(data, use_bin_type=True) == OLD_BYTES_WITH_LOCK_ID
+
+
+def test_the_report_is_sorted_and_cut_to_its_bound_without_driver_first() -> None:
+    assert UndrivenClaims.of([], []) is None
+    assert UndrivenClaims.of(["b", "a", "c"], ["c"]) == UndrivenClaims(("a", "b"), ("c",), 3)
+    waiting = [f"wait-{i:02}" for i in range(40)]
+    without = [f"none-{i:02}" for i in range(5)]
+    cut = UndrivenClaims.of(waiting, without)
+    assert cut is not None
+    assert cut.no_driver == tuple(without)
+    assert cut.awaiting == tuple(waiting[: MAX_UNDRIVEN_IDS - 5])
+    assert (cut.count, cut.complete) == (45, False)
+    record = replace(RECORD, undriven=cut)
+    assert decode_engine_record(encode_engine_record(record)) == record
+
+
+_IDS = tuple(f"w{i:02}" for i in range(MAX_UNDRIVEN_IDS + 1))
+
+
+@pytest.mark.parametrize(
+    "undriven",
+    [
+        UndrivenClaims((), (), 0),  # an empty report is never written: None is
+        UndrivenClaims(("b", "a"), (), 2),
+        UndrivenClaims(("a", "a"), (), 2),
+        UndrivenClaims(("a",), ("a",), 2),
+        UndrivenClaims(("a",), (), 2),  # a larger count with lists that are not full
+        UndrivenClaims(("a", "b"), (), 1),
+        UndrivenClaims(_IDS, (), len(_IDS)),  # one id too many
+        UndrivenClaims(("x" * 1025,), (), 1),
+        UndrivenClaims(("",), (), 1),
+        UndrivenClaims(("a",), (), True),
+        UndrivenClaims(["a"], (), 1),  # type: ignore[arg-type]
+        UndrivenClaims((7,), (), 1),  # type: ignore[arg-type]
+        "job-1",
+    ],
+)
+def test_encode_refuses_undriven_claims_out_of_range(undriven: Any) -> None:
+    with pytest.raises(ValueError, match="undriven"):
+        encode_engine_record(replace(RECORD, undriven=undriven))
+
+
+def _undriven_map(**changes: Any) -> dict[str, Any]:
+    data = {"awaiting": ["job-2"], "no_driver": ["job-1"], "count": 2}
+    data.update(changes)
+    return data
+
+
+@pytest.mark.parametrize(
+    "undriven",
+    [
+        None,  # never written so: a record without undriven claims has no key
+        [],
+        "job-1",
+        {},
+        {"awaiting": ["job-2"], "no_driver": ["job-1"]},
+        {**_undriven_map(), "extra": 1},
+        _undriven_map(count=True),
+        _undriven_map(count=-1),
+        _undriven_map(count=1),
+        _undriven_map(count=3),  # more than the lists name, but they are not full
+        _undriven_map(awaiting="job-2"),
+        _undriven_map(awaiting=[2]),
+        _undriven_map(awaiting=["job-3", "job-2"]),
+        _undriven_map(awaiting=["job-1"]),  # in both lists
+        _undriven_map(awaiting=[b"job-2"]),
+        _undriven_map(awaiting=["x" * 1025]),
+        _undriven_map(awaiting=list(_IDS), count=len(_IDS) + 1),  # oversized
+    ],
+)
+def test_decode_fails_closed_on_a_wrong_undriven_map(undriven: Any) -> None:
+    data = _fields(RECORD)
+    data["undriven"] = undriven
+    assert decode_engine_record(msgpack.packb(data, use_bin_type=True)) is None
+    data["undriven"] = _undriven_map()
+    assert decode_engine_record(msgpack.packb(data, use_bin_type=True)) is not None
+
+
+_WORKFLOW_IDS = st.lists(
+    st.text(st.characters(blacklist_categories=("Cs",)), min_size=1, max_size=20), max_size=40
+)
+
+
+@given(awaiting=_WORKFLOW_IDS, without=_WORKFLOW_IDS)
+def test_any_report_of_undriven_claims_round_trips(awaiting: list[str], without: list[str]) -> None:
+    record = replace(RECORD, undriven=UndrivenClaims.of(awaiting, without))
+    assert decode_engine_record(encode_engine_record(record)) == record

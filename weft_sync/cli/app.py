@@ -59,12 +59,12 @@ def _build_parser(prog: str = "weft-sync") -> argparse.ArgumentParser:
     def command(name: str, help_text: str) -> argparse.ArgumentParser:
         return sub.add_parser(name, help=help_text, parents=[common])
 
-    _add_json(command("claims", "list claims: workflow, holder engine, epoch, expiry"))
+    _add_json(command("claims", "list claims: workflow, holder engine, epoch, driver, expiry"))
     workflows = command("workflows", "list workflows, optionally by status")
     workflows.add_argument("--status", help="only workflows with this status")
     workflows.add_argument("--limit", type=int, help="at most this many")
     _add_json(workflows)
-    show = command("show", "show one workflow: record, outcome, checkpoint, epoch, holder")
+    show = command("show", "show one workflow: record, outcome, checkpoint, epoch, holder, driver")
     show.add_argument("workflow_id")
     _add_json(show)
     _add_json(command("status", "the store-wide view: claims per engine, expired, unheld"))

@@ -28,9 +28,13 @@ per engine, in memory: another engine starts its own count.
 Claims not taken through the ledger (``Ownership.claim()`` blocks, which their ``with`` block's
 thread drives, and direct ``ClaimRegistry`` use) are not tracked.
 
-:meth:`DriverTracker.check` runs after every renewal sub-pass, on a maintenance thread. The
-tracker has one lock, guarding its maps; storage I/O, logging and the dispose callback run
-outside it.
+:meth:`DriverTracker.check` runs after every renewal sub-pass, on a maintenance thread.
+:meth:`DriverTracker.undriven_claims` is what the engine's heartbeat publishes in its engine
+record (read by ``weft-sync claims`` and ``show``): the claims awaiting a driver within their
+grace, and those without one — past the grace or with a driver thread that ended (the check
+after the same pass releases them), or given back by a release that failed (the holder stays in
+the store until it expires, at most one claim TTL later). The tracker has one lock, guarding its
+maps; storage I/O, logging and the dispose callback run outside it.
 """
 
 from __future__ import annotations
@@ -45,6 +49,7 @@ from typing import Any
 from ..claims.registry import ClaimRegistry
 from ..errors import WorkflowClaimUnavailableError
 from ..metrics import ClaimMetrics
+from ..reclaim.engine_records import UndrivenClaims
 
 _log = logging.getLogger(__name__)
 
@@ -95,12 +100,14 @@ class DriverTracker:
         self._max_attempts = max_attempts
         self._dispose = dispose
         self._grace_ms = registry.claim_renew_interval_ms
-        # _lock guards _tracked, _attempts, _not_before and _last_error.
+        # _lock guards _tracked, _attempts, _not_before, _last_error and _left_to_expire.
         self._lock = threading.Lock()
         self._tracked: dict[str, _Tracked] = {}
         self._attempts: dict[str, int] = {}
         self._not_before: dict[str, int] = {}
         self._last_error: dict[str, str] = {}
+        # Undriven claims whose release failed -> when their holder has expired at the latest.
+        self._left_to_expire: dict[str, int] = {}
 
     # -- claims and drivers ------------------------------------------------------------------
 
@@ -112,6 +119,7 @@ class DriverTracker:
         """
         now = self._registry.clock()
         with self._lock:
+            self._left_to_expire.pop(workflow_id, None)
             current = self._tracked.get(workflow_id)
             if current is None or current.epoch != epoch:
                 self._tracked[workflow_id] = _Tracked(epoch, now, queued=queued)
@@ -144,6 +152,7 @@ class DriverTracker:
         driver = Driver(workflow_id, epoch, kind, threading.current_thread())
         now = self._registry.clock()
         with self._lock:
+            self._left_to_expire.pop(workflow_id, None)
             tracked = self._tracked.get(workflow_id)
             if tracked is None or tracked.epoch != epoch:
                 tracked = self._tracked[workflow_id] = _Tracked(epoch, now)
@@ -219,6 +228,37 @@ class DriverTracker:
             return not_before is not None
 
     # -- the check of each pass ----------------------------------------------------------------
+
+    def undriven_claims(self) -> UndrivenClaims | None:
+        """The claims held without a live driver now, as the engine record publishes them.
+
+        ``awaiting``: no driver yet, within the grace. ``no_driver``: past the grace or with a
+        driver thread that ended (the next :meth:`check` releases them), and claims whose release
+        failed, until their holder has surely expired. ``None`` when there are none: the
+        heartbeat then writes the record an engine without driver state writes.
+        """
+        now = self._registry.clock()
+        awaiting: list[tuple[str, int]] = []
+        without: list[tuple[str, int]] = []
+        with self._lock:
+            for wid, entry in self._tracked.items():
+                driver = entry.driver
+                if entry.queued or (driver is not None and driver.thread.is_alive()):
+                    continue
+                if driver is None and now - entry.since <= self._grace_ms:
+                    awaiting.append((wid, entry.epoch))
+                else:
+                    without.append((wid, entry.epoch))
+            for wid, until in list(self._left_to_expire.items()):
+                if now > until:
+                    del self._left_to_expire[wid]
+            left = list(self._left_to_expire)
+        # A claim that ended since (finished, lost) stays tracked until check() forgets it.
+        held = self._registry.current_epoch
+        return UndrivenClaims.of(
+            [wid for wid, epoch in awaiting if held(wid) == epoch],
+            [wid for wid, epoch in without if held(wid) == epoch] + left,
+        )
 
     def check(self) -> int:
         """Give back the claims without a live driver past the grace; return how many.
@@ -323,3 +363,7 @@ class DriverTracker:
                 exc_info=True,
             )
             self._registry.forget_local_claim(wid, expected_epoch=epoch)
+            until = self._registry.clock() + self._registry.claim_ttl_ms
+            with self._lock:
+                if wid not in self._tracked:
+                    self._left_to_expire[wid] = until

@@ -118,6 +118,7 @@ def build_engine(storage: Storage, settings: EngineSettings, warn: WarnSink) -> 
         request_reclaim=boot.renewal_task.request_reclaim,
         held_count=lambda: len(boot.registry.list_held_workflow_ids()),
         watching=settings.background == "thread",
+        undriven=drivers.undriven_claims,
     )
     heartbeat.sinks = (crash.beat,)
     after_pass.sinks = (drivers.check, executor.check_stuck)

@@ -4,8 +4,9 @@
 The parts:
 
 - :class:`~weft_sync.reclaim.engine_liveness.EngineLiveness` takes the engine's session lock (when
-  the store has them) and writes its engine record; the renewal sub-pass beats it once per pass; at
-  close the record is removed (or marked closed when claims are left) and the lock released.
+  the store has them) and writes its engine record; the renewal sub-pass beats it once per pass
+  (with the claim count and the claims without a live driver); at close the record is removed (or
+  marked closed when claims are left) and the lock released.
 - :class:`~weft_sync.reclaim.watcher.LivenessWatcher` (``background="thread"`` only, unless
   ``crash_poll_interval=None``) probes the other engines' locks and asks the renewal task for an
   immediate reclaim pass when one is gone, so a crashed engine's claims move in milliseconds.
@@ -23,6 +24,7 @@ from collections.abc import Callable
 from ..clock import Clock
 from ..storage.base import Storage
 from .engine_liveness import EngineLiveness
+from .engine_records import UndrivenClaims
 from .watcher import LivenessWatcher
 
 _log = logging.getLogger(__name__)
@@ -30,6 +32,13 @@ _log = logging.getLogger(__name__)
 _REFRESH_MS = 1_000
 _WATCHER_JOIN_S = 5.0
 _KEPT_DEAD = 1_000
+
+UndrivenReport = Callable[[], UndrivenClaims | None]
+"""The claims the engine holds without a live driver now (``None``: none), for its heartbeat."""
+
+
+def _none_undriven() -> UndrivenClaims | None:
+    return None
 
 
 class CrashDetection:
@@ -41,10 +50,12 @@ class CrashDetection:
         make_watcher: Callable[[], LivenessWatcher] | None,
         held_count: Callable[[], int],
         remember_dead_s: float = 30.0,
+        undriven: UndrivenReport = _none_undriven,
     ) -> None:
         self._remember_dead_s = remember_dead_s
         self._liveness = liveness
         self._held_count = held_count
+        self._undriven = undriven
         self._make_watcher = make_watcher
         # _lock guards _watcher, _closed and _dead; _death is notified when _dead grows.
         self._lock = threading.Lock()
@@ -78,8 +89,8 @@ class CrashDetection:
             self._death.wait(timeout)
 
     def beat(self) -> None:
-        """Write the heartbeat with the number of claims held now."""
-        self._liveness.beat(self._held_count())
+        """Write the heartbeat with the claims held now and those without a live driver."""
+        self._liveness.beat(self._held_count(), self._undriven())
 
     def start_watching(self) -> None:
         """Start the crash probe (idempotent; nothing when probing is off)."""
@@ -117,6 +128,7 @@ def build_crash_detection(
     request_reclaim: Callable[[], object],
     held_count: Callable[[], int],
     watching: bool,
+    undriven: UndrivenReport = _none_undriven,
 ) -> CrashDetection:
     """Take the lock and write the record now; the probe starts with interval maintenance.
 
@@ -126,6 +138,7 @@ def build_crash_detection(
     :param held_count: how many claims the engine holds now (published in each heartbeat).
     :param watching: whether interval maintenance runs in the background; the probe runs
         only then (unless off), and the record says whether it does.
+    :param undriven: the claims held without a live driver now (published in each heartbeat).
     """
     liveness = EngineLiveness(
         storage,
@@ -161,11 +174,11 @@ def build_crash_detection(
                 clock=clock,
                 own_lock=liveness.session_lock,
                 # A lost own lock is taken again and the record republished at once.
-                retake_own=lambda: liveness.beat(held_count()),
+                retake_own=lambda: liveness.beat(held_count(), undriven()),
             )
 
     detection = CrashDetection(
-        liveness, make_watcher, held_count, remember_dead_s=claim_ttl_ms / 1000
+        liveness, make_watcher, held_count, remember_dead_s=claim_ttl_ms / 1000, undriven=undriven
     )
     noted.append(detection)
     return detection

@@ -2,12 +2,12 @@
 
 :meth:`EngineLiveness.start` takes the engine's session lock (named by its engine id) when the
 store offers session locks, then writes the record; :meth:`~EngineLiveness.beat` runs once per
-maintenance pass and rewrites it (one put: the heartbeat) unless nothing but the time would
-change and the stored heartbeat is younger than the TTL less two renew intervals (see
-:func:`heartbeat_due`); :meth:`~EngineLiveness.close` deletes it, or marks it ``"closed"`` when
-claims were left behind, and then lets go of the lock. The record is written before the lock
-goes, so that nobody sees a live record without its lock (which reads as a crash) while the
-engine is closing in order.
+maintenance pass and rewrites it (one put: the heartbeat, with the claim count and the claims
+without a live driver) unless nothing but the time would change and the stored heartbeat is
+younger than the TTL less two renew intervals (see :func:`heartbeat_due`);
+:meth:`~EngineLiveness.close` deletes it, or marks it ``"closed"`` when claims were left behind,
+and then lets go of the lock. The record is written before the lock goes, so that nobody sees
+a live record without its lock (which reads as a crash) while the engine is closing in order.
 """
 
 from __future__ import annotations
@@ -25,7 +25,12 @@ from ..errors import ClosedError, StorageError
 from ..keys import engine_liveness
 from ..storage import Storage
 from ..storage.session_locks import SessionLock, storage_session_locks
-from .engine_records import MAX_ENGINE_ID_LENGTH, EngineRecord, encode_engine_record
+from .engine_records import (
+    MAX_ENGINE_ID_LENGTH,
+    EngineRecord,
+    UndrivenClaims,
+    encode_engine_record,
+)
 
 _log = logging.getLogger(__name__)
 
@@ -46,9 +51,11 @@ def heartbeat_due(previous: EngineRecord, record: EngineRecord) -> bool:
     """Whether ``record`` must be written over ``previous``, the record last written.
 
     It must when anything but the heartbeat time changed (the claim count feeds the others'
-    fair shares at once, a lock name their crash verdicts), when the clock went back, and when
-    the stored heartbeat is :func:`refresh_after_ms` old. The arithmetic, with TTL ``T``,
-    renew interval ``i`` (``T >= 3 * i``, checked at open) and refresh age ``R = T - 2 * i``:
+    fair shares at once, a lock name their crash verdicts, the undriven claims the command
+    line), when the clock went back, and when the stored heartbeat is :func:`refresh_after_ms`
+    old. An engine whose claims all have a live driver writes no more often than one that
+    publishes no driver state. The arithmetic, with TTL ``T``, renew interval ``i``
+    (``T >= 3 * i``, checked at open) and refresh age ``R = T - 2 * i``:
 
     An engine runs a pass (and a beat) at least once per renew interval (its timer does; a
     manual host must call that often). A beat skipped leaves a heartbeat younger than ``R``,
@@ -197,7 +204,7 @@ class EngineLiveness:
             )
             return None
 
-    def beat(self, held: int) -> bool:
+    def beat(self, held: int, undriven: UndrivenClaims | None = None) -> bool:
         """Write the heartbeat: one put of the record with ``held`` claims and the time now.
 
         The session lock is checked first (and re-taken if it was lost, then the record written
@@ -205,6 +212,7 @@ class EngineLiveness:
         skipped when :func:`heartbeat_due` says the stored record is still current. A storage
         error is logged and swallowed: the next beat tries again.
 
+        :param undriven: the claims held without a live driver now (``None``: none).
         :returns: whether the stored record is current (written now, or not due).
         :raises ValueError: ``held`` is not a non-negative int.
         :raises RuntimeError: called before :meth:`start`.
@@ -220,14 +228,20 @@ class EngineLiveness:
             self._beats += 1
             self._beats_done.clear()
         try:
-            return self._write_beat(previous, lock, held)
+            return self._write_beat(previous, lock, held, undriven)
         finally:
             with self._lock:
                 self._beats -= 1
                 if self._beats == 0:
                     self._beats_done.set()
 
-    def _write_beat(self, previous: EngineRecord, lock: SessionLock | None, held: int) -> bool:
+    def _write_beat(
+        self,
+        previous: EngineRecord,
+        lock: SessionLock | None,
+        held: int,
+        undriven: UndrivenClaims | None,
+    ) -> bool:
         lock_name = lock_id = None
         if lock is not None:
             if lock.ensure():
@@ -242,7 +256,12 @@ class EngineLiveness:
                     lock.token,
                 )
         record = replace(
-            previous, heartbeat_at=self._clock(), held=held, lock=lock_name, lock_id=lock_id
+            previous,
+            heartbeat_at=self._clock(),
+            held=held,
+            lock=lock_name,
+            lock_id=lock_id,
+            undriven=undriven,
         )
         if not heartbeat_due(previous, record):
             return True
@@ -293,7 +312,14 @@ class EngineLiveness:
     def _write_final(self, record: EngineRecord, remaining: int) -> None:
         try:
             if remaining > 0:
-                closed = replace(record, state="closed", heartbeat_at=self._clock(), held=remaining)
+                # A closed engine drives nothing; readers go by its state, not by a last list.
+                closed = replace(
+                    record,
+                    state="closed",
+                    heartbeat_at=self._clock(),
+                    held=remaining,
+                    undriven=None,
+                )
                 self._storage.put(self._key, encode_engine_record(closed))
                 with self._lock:
                     self._record = closed

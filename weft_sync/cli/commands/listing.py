@@ -1,17 +1,69 @@
-"""Read-only listings: ``claims``, ``workflows`` and ``show``. Each opens the store read-only."""
+"""Read-only listings: ``claims``, ``workflows`` and ``show``. Each opens the store read-only.
+
+``claims`` and ``show`` print each live claim's driver state as the holder's engine published
+it in its engine record (see :func:`driver_state`).
+"""
 
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, TextIO
+from typing import Any, Final, Literal, TextIO
 
 from ... import keys
 from ...clock import system_clock
 from ...codec import HolderRecord, decode_holder, decode_token, try_decode_workflow_record
+from ...reclaim.engine_records import EngineRecord, decode_engine_record, read_engine_records
+from ...reclaim.verdicts import stale_after_ms
 from ...storage import Storage
 from ...workflows import Workflows
 from .output import NotFound, StoreRef, emit_json, emit_table, human_time, record_dict
+
+DriverState = Literal["driven", "awaiting", "no-driver", "unknown"]
+"""A live claim's driver state, as ``--json`` writes it."""
+
+DRIVER_LABELS: Final[Mapping[DriverState, str]] = {
+    "driven": "driven",
+    "awaiting": "awaiting driver",
+    "no-driver": "no driver",
+    "unknown": "unknown",
+}
+"""How the tables print each :data:`DriverState`."""
+
+EngineRecords = Mapping[str, EngineRecord | None]
+"""Engine records by engine id; ``None`` for a record that does not decode."""
+
+
+def driver_state(
+    workflow_id: str, holder: HolderRecord, engine: EngineRecord | None, now: int
+) -> DriverState:
+    """What the holder's engine last published about the driver of its claim on ``workflow_id``.
+
+    ``no-driver`` when its record lists the claim so, or says the engine closed (what a closed
+    engine left behind is driven by nobody); ``awaiting`` when it lists the claim as awaiting a
+    driver; ``unknown`` when there is no record to go by — none, one that does not decode, one
+    whose heartbeat is stale at ``now``, one written before the claim was taken (or by an
+    engine started after it: a previous engine under the same id), or one whose lists were cut
+    short without naming it; ``driven`` otherwise. An engine that publishes no driver state (an
+    older version) reads as ``driven``.
+    """
+    if engine is None or engine.engine_id != holder.engine_id:
+        return "unknown"
+    if engine.state == "closed":
+        return "no-driver"
+    if not engine.started_at <= holder.claimed_at <= engine.heartbeat_at:
+        return "unknown"
+    if now - engine.heartbeat_at > stale_after_ms(engine):
+        return "unknown"
+    undriven = engine.undriven
+    if undriven is None:
+        return "driven"
+    if workflow_id in undriven.no_driver:
+        return "no-driver"
+    if workflow_id in undriven.awaiting:
+        return "awaiting"
+    return "driven" if undriven.complete else "unknown"
 
 
 @dataclass(frozen=True)
@@ -25,7 +77,14 @@ class ClaimRow:
         """Whether the holder decodes and has not expired at ``now``."""
         return self.holder is not None and self.holder.expires_at >= now
 
-    def as_dict(self, now: int) -> dict[str, Any]:
+    def driver(self, now: int, engines: EngineRecords) -> DriverState | None:
+        """The claim's driver state (see :func:`driver_state`); ``None`` unless it is live."""
+        holder = self.holder
+        if holder is None or not self.is_live(now):
+            return None
+        return driver_state(self.workflow_id, holder, engines.get(holder.engine_id), now)
+
+    def as_dict(self, now: int, engines: EngineRecords) -> dict[str, Any]:
         holder = self.holder
         return {
             "workflow_id": self.workflow_id,
@@ -35,6 +94,7 @@ class ClaimRow:
             "expires_at": holder.expires_at if holder else None,
             "expires_in_ms": holder.expires_at - now if holder else None,
             "valid": holder is not None,
+            "driver": self.driver(now, engines),
         }
 
 
@@ -48,24 +108,32 @@ def read_claims(storage: Storage) -> list[ClaimRow]:
     return rows
 
 
+def read_engines(storage: Storage) -> dict[str, EngineRecord | None]:
+    """Every engine record in the store by engine id (one scan of a row per engine)."""
+    return {engine_id: record for engine_id, _, record in read_engine_records(storage)}
+
+
 def claims(store: StoreRef, as_json: bool, out: TextIO) -> int:
-    """List every claim: workflow, holder engine, epoch, state and expiry."""
+    """List every claim: workflow, holder engine, epoch, state, driver state and expiry."""
     with store.open(read_only=True) as storage:
         rows = read_claims(storage)
+        engines = read_engines(storage)
     now = system_clock()
     if as_json:
-        emit_json([row.as_dict(now) for row in rows], out)
+        emit_json([row.as_dict(now, engines) for row in rows], out)
         return 0
     table = []
     for row in rows:
         holder = row.holder
         if holder is None:
-            table.append([row.workflow_id, "(undecodable holder)", "-", "-", "-"])
+            table.append([row.workflow_id, "(undecodable holder)", "-", "-", "-", "-"])
             continue
         state = "live" if row.is_live(now) else "expired"
+        driver = row.driver(now, engines)
+        shown = "-" if driver is None else DRIVER_LABELS[driver]
         expiry = human_time(holder.expires_at, now)
-        table.append([row.workflow_id, holder.engine_id, str(holder.epoch), state, expiry])
-    emit_table(["WORKFLOW", "HOLDER", "EPOCH", "STATE", "EXPIRES"], table, out)
+        table.append([row.workflow_id, holder.engine_id, str(holder.epoch), state, shown, expiry])
+    emit_table(["WORKFLOW", "HOLDER", "EPOCH", "STATE", "DRIVER", "EXPIRES"], table, out)
     return 0
 
 
@@ -97,10 +165,15 @@ def show(store: StoreRef, workflow_id: str, as_json: bool, out: TextIO) -> int:
         checkpoint = ledger.load_checkpoint(wid)
         token = decode_token(storage.get(keys.workflow_owner_epoch(wid)))
         holder_raw = storage.get(keys.workflow_owner_holder(wid))
+        holder = None if holder_raw is None else decode_holder(holder_raw)
+        engines: dict[str, EngineRecord | None] = {}
+        if holder is not None:
+            engine_raw = storage.get(keys.engine_liveness(holder.engine_id))
+            engines[holder.engine_id] = decode_engine_record(engine_raw)
     epoch = None if token is None else token.epoch
     if record_raw is None and epoch is None and holder_raw is None:
         raise NotFound(f"no workflow or claim {wid!r} in the store")
-    holder = None if holder_raw is None else decode_holder(holder_raw)
+    now = system_clock()
     data: dict[str, Any] = {
         "record": record_dict(record) if record else None,
         "record_valid": record_raw is None or record is not None,
@@ -109,7 +182,7 @@ def show(store: StoreRef, workflow_id: str, as_json: bool, out: TextIO) -> int:
         "epoch": epoch,
         # The mint id of the epoch token (hex); "" for an old-format 8-byte epoch.
         "epoch_mint_id": None if token is None else token.mint_id.hex(),
-        "holder": None if holder_raw is None else ClaimRow(wid, holder).as_dict(system_clock()),
+        "holder": None if holder_raw is None else ClaimRow(wid, holder).as_dict(now, engines),
     }
     if outcome is not None:
         data["outcome"] = {
@@ -161,10 +234,12 @@ def _print_show(wid: str, data: dict[str, Any], out: TextIO) -> None:
     elif not holder["valid"]:
         lines.append(("holder", "(undecodable holder record)"))
     else:
+        driver = holder["driver"]
         lines += [
             ("holder", f"{holder['engine_id']} at epoch {holder['epoch']}"),
             ("claimed", human_time(holder["claimed_at"], now)),
             ("expires", human_time(holder["expires_at"], now)),
+            ("driver", "- (expired)" if driver is None else DRIVER_LABELS[driver]),
         ]
     for name, value in lines:
         out.write(f"{name:<11} {value}\n")
