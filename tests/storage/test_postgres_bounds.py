@@ -3,6 +3,7 @@ that reach the server intact, and bad values refused by name."""
 
 from __future__ import annotations
 
+import logging
 import uuid
 from collections.abc import Iterator
 
@@ -12,6 +13,9 @@ import pytest
 from weft_sync.errors import StorageError
 from weft_sync.storage import open_storage
 from weft_sync.storage.postgres.store import PostgresStorage
+from weft_sync.storage.session_locks import storage_session_locks
+
+STORE_LOGGER = "weft_sync.storage.postgres.store"
 
 
 def _with_params(url: str, query: str) -> str:
@@ -94,6 +98,7 @@ def test_url_parameters_override_the_derived_bounds(postgres_base_url: str, tabl
         ("connect_timeout", "-1"),
         ("renew_interval_ms", "0"),
         ("renew_interval_ms", "fast"),
+        ("pooler", "bogus"),
     ],
 )
 def test_senseless_url_values_are_a_value_error_naming_the_parameter(name: str, raw: str) -> None:
@@ -133,6 +138,23 @@ def test_a_table_lock_held_elsewhere_fails_a_write_within_the_lock_timeout(
             foreign.rollback()
         store.put("k", b"v2")
         assert store.get("k") == b"v2"
+
+
+def test_a_read_cut_by_a_server_bound_is_not_tried_again(
+    postgres_base_url: str, table: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    with PostgresStorage(postgres_base_url, table=table, lock_timeout=0.2) as store:
+        store.put("k", b"v0")
+        with psycopg.connect(postgres_base_url) as foreign:
+            foreign.execute(f'LOCK TABLE "{table}" IN ACCESS EXCLUSIVE MODE')
+            with (
+                caplog.at_level(logging.DEBUG, logger=STORE_LOGGER),
+                pytest.raises(StorageError, match="lock timeout"),
+            ):
+                store.get("k")
+            foreign.rollback()
+        assert "retrying" not in caplog.text  # a second wait would double the bound
+        assert store.get("k") == b"v0"
 
 
 def test_replication_settings_report_the_servers_commit_durability(
@@ -197,3 +219,39 @@ def test_a_real_session_runs_with_every_bound_read_back(postgres_base_url: str, 
         assert _show(store, "idle_session_timeout") == "0"
         assert _show(store, "idle_in_transaction_session_timeout") == "4s"
         assert _show(store, "statement_timeout") == "2s"
+
+
+# -- poolers: a direct connection is never taken for one -----------------------------------------
+
+
+@pytest.mark.postgres_only
+def test_a_direct_connection_is_not_taken_for_a_pooler(
+    postgres_base_url: str, table: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    with caplog.at_level(logging.WARNING, logger=STORE_LOGGER):
+        store = PostgresStorage(postgres_base_url, table=table, renew_interval_ms=2_000)
+    with store:
+        assert [r for r in caplog.records if r.name == STORE_LOGGER] == []
+        assert store.capabilities.session_locks is True
+        assert storage_session_locks(store) is not None
+        assert _show(store, "statement_timeout") == "2s"  # the session's, sent at connect
+
+
+@pytest.mark.postgres_only
+def test_declared_pooling_on_a_direct_connection_bounds_each_transaction_and_leaves_the_session(
+    postgres_base_url: str, table: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    with caplog.at_level(logging.WARNING, logger=STORE_LOGGER):
+        store = PostgresStorage(
+            postgres_base_url, table=table, renew_interval_ms=2_000, pooler="transaction"
+        )
+    with store:
+        assert "as declared (pooler=transaction)" in caplog.text
+        with store._write_transaction("show") as conn:
+            assert conn.execute("SHOW statement_timeout").fetchone() == ("2s",)
+            assert conn.execute("SHOW lock_timeout").fetchone() == ("1s",)
+        assert store._read("show", "SHOW idle_in_transaction_session_timeout", []) == [("4s",)]
+        # No startup options, and SET LOCAL ends with its transaction: the session keeps the
+        # server's defaults.
+        assert _show(store, "statement_timeout") == "0"
+        assert _show(store, "lock_timeout") == "0"

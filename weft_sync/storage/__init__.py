@@ -88,9 +88,10 @@ def open_storage(
       ``min_size``, ``max_size``, ``timeout`` (seconds to wait for a pooled connection),
       ``renew_interval_ms``, ``statement_timeout`` and ``lock_timeout`` (seconds, or a duration
       such as ``250ms``; see :class:`~weft_sync.storage.postgres.store.PostgresStorage`) and
-      ``pooler`` (``transaction`` behind a transaction-mode pooler such as pgbouncer,
-      ``session`` or ``none``); every other query parameter is passed to libpq,
-      percent-encoded as libpq decodes it.
+      ``pooler`` (``auto``, the default: a transaction-mode pooler such as pgbouncer is
+      detected at open; ``transaction``: declared; ``none``, or ``session``: refused when it
+      drops the settings); every other query parameter is passed to libpq, percent-encoded as
+      libpq decodes it.
 
     With ``read_only`` the store must already exist and nothing is ever created or written: the
     SQLite file is opened with ``mode=ro`` (no writer thread, no lock file, no table), the

@@ -47,11 +47,9 @@ class ConditionalWrites:
 
         def _check_open(self) -> None: ...
 
-        def _connection(
-            self, action: str, *, check: bool = True
-        ) -> AbstractContextManager[_Conn]: ...
-
         def _write_transaction(self, action: str) -> AbstractContextManager[_Conn]: ...
+
+        def _writing(self, action: str, *, atomic: bool) -> AbstractContextManager[_Conn]: ...
 
     @process_bound
     def conditional_batch(
@@ -83,7 +81,7 @@ class ConditionalWrites:
         plans = [Plan.build(conds, ops) for conds, ops in checked]
         if disjoint(plans):
             return self._run_disjoint(plans)
-        with self._connection("conditional_batches") as conn, conn.transaction():
+        with self._writing("conditional_batches", atomic=True) as conn:
             return [self._run(conn, plan, savepoint=True) for plan in plans]
 
     @process_bound
@@ -167,7 +165,7 @@ class ConditionalWrites:
         The rows are sent in key order, so concurrent updates lock shared rows in one order.
         """
         ordered = sorted(rows, key=lambda row: row[0])
-        with self._connection(action) as conn:
+        with self._writing(action, atomic=False) as conn:
             cur = conn.execute(
                 self._q.renew,
                 [[r[0] for r in ordered], [r[1] for r in ordered], [r[2] for r in ordered]],
@@ -186,7 +184,7 @@ class ConditionalWrites:
         lock_keys = sorted(key for plan in plans for key in plan.lock_keys)
         puts: list[tuple[str, bytes]] = []
         delete_keys: list[str] = []
-        with self._connection("conditional_batches") as conn, conn.transaction():
+        with self._writing("conditional_batches", atomic=True) as conn:
             rows = conn.execute(self._q.lock, [lock_keys], binary=True).fetchall()
             found = {str(k): bytes(v) for k, v in rows}
             results = [plan.holds(found) for plan in plans]

@@ -106,7 +106,7 @@ class _Host(Protocol):
 
     def _check_open(self) -> None: ...
 
-    def _connection(self, action: str, *, check: bool = True) -> AbstractContextManager[Any]: ...
+    def _writing(self, action: str, *, atomic: bool) -> AbstractContextManager[Any]: ...
 
     def _update_rows(self, rows: list[CasRow], action: str) -> list[bool]: ...
 
@@ -143,7 +143,7 @@ class IsolatedBatches:
             if not lock_timed_out(exc):
                 raise
             waited = exc
-        with self._connection("compare_and_set_many") as conn:
+        with self._writing("compare_and_set_many", atomic=False) as conn:
             return caused_by(update_rows_skip_locked(conn, self._q, checked), waited)
 
     def conditional_batches_isolated(self: _Host, batches: Sequence[Batch]) -> list[Judged]:
@@ -168,7 +168,7 @@ class IsolatedBatches:
             if not lock_timed_out(exc):
                 raise
             waited = exc
-        with self._connection("conditional_batches") as conn, conn.transaction():
+        with self._writing("conditional_batches", atomic=True) as conn:
             results, puts, deletes = judge_disjoint_skip_locked(conn, self._q, plans)
             self._write(conn, [k for k, _ in puts], [v for _, v in puts], deletes)
         return caused_by(results, waited)

@@ -26,6 +26,12 @@ unless the DSN sets its own (libpq ignores them on Unix sockets), so that a dead
 network fails a call instead of blocking it. After connecting, the store reads back what it
 set (:func:`expected_settings`, :func:`check_session_settings`): a bound that is not in effect
 (a pooler that drops ``options``, a server that refuses one) fails the open, naming it.
+
+Behind a transaction-mode pooler no session setting can be relied on: each transaction may run
+on another server session. There the store sends no ``options`` and opens every transaction with
+``SET LOCAL`` of ``statement_timeout``, ``lock_timeout`` and
+``idle_in_transaction_session_timeout`` (:func:`transaction_settings`), in the same simple query
+as its ``BEGIN``; the values are read back inside a transaction at open.
 """
 
 from __future__ import annotations
@@ -170,6 +176,16 @@ def expected_settings(
     return {name: value for name, value in wanted.items() if not _sets(options, name)}
 
 
+def transaction_settings(bounds: WaitBounds) -> dict[str, int]:
+    """The settings (in ms) a store behind a transaction-mode pooler sets with ``SET LOCAL`` at
+    the start of each transaction, and reads back at open."""
+    return {
+        "statement_timeout": bounds.statement_timeout_ms,
+        "lock_timeout": bounds.lock_timeout_ms,
+        "idle_in_transaction_session_timeout": bounds.idle_in_transaction_ms,
+    }
+
+
 def merged_options(
     dsn_params: dict[str, Any], bounds: WaitBounds, *, idle_session: bool = False
 ) -> dict[str, Any]:
@@ -192,12 +208,16 @@ def merged_options(
     return kwargs
 
 
-def check_session_settings(found: dict[str, str], wanted: dict[str, int], where: str) -> None:
+def check_session_settings(
+    found: dict[str, str], wanted: dict[str, int], where: str, *, per_transaction: bool = False
+) -> None:
     """Refuse a session in which a setting this store relies on is not what it set.
 
     :param found: ``pg_settings`` name -> setting (ms), as read back on the session.
-    :param wanted: what :func:`expected_settings` says.
+    :param wanted: what :func:`expected_settings` (or :func:`transaction_settings`) says.
     :param where: which session, for the message.
+    :param per_transaction: the settings were made with ``SET LOCAL`` in the transaction they
+        were read back in, not sent at connect (the message's hint differs).
     :raises ValueError: naming every setting that differs (the caller wraps it).
     """
     wrong = [
@@ -207,13 +227,23 @@ def check_session_settings(found: dict[str, str], wanted: dict[str, int], where:
         for name, value in wanted.items()
         if found.get(name) != str(value)
     ]
-    if wrong:
-        raise ValueError(
-            f"the {where} does not run with the bounds weft_sync set: {'; '.join(wrong)}. A "
-            f"connection pooler that drops startup options (pgbouncer with "
-            f"ignore_startup_parameters = options) or a server that overrides them does this; "
-            f"connect directly, or add pooler=transaction to the URL"
+    if not wrong:
+        return
+    if per_transaction:
+        hint = (
+            "They were set with SET LOCAL in the transaction that read them back, so the server "
+            "or a pooler in between overrides them; connect directly, or through a pooler that "
+            "leaves a transaction's settings alone"
         )
+    else:
+        hint = (
+            "A connection pooler that drops startup options (pgbouncer with "
+            "ignore_startup_parameters = options) or a server that overrides them does this; "
+            "connect directly, or add pooler=transaction to the URL"
+        )
+    raise ValueError(
+        f"the {where} does not run with the bounds weft_sync set: {'; '.join(wrong)}. {hint}"
+    )
 
 
 def check_pool_sizes(min_size: object, max_size: object) -> None:

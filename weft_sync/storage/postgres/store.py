@@ -53,6 +53,7 @@ from .settings import (
     derive_wait_bounds,
     expected_settings,
     merged_options,
+    transaction_settings,
 )
 from .sql import Plan, Queries, advisory_key
 
@@ -67,14 +68,20 @@ _CAPABILITIES: Final = StorageCapabilities(
 _POOLED_CAPABILITIES: Final = StorageCapabilities(
     conditional_batch=True, multi_process=True, multi_host=True, session_locks=False
 )
-POOLER_MODES: Final = ("transaction", "session", "none")
-"""``pooler=``: ``transaction`` (pgbouncer's transaction or statement pooling), ``session`` or
-``none`` (a direct connection, or one pooled per session: the default)."""
+POOLER_MODES: Final = ("auto", "transaction", "none", "session")
+"""``pooler=``: ``auto`` (the default: a pooler is detected at open), ``transaction``
+(pgbouncer's transaction or statement pooling, declared) or ``none`` (a direct connection or one
+pooled per session, and nothing else: a pooler that drops the settings fails the open);
+``session`` is the same as ``none``."""
 _SERVER_TIME: Final = "SELECT (extract(epoch FROM clock_timestamp()) * 1000)::bigint"
+# Whether the server is a standby, and which backend answers (compared with the one libpq met).
+_SESSION: Final = "SELECT pg_is_in_recovery(), pg_backend_pid()"
 _SETTINGS: Final = "SELECT name, setting FROM pg_settings WHERE name = ANY(%s::text[])"
 _IDLE_SESSION_VERSION: Final = 140000  # idle_session_timeout exists from PostgreSQL 14
 # How long past its statement_timeout a call runs before the client cancels it.
 _CANCEL_MARGIN_S: Final = 0.25
+# A statement the server cut at one of its bounds (statement_timeout or a cancel; lock_timeout).
+_SERVER_BOUNDS: Final = (psycopg.errors.QueryCanceled, psycopg.errors.LockNotAvailable)
 
 
 @process_bound_class
@@ -109,9 +116,10 @@ class PostgresStorage(ConditionalWrites, IsolatedBatches, PostgresSessionLockMet
     :class:`~weft_sync.errors.ClosedError`; the inherited pool is left alone, never closed (that
     would end the parent's sessions, which share its sockets): the child opens its own storage.
 
-    Every wait is bounded (see :mod:`~weft_sync.storage.postgres.settings`): each session runs
-    with a ``statement_timeout`` and a ``lock_timeout``, and the pool wait is bounded, all derived
-    from ``renew_interval_ms`` unless given. A call that hits a bound raises ``StorageError`` and
+    Every wait is bounded (see :mod:`~weft_sync.storage.postgres.settings`): each session (behind
+    a transaction-mode pooler, each transaction) runs with a ``statement_timeout`` and a
+    ``lock_timeout``, and the pool wait is bounded, all derived from ``renew_interval_ms`` unless
+    given. A call that hits a bound raises ``StorageError`` and
     writes nothing; a connection the server dropped is discarded when it is returned, and the pool
     checks every connection it lends, so the next call gets a live one.
 
@@ -137,15 +145,21 @@ class PostgresStorage(ConditionalWrites, IsolatedBatches, PostgresSessionLockMet
     :param renew_interval_ms: the claim renew interval the bounds are derived from; default
         5000 (``OwnershipOptions``'s default).
     :param pooler: ``"transaction"`` when the DSN reaches the server through a transaction-mode
-        pooler (pgbouncer): no startup ``options`` are sent (the pooler refuses or drops them),
-        psycopg's automatic prepared statements are off (``prepare_threshold=None``: a prepared
-        statement would live on a server session the next transaction may not get), the store
-        offers no session locks (a lock would stay on the pooled server session after its
-        holder died), so crash detection falls back to the claim TTL (a warning says so), and
-        the statement bound is the client-side deadline alone (a cancel, which the pooler
-        forwards, then the connection cut). Read-only is refused there (it is session state).
-        ``"session"`` or ``"none"`` (default): as a direct connection; an open through a pooler
-        that drops the settings then fails, naming them.
+        pooler (pgbouncer): no startup ``options`` are sent (the pooler refuses or drops them;
+        give bounds as parameters, not in ``options``), psycopg's automatic prepared statements
+        are off (``prepare_threshold=None``: a prepared statement would live on a server
+        session the next transaction may not get), the store offers no session locks (a lock
+        would stay on the pooled server session after its holder died), so crash detection
+        falls back to the claim TTL, and every call runs in a transaction whose ``BEGIN``
+        carries ``SET LOCAL`` of ``statement_timeout``, ``lock_timeout`` and
+        ``idle_in_transaction_session_timeout`` (one simple query: a single statement costs
+        ``BEGIN`` and ``COMMIT`` more, a transaction nothing), read back at open; the client-side
+        deadline stays. One warning at open says so. Read-only is refused there (it is session
+        state). ``"auto"`` (default): the same when the open finds a pooler answering for the
+        server (the backend ``pg_backend_pid()`` reports is not the one libpq was told of when
+        the connection started, which on a direct connection it always is), else as ``"none"``.
+        ``"none"`` (or ``"session"``): as a direct connection, whatever answers; an open
+        through a pooler that drops the settings then fails, naming them.
     :raises ValueError: a bad table name, pool size or bound (negative, infinite, NaN), or a
         malformed ``dsn``.
     :raises StorageError: the server cannot be reached, or the table exists with another key
@@ -164,14 +178,14 @@ class PostgresStorage(ConditionalWrites, IsolatedBatches, PostgresSessionLockMet
         read_only: bool = False,
         renew_interval_ms: int | None = None,
         statement_timeout: float | Derived | None = DERIVED,
-        pooler: str = "none",
+        pooler: str = "auto",
     ) -> None:
         if not isinstance(dsn, str):
             raise TypeError(f"dsn must be a connection string, got {type(dsn).__name__}")
         if pooler not in POOLER_MODES:
             raise ValueError(f"pooler must be one of {', '.join(POOLER_MODES)}, got {pooler!r}")
-        self._pooled = pooler == "transaction"
-        if self._pooled and read_only:
+        self._pooler = pooler
+        if pooler == "transaction" and read_only:
             raise ValueError(
                 "read_only=True cannot be kept behind a transaction-mode pooler (it is session "
                 "state the pooler would hand to other clients); connect directly to read only"
@@ -189,7 +203,14 @@ class PostgresStorage(ConditionalWrites, IsolatedBatches, PostgresSessionLockMet
         self._max_size = max_size
         self._timeout = self._bounds.pool_timeout_s
         self._read_only = bool(read_only)
-        self._connect_kwargs = _connect_kwargs(dsn, self._bounds, pooled=self._pooled)
+        self._connect_kwargs = _connect_kwargs(dsn, self._bounds)
+        # Set once, before the pool opens: whether this store runs as behind a transaction-mode
+        # pooler, the BEGIN its transactions then start with, and what proved a pooler there.
+        self._pooled = False
+        self._begin: sql.Composed | None = None
+        self._detected: str | None = None
+        if pooler == "transaction":
+            self._run_pooled()
         self._q = Queries(self._table)
         self._lock = threading.Lock()  # guards _pool and _closed
         self._pool: ConnectionPool[_Conn] | None = None
@@ -209,25 +230,22 @@ class PostgresStorage(ConditionalWrites, IsolatedBatches, PostgresSessionLockMet
         idle_session = version >= _IDLE_SESSION_VERSION and not self._pooled
         if idle_session:
             self._connect_kwargs = _connect_kwargs(dsn, self._bounds, idle_session=True)
-        # Behind a transaction pooler nothing set on a session can be relied on: not checked.
+        # Behind a transaction pooler no session setting can be relied on: the ones each
+        # transaction sets itself are read back inside one.
         self._expected = (
-            {}
+            transaction_settings(self._bounds)
             if self._pooled
             else expected_settings(_dsn_params(dsn), self._bounds, idle_session=idle_session)
         )
         if self._pooled:
-            _log.warning(
-                "weft_sync: PostgreSQL table %s is reached through a transaction-mode pooler: "
-                "no session locks, so a crashed engine's claims move when they expire (the "
-                "claim TTL), not at once; statements are bounded on the client side only",
-                self._table,
-            )
+            self._warn_pooled()
         pool = self._new_pool()
         try:
             with self._translate("connection pool start"):
                 pool.open(wait=True, timeout=self._timeout)
-                with pool.connection(timeout=self._timeout) as conn:
-                    self._check_settings(conn, "store's pooled session")
+                with pool.connection(timeout=self._timeout) as conn, self._bounded(conn):
+                    kind = "transaction" if self._pooled else "session"
+                    self._check_settings(conn, f"store's pooled {kind}")
         except BaseException:
             pool.close()
             raise
@@ -239,15 +257,66 @@ class PostgresStorage(ConditionalWrites, IsolatedBatches, PostgresSessionLockMet
     def _check_settings(self, conn: _Conn, where: str) -> None:
         """Read back the settings this store set on ``conn``; refuse a session without them.
 
+        Behind a pooler, call it inside :meth:`_transaction`: the settings are that
+        transaction's.
+
         :raises StorageError: one is not in effect (named in the message).
         """
         if not self._expected:
             return
         rows = conn.execute(_SETTINGS, [list(self._expected)]).fetchall()
+        found = {str(n): str(v) for n, v in rows}
         try:
-            check_session_settings({str(n): str(v) for n, v in rows}, self._expected, where)
+            check_session_settings(found, self._expected, where, per_transaction=self._pooled)
         except ValueError as exc:
             raise StorageError(f"PostgreSQL table {self._table!r}: {exc}") from None
+
+    def _run_pooled(self) -> None:
+        """Run as behind a transaction-mode pooler from here on (see the class docstring)."""
+        self._pooled = True
+        self._connect_kwargs = _connect_kwargs(self._dsn, self._bounds, pooled=True)
+        self._begin = _begin_with(transaction_settings(self._bounds))
+
+    def _recognise_session(self, conn: psycopg.Connection[Any]) -> bool:
+        """Read whether ``conn``'s server is a standby and, with ``pooler="auto"``, whether a
+        pooler answers for it; if one does, run as behind one (:meth:`_run_pooled`).
+
+        On proof, not a guess: libpq learns the pid of its backend when the connection starts
+        (``conn.info.backend_pid``), and on a direct connection ``pg_backend_pid()`` is that pid
+        in every transaction. A pooler answers the startup itself, with a key of its own, and
+        lends a server session per transaction or client: the two differ.
+
+        :returns: whether the server is a standby.
+        """
+        row = conn.execute(_SESSION).fetchone()
+        assert row is not None
+        standby, pid = bool(row[0]), int(row[1])
+        if self._pooler == "auto" and pid != conn.info.backend_pid:
+            self._detected = (
+                f"the server session's pg_backend_pid() is {pid}, not the {conn.info.backend_pid} "
+                f"the connection was opened with"
+            )
+            self._run_pooled()
+        return standby
+
+    def _warn_pooled(self) -> None:
+        """Log once, at open, that this store runs as behind a transaction-mode pooler."""
+        if self._detected is None:
+            how, advice = "as declared (pooler=transaction)", ""
+        else:
+            how = f"found at open ({self._detected})"
+            advice = "; add pooler=transaction to the URL to say so, or pooler=none to refuse it"
+        _log.warning(
+            "weft_sync: PostgreSQL store %s (table %s) runs behind a transaction-mode pooler, %s: "
+            "session advisory locks cannot be held there, so crash detection falls back to the "
+            "claim TTL (a crashed engine's claims move when they expire, not at once); psycopg's "
+            "automatic prepared statements are off; statement_timeout, lock_timeout and "
+            "idle_in_transaction_session_timeout are set per transaction (SET LOCAL)%s",
+            redact_text(self._dsn),
+            self._table,
+            how,
+            advice,
+        )
 
     def _ensure_table(self) -> int:
         """Create the table if missing and check its key collation, on a direct connection.
@@ -255,13 +324,14 @@ class PostgresStorage(ConditionalWrites, IsolatedBatches, PostgresSessionLockMet
         :returns: the server's ``server_version_num``.
         """
         with psycopg.connect(self._dsn, **self._connect_kwargs) as conn:
-            _refuse_standby(conn, self._dsn)
+            if self._recognise_session(conn):
+                raise _standby_error(self._dsn)
             version = conn.info.server_version
             self._q.render(conn)
             ident = sql.Identifier(self._table).as_string(conn)
             # The advisory lock serialises creation by several processes: CREATE TABLE IF NOT
             # EXISTS alone can still fail with a unique violation when two run at once.
-            with conn.transaction():
+            with self._transaction(conn):
                 conn.execute("SELECT pg_advisory_xact_lock(%s)", [advisory_key(self._table)])
                 row = conn.execute(
                     "SELECT co.collname FROM pg_attribute a "
@@ -287,6 +357,14 @@ class PostgresStorage(ConditionalWrites, IsolatedBatches, PostgresSessionLockMet
         :returns: the server's ``server_version_num``.
         """
         with psycopg.connect(self._dsn, **self._connect_kwargs) as conn:
+            self._recognise_session(conn)
+            if self._pooled:
+                raise StorageError(
+                    f"PostgreSQL store {redact_text(self._dsn)!r} is behind a transaction-mode "
+                    f"pooler ({self._detected}), where a read-only session cannot be kept (it "
+                    f"is session state the pooler would hand to other clients); connect "
+                    f"directly, or through a session-mode pool, to read only"
+                )
             version = conn.info.server_version
             self._q.render(conn)
             ident = sql.Identifier(self._table).as_string(conn)
@@ -414,7 +492,7 @@ class PostgresStorage(ConditionalWrites, IsolatedBatches, PostgresSessionLockMet
         with self._connection(action, check=False) as conn:
             stack = contextlib.ExitStack()
             try:
-                stack.enter_context(conn.transaction())
+                stack.enter_context(self._transaction(conn))
             except psycopg.OperationalError as exc:
                 if isinstance(exc, psycopg.errors.QueryCanceled):
                     raise
@@ -423,8 +501,55 @@ class PostgresStorage(ConditionalWrites, IsolatedBatches, PostgresSessionLockMet
                 with stack:
                     yield conn
                 return
-        with self._connection(action) as conn, conn.transaction():
+        with self._connection(action) as conn, self._transaction(conn):
             yield conn
+
+    @contextmanager
+    def _writing(self, action: str, *, atomic: bool) -> Iterator[_Conn]:
+        """A pooled connection for one call's writes, in one transaction when ``atomic``.
+
+        On a direct connection a call that is not ``atomic`` sends its statements in autocommit,
+        on a checked connection. Behind a pooler every call is a transaction that sets its
+        bounds, lent as :meth:`_write_transaction` lends one.
+        """
+        if self._pooled:
+            with self._write_transaction(action) as conn:
+                yield conn
+            return
+        with self._connection(action) as conn:
+            if atomic:
+                with conn.transaction():
+                    yield conn
+            else:
+                yield conn
+
+    @contextmanager
+    def _transaction(self, conn: _Conn) -> Iterator[None]:
+        """Run the block in one transaction on ``conn`` (autocommit, not in one yet).
+
+        On a direct connection it is psycopg's ``conn.transaction()``. Behind a pooler the
+        ``BEGIN`` and the ``SET LOCAL`` of every bound go as one simple query (no parameters,
+        so psycopg sends several statements at once: no extra round trip), so the server session
+        the pooler lends for the transaction runs it with them; the block's end sends
+        ``COMMIT``, or ``ROLLBACK`` when it raises. A transaction block inside is a savepoint.
+        """
+        begin = self._begin
+        if begin is None:
+            with conn.transaction():
+                yield
+            return
+        conn.execute(begin)
+        try:
+            yield
+        except BaseException:
+            _roll_back(conn)
+            raise
+        conn.commit()
+
+    def _bounded(self, conn: _Conn) -> contextlib.AbstractContextManager[None]:
+        """What a statement sent on its own runs in: nothing on a direct connection (the
+        session has the bounds), a :meth:`_transaction` that sets them behind a pooler."""
+        return self._transaction(conn) if self._pooled else contextlib.nullcontext()
 
     def guard_call(
         self, conn: _Conn, since: float | None = None
@@ -441,22 +566,25 @@ class PostgresStorage(ConditionalWrites, IsolatedBatches, PostgresSessionLockMet
         Skipping the pool's check saves a round trip per read. A statement that fails on a
         connection the server dropped (an ``OperationalError``; the pool discards the broken
         connection when it is returned) runs once more on a checked connection: a read is safe to
-        repeat. Writes always use checked connections.
+        repeat. One cut by a server bound (``statement_timeout``, ``lock_timeout``) is not: it
+        would wait as long again. Behind a pooler the read is a transaction that sets its bounds.
         """
         started = time.monotonic()
         try:
-            with self._connection(action, check=False) as conn:
+            with self._connection(action, check=False) as conn, self._bounded(conn):
                 return conn.execute(query, params, binary=True).fetchall()
         except StorageError as exc:
             cause = exc.__cause__
-            if not isinstance(cause, psycopg.OperationalError) or isinstance(cause, PoolTimeout):
+            if not isinstance(cause, psycopg.OperationalError) or isinstance(
+                cause, (PoolTimeout, *_SERVER_BOUNDS)
+            ):
                 raise
             if self._deadlines is not None and (
                 time.monotonic() - started > self._deadlines.bound_s / 2
             ):
                 raise  # cut by its deadline (or nearly there): a retry would double the bound
             _log.debug("PostgreSQL %s failed on a pooled connection (%s); retrying", action, cause)
-        with self._connection(action) as conn:
+        with self._connection(action) as conn, self._bounded(conn):
             return conn.execute(query, params, binary=True).fetchall()
 
     # -- protocol ----------------------------------------------------------------------------
@@ -500,12 +628,12 @@ class PostgresStorage(ConditionalWrites, IsolatedBatches, PostgresSessionLockMet
     def put(self, key: str, value: bytes) -> None:
         (op,) = validate_operations([Put(key, value)])
         assert isinstance(op, Put)
-        with self._connection("put") as conn:
+        with self._writing("put", atomic=False) as conn:
             conn.execute(self._q.put, [op.key, op.value])
 
     def delete(self, key: str) -> None:
         validate_key(key)
-        with self._connection("delete") as conn:
+        with self._writing("delete", atomic=False) as conn:
             conn.execute(self._q.delete, [key])
 
     def scan(
@@ -569,12 +697,9 @@ class PostgresStorage(ConditionalWrites, IsolatedBatches, PostgresSessionLockMet
         if not plan.put_keys and not plan.delete_keys:
             self._check_open()
             return
-        with self._connection("batch") as conn:
-            if plan.put_keys and plan.delete_keys:
-                with conn.transaction():
-                    self._write(conn, plan.put_keys, plan.put_values, plan.delete_keys)
-            else:
-                self._write(conn, plan.put_keys, plan.put_values, plan.delete_keys)
+        atomic = bool(plan.put_keys and plan.delete_keys)
+        with self._writing("batch", atomic=atomic) as conn:
+            self._write(conn, plan.put_keys, plan.put_values, plan.delete_keys)
 
     def fence_target(self) -> PostgresFenceTarget:
         """Where this store's table is, for :mod:`weft_sync.fencing` (read once, then cached).
@@ -678,17 +803,35 @@ def _dsn_params(dsn: str) -> dict[str, Any]:
         ) from None
 
 
-def _refuse_standby(conn: psycopg.Connection[Any], dsn: str) -> None:
-    """Raise a clear error when ``conn`` is on a standby: it takes no writes, so an engine there
-    could neither claim nor renew, and every write would fail with a read-only error."""
-    row = conn.execute("SELECT pg_is_in_recovery()").fetchone()
-    if row is not None and row[0]:
-        raise StorageError(
-            f"the PostgreSQL server of {redact_text(dsn)!r} is a standby (pg_is_in_recovery() "
-            f"is true): it takes no writes, so claims cannot be made or renewed there; point the "
-            f"store URL at the primary (a standby can only be inspected read-only, e.g. "
-            f"'weft-sync doctor')"
-        )
+def _standby_error(dsn: str) -> StorageError:
+    """The error for a read-write open on a standby: it takes no writes, so an engine there could
+    neither claim nor renew, and every write would fail with a read-only error."""
+    return StorageError(
+        f"the PostgreSQL server of {redact_text(dsn)!r} is a standby (pg_is_in_recovery() "
+        f"is true): it takes no writes, so claims cannot be made or renewed there; point the "
+        f"store URL at the primary (a standby can only be inspected read-only, e.g. "
+        f"'weft-sync doctor')"
+    )
+
+
+def _begin_with(settings: dict[str, int]) -> sql.Composed:
+    """``BEGIN`` and a ``SET LOCAL`` of each setting (ms), as one string of statements."""
+    sets = [
+        sql.SQL("SET LOCAL {} = {}").format(sql.SQL(name), sql.Literal(value))
+        for name, value in settings.items()
+    ]
+    return sql.SQL("; ").join([sql.SQL("BEGIN"), *sets])
+
+
+def _roll_back(conn: _Conn) -> None:
+    """Roll back what a failed block left open on ``conn``; a connection that cannot is
+    discarded by the pool when it is returned."""
+    if conn.closed:
+        return
+    try:
+        conn.rollback()
+    except psycopg.Error as exc:
+        _log.debug("rolling back a PostgreSQL transaction failed: %r", exc)
 
 
 def _connect_kwargs(
