@@ -8,6 +8,11 @@
 - ``backfill``: a store seeded with N holders and no entries (as written before the index) is
   indexed with ``backfill_step`` (budget 1,000 keys a step) until the marker is written: total
   time, steps, and holders indexed per second.
+- ``migration``: the same store without its marker (an upgraded store) under the reclaim
+  discovery of a running engine (``EngineIndexDiscovery.discover``, what each maintenance pass
+  runs): how many passes until the marker is written, how long each of them took, against a
+  pass of the full scans alone (what a migrating pass cost before it ran a whole sweep) and a
+  pass once the store is indexed.
 
     python bench/engine_index.py [--quick] [--repeats N] [--backend sqlite|postgres|both]
 """
@@ -40,9 +45,12 @@ from bench.common import (
     write_in_chunks,
 )
 from weft_sync import keys
-from weft_sync.claims.engine_index import backfill_step
+from weft_sync.claims.engine_index import backfill_step, index_marker_present
 from weft_sync.claims.transitions import build_acquire_transition
 from weft_sync.clock import system_clock
+from weft_sync.reclaim.discoveries import expiry_judge
+from weft_sync.reclaim.engine_discovery import EngineIndexDiscovery
+from weft_sync.reclaim.scan import discover_reclaim_candidates
 from weft_sync.storage import Condition, Operation, Storage
 from weft_sync.storage.base import Batch
 
@@ -137,6 +145,41 @@ def bench_backfill(site: Site, backend: str, count: int) -> list[list[object]]:
     return [[backend, f"{count:,}", ms(seeding), ms(elapsed), steps, f"{count / elapsed:,.0f}/s"]]
 
 
+def bench_migration(site: Site, backend: str, count: int) -> list[list[object]]:
+    spec = site.new_store(backend, "migration")
+    with contextlib.closing(spec.open()) as storage:
+        seed_old_holders(storage, count)
+        storage.delete(keys.OWNER_INDEX_MARKER)
+        judge = expiry_judge(system_clock, 5_000)
+        started = time.perf_counter()
+        discover_reclaim_candidates(storage, (), judge=judge, skip_live=True)
+        scans_only = time.perf_counter() - started
+        discovery = EngineIndexDiscovery(
+            storage, engine_id="bench-judge", clock=system_clock, judge=judge
+        )
+        passes: list[float] = []
+        while not index_marker_present(storage):
+            if len(passes) == 10:
+                raise SystemExit(f"{backend}: no marker after {len(passes)} migrating passes")
+            started = time.perf_counter()
+            discovery.discover(())
+            passes.append(time.perf_counter() - started)
+        started = time.perf_counter()
+        discovery.discover(())
+        indexed = time.perf_counter() - started
+    return [
+        [
+            backend,
+            f"{count:,}",
+            len(passes),
+            " + ".join(ms(p) for p in passes),
+            ms(scans_only),
+            f"{max(passes) / scans_only:.1f}x",
+            ms(indexed),
+        ]
+    ]
+
+
 def main() -> None:
     args = parse_args(__doc__)
     backends = selected_backends(args)
@@ -146,11 +189,15 @@ def main() -> None:
     print(f"by-engine index benchmark; {machine_note()}")
     cycle_rows: list[list[object]] = []
     backfill_rows: list[list[object]] = []
+    migration_rows: list[list[object]] = []
+    migration_sizes = (2_000,) if args.quick else (20_000, 200_000)
     with bench_site(backends) as site:
         for backend in backends:
             cycle_rows += bench_cycles(site, backend, cycles, repeats)
             for size in sizes:
                 backfill_rows += bench_backfill(site, backend, size)
+            for size in migration_sizes:
+                migration_rows += bench_migration(site, backend, size)
     print_table(
         f"acquire + release, one thread, median of {repeats} (ratio: with / without entry)",
         ["backend", "cycles", "with entry", "without entry", "wall ratio", "cpu ratio"],
@@ -160,6 +207,11 @@ def main() -> None:
         f"backfill of a store without entries (budget {BACKFILL_BUDGET:,} keys a step)",
         ["backend", "holders", "seeding", "backfill", "steps", "indexed"],
         backfill_rows,
+    )
+    print_table(
+        "an upgraded store under a running engine's discovery: passes until the marker",
+        ["backend", "holders", "passes", "each pass", "scans only", "longest / scans", "indexed"],
+        migration_rows,
     )
 
 

@@ -81,6 +81,11 @@ def test_an_old_store_is_indexed_in_steps_and_the_marker_written(
     assert msgpack.unpackb(marker) == {"version": 1, "completed_at": START_MS}
     assert index_marker_present(gated)
     assert (steps[-1].cursor, steps[-1].done) == (None, True)
+    # Exactly one step ended a sweep (the first, which fixed entries), then a clean one ended.
+    ended = [i for i, step in enumerate(steps) if step.sweep_ended]
+    assert len(ended) == 1
+    assert sum(step.written for step in steps[: ended[0] + 1]) == 13
+    assert not steps[-1].sweep_ended
 
 
 def test_a_store_with_the_marker_is_not_read_again(gated: GatedStorage, clock: ManualClock) -> None:

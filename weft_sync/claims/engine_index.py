@@ -159,12 +159,15 @@ class BackfillStep:
     :param done: the marker is present: every holder has its entry.
     :param skipped: fixes whose condition failed (the holder or entry moved under them); they
         are retried by a later sweep.
+    :param sweep_ended: this step ended a sweep that fixed or skipped something; the next
+        step starts the next sweep (a clean sweep ends with ``done`` instead).
     """
 
     cursor: str | None
     written: int
     done: bool
     skipped: int = 0
+    sweep_ended: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -232,8 +235,7 @@ def backfill_step(
         elif position.phase == "h":
             position = _Position("e", dirty, "")
         elif dirty:
-            position = _Position("h", False, "")
-            break
+            return BackfillStep(_Position("h", False, "").encode(), written, False, skipped, True)
         else:
             _write_marker(storage, clock())
             return BackfillStep(None, written, True, skipped)

@@ -24,8 +24,11 @@ One discovery (one reclaim pass) reads:
    ``ceil(N / DISCOVERY_WINDOW) + 1`` passes.
 
 Until the store carries the index marker (a store created before the index existed), discovery
-runs the full scans of :mod:`.reclaim_scan` instead, and each pass advances the backfill by
-:data:`BACKFILL_BUDGET` holders, so no stranded claim is ever invisible during the migration.
+runs the full scans of :mod:`.reclaim_scan` instead, so no stranded claim is ever invisible
+during the migration, and each pass runs one whole backfill sweep in steps of
+:data:`BACKFILL_BUDGET` keys: the migration ends within two passes (one that fixes the entries,
+one whose clean sweep writes the marker) while no engine of an older version keeps writing
+holders without entries.
 
 A discovery object belongs to one engine; its lock guards what it remembers between passes.
 """
@@ -66,7 +69,8 @@ DEAD_SHARE_WINDOW_MS: Final = 250
 """How long a dead engine's claim waits for its fair-share taker before anyone takes it."""
 
 BACKFILL_BUDGET: Final = 2_000
-"""Holders one pass indexes while a store is being migrated."""
+"""Keys one backfill step reads (and fixes in one ``conditional_batches`` call) while a store
+is being migrated; a pass runs steps until its sweep ends."""
 
 _RUNNING: Final = "running"
 _HOLDER_PREFIX: Final = keys.workflow_owner_holder("")
@@ -204,17 +208,21 @@ class EngineIndexDiscovery:
         )
         with self._lock:
             cursor = self._backfill_cursor
+        # One whole sweep a pass, in steps of BACKFILL_BUDGET keys (each step its own reads and
+        # conditional writes): the pass reads every holder anyway, and the migration ends in
+        # two passes, a sweep that fixes entries and a clean one that writes the marker.
+        step = None
         try:
-            step = backfill_step(self._storage, cursor=cursor, budget=BACKFILL_BUDGET)
+            while step is None or not (step.done or step.sweep_ended):
+                step = backfill_step(self._storage, cursor=cursor, budget=BACKFILL_BUDGET)
+                cursor = step.cursor
+                with self._lock:
+                    self._backfill_cursor = cursor
+                    self._indexed = self._indexed or step.done
         except Exception as exc:
             _log.warning("weft_sync: indexing the store's claims failed this pass: %s", exc)
-        else:
-            with self._lock:
-                self._backfill_cursor = step.cursor
-                if step.done:
-                    self._indexed = True
-            if step.done:
-                _log.info("weft_sync: every claim of the store is indexed by engine")
+        if step is not None and step.done:
+            _log.info("weft_sync: every claim of the store is indexed by engine")
         return EngineDiscovery(found.candidates, found.stranded, found.live_claims)
 
     def _engine_claims(self, status: EngineStatus) -> tuple[list[str], bool]:
