@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -9,6 +10,7 @@ from typing import Any
 from tests.claims.gated import WarningSink
 from weft_sync import Ownership, OwnershipOptions
 from weft_sync.clock import ManualClock
+from weft_sync.ownership.facade import ReclaimedWorkflow
 from weft_sync.storage import Storage
 
 MakeOwnership = Callable[..., Ownership]
@@ -46,3 +48,31 @@ def adopt_claims(ownership: Ownership) -> None:
         epoch = ownership.registry.current_epoch(wid)
         if epoch is not None:
             ownership.drivers.enter(wid, epoch, "test thread")
+
+
+@contextmanager
+def handler_running(
+    make: MakeOwnership, clock: ManualClock, *, past_grace_ms: int, wait_s: float
+) -> Iterator[Ownership]:
+    """Yield ``engine-b`` while its handler drives ``job-1``, a workflow it took over from a dead
+    engine (``clock`` advanced by ``past_grace_ms`` first); on exit the handler completes the
+    workflow and ``engine-b`` runs a pass that waits for it (up to ``wait_s``)."""
+    dead = make("engine-dead")
+    dead.workflows.start("job-1", "job")
+    clock.advance(past_grace_ms)
+    inside = threading.Event()
+    release = threading.Event()
+
+    def slow(ctx: ReclaimedWorkflow) -> None:
+        inside.set()
+        release.wait(wait_s)
+        ctx.workflows.complete(ctx.workflow_id)
+
+    survivor = make("engine-b", handlers={"job": slow})
+    survivor.run_maintenance(wait_handlers=0)
+    try:
+        assert inside.wait(wait_s), "the handler never started"
+        yield survivor
+    finally:
+        release.set()
+    survivor.run_maintenance(wait_handlers=wait_s)

@@ -16,7 +16,7 @@ import msgpack
 import pytest
 
 from tests.claims.gated import GatedStorage
-from tests.engines import MakeOwnership, opened_engines
+from tests.engines import MakeOwnership, handler_running, opened_engines
 from tests.workflows.helpers import holder_engine, stored_epoch
 from weft_sync import keys
 from weft_sync.clock import ManualClock
@@ -413,26 +413,14 @@ def test_a_handler_can_hand_its_claim_to_host_code_that_drives_it_after_it_retur
 def test_host_code_cannot_drive_a_workflow_while_its_handler_runs(
     make_ownership: MakeOwnership, clock: ManualClock
 ) -> None:
-    dead = make_ownership("engine-dead")
-    dead.workflows.start("job-1", "job")
-    clock.advance(PAST_GRACE_MS)
-    inside = threading.Event()
-    release = threading.Event()
-
-    def slow(ctx: ReclaimedWorkflow) -> None:
-        inside.set()
-        release.wait(WAIT_S)
-        ctx.workflows.complete(ctx.workflow_id)
-
-    survivor = make_ownership("engine-b", handlers={"job": slow})
-    survivor.run_maintenance(wait_handlers=0)
-    try:
-        assert inside.wait(WAIT_S)
-        with pytest.raises(WorkflowClaimUnavailableError), survivor.workflows.drive("job-1"):
-            pytest.fail("two drivers of one claim")
-    finally:
-        release.set()
-    survivor.run_maintenance(wait_handlers=WAIT_S)
+    with (
+        handler_running(
+            make_ownership, clock, past_grace_ms=PAST_GRACE_MS, wait_s=WAIT_S
+        ) as survivor,
+        pytest.raises(WorkflowClaimUnavailableError),
+        survivor.workflows.drive("job-1"),
+    ):
+        pytest.fail("two drivers of one claim")
     assert survivor.workflows.get("job-1").status == "completed"  # type: ignore[union-attr]
 
 

@@ -9,7 +9,6 @@ running engine writes (closed, stale, cut short) are checked on :func:`driver_st
 from __future__ import annotations
 
 import json
-import threading
 from collections.abc import Iterator, Sequence
 from dataclasses import replace
 
@@ -17,14 +16,13 @@ import pytest
 
 from tests.claims.gated import BatchMatcher, GatedStorage
 from tests.cli.helpers import HOUR_MS, leave_claim, run_cli
-from tests.engines import MakeOwnership, opened_engines
+from tests.engines import MakeOwnership, handler_running, opened_engines
 from weft_sync import keys, system_clock
 from weft_sync.cli.commands.listing import driver_state
 from weft_sync.clock import ManualClock
 from weft_sync.codec import HolderRecord
 from weft_sync.errors import StorageError
 from weft_sync.options import OwnershipOptions
-from weft_sync.ownership.facade import ReclaimedWorkflow
 from weft_sync.reclaim.engine_records import (
     MAX_UNDRIVEN_IDS,
     EngineRecord,
@@ -100,28 +98,13 @@ def test_a_claim_inside_a_drive_block_shows_driven(
 def test_a_claim_whose_handler_runs_shows_driven(
     make_ownership: MakeOwnership, storage_url: str, clock: ManualClock
 ) -> None:
-    dead = make_ownership("engine-dead")
-    dead.workflows.start("job-1", "job")
-    clock.advance(PAST_GRACE_MS)
-    inside = threading.Event()
-    release = threading.Event()
-
-    def slow(ctx: ReclaimedWorkflow) -> None:
-        inside.set()
-        release.wait(WAIT_S)
-        ctx.workflows.complete(ctx.workflow_id)
-
-    survivor = make_ownership("engine-b", handlers={"job": slow})
-    survivor.run_maintenance(wait_handlers=0)
-    try:
-        assert inside.wait(WAIT_S)
+    with handler_running(
+        make_ownership, clock, past_grace_ms=PAST_GRACE_MS, wait_s=WAIT_S
+    ) as survivor:
         clock.advance(RENEW_MS + 1)  # past the grace: the handler is its driver
         survivor.run_maintenance(wait_handlers=0)
         assert _json_drivers(storage_url) == {"job-1": "driven"}
         assert _shown_driver(storage_url, "job-1") == "driven"
-    finally:
-        release.set()
-    survivor.run_maintenance(wait_handlers=WAIT_S)
     assert _json_drivers(storage_url) == {}
 
 
