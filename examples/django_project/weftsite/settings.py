@@ -86,19 +86,26 @@ DATABASES = {
 }
 
 REPORT_THREADS = int(os.environ.get("WEFTSITE_REPORT_THREADS", "8"))
+# A reclaimed report runs whole on a handler thread, so this bounds how many taken-over reports
+# one worker runs at once. With the library's default of 4, a worker that took over a crashed
+# worker's reports while still running the reports of an earlier crash queues them (held and
+# renewed, not driven) for up to a report's length; 32 lets it start them all at once.
+HANDLER_WORKERS = int(os.environ.get("WEFTSITE_HANDLER_WORKERS", "32"))
 
 WEFT_SYNC = {
     "DATABASE": "default",
     "OPTIONS": {
         "claim_ttl": os.environ.get("WEFTSITE_CLAIM_TTL", "30s"),
         "claim_renew_interval": os.environ.get("WEFTSITE_RENEW_INTERVAL", "5s"),
+        "handler_workers": HANDLER_WORKERS,
     },
     # Reclaimed "report" workflows are resumed by this function; no other type is taken over.
     "HANDLERS": {"report": "reports.jobs.resume_report"},
     # The store's pool on PostgreSQL, sized from the threads that use it at once: every report
-    # thread (checkpoints), every handler thread (handler_workers, 4 by default) and the
-    # maintenance passes (renewal is batched; reclaim and polls take a few more).
-    "STORAGE": {"max_size": REPORT_THREADS + 4 + 4} if _DATABASE_URL else {},
+    # thread (checkpoints), every handler thread and the maintenance passes (renewal is
+    # batched; reclaim and polls take a few more). The pool opens connections as they are
+    # needed, up to this.
+    "STORAGE": {"max_size": REPORT_THREADS + HANDLER_WORKERS + 4} if _DATABASE_URL else {},
 }
 
 REPORT_STEP_SECONDS = float(os.environ.get("WEFTSITE_STEP_SECONDS", "0.5"))
