@@ -166,3 +166,12 @@ def epochs(storage: Storage) -> dict[str, int]:
         assert epoch is not None, f"undecodable epoch under {key!r}"
         found[keys.decode_key_component(key[len(prefix) :])] = epoch
     return found
+
+
+def tokens(storage: Storage) -> dict[str, bytes]:
+    """``{workflow id: fencing token}``: the exact bytes of every epoch key (read in one scan)."""
+    prefix = keys.workflow_owner_epoch("")
+    return {
+        keys.decode_key_component(key[len(prefix) :]): bytes(value)
+        for key, value in storage.scan(prefix)
+    }

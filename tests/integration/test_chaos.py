@@ -1,6 +1,7 @@
 """Chaos: six workers drive 500 workflows while the test keeps killing and pausing them.
 
-Each worker (see :mod:`tests.integration.chaos_worker`) is a spawned interpreter with its own
+Each worker (see :mod:`tests.integration.chaos_worker`; the fleet and the chaos are in
+:mod:`tests.integration.chaos_fleet`) is a spawned interpreter with its own
 ``Ownership`` (TTL 900 ms, renew interval 300 ms, wall clock, background maintenance). Workers
 start workflows from one shared id list, drive each through fenced steps and complete it; a
 workflow stranded by a dead or stalled worker is reclaimed by another one, whose
@@ -9,49 +10,37 @@ workflow stranded by a dead or stalled worker is reclaimed by another one, whose
 While the workers run, the test SIGKILLs a random one every half second and restarts it (a fresh
 process and engine), and now and then freezes one with SIGSTOP until the claims it held have been
 taken over, then lets it run on: it wakes deposed, the way a process stalled by GC or swap does,
-and its journal records that its next writes, and a replay under its stale epoch, were refused.
+and its journal records that its next writes, and a replay naming its stale token, were refused.
 Then the killing stops, every workflow must reach ``completed``, and the store's own data must
 show that the epoch fence let no write through under a superseded epoch.
 """
 
 from __future__ import annotations
 
-import os
 import random
-import signal
-import time
 from collections import Counter, defaultdict
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from multiprocessing.process import BaseProcess
 from pathlib import Path
 
 import pytest
 
+from tests.integration.chaos_fleet import (
+    Chaos,
+    ChaosSettings,
+    Fleet,
+    FleetSettings,
+    open_fleet,
+    wait_all_completed,
+)
 from tests.integration.chaos_worker import (
-    ChaosConfig,
     StepEntry,
     counter_key,
     decode_counter,
     decode_step_entry,
-    run_worker,
     step_prefix,
 )
-from tests.integration.procs import (
-    EXIT_TIMEOUT_S,
-    Event,
-    epochs,
-    holders,
-    journal_errors,
-    journal_has,
-    read_journal,
-    sigkill,
-    spawn,
-    stop_all,
-    wait_ready,
-)
-from weft_sync import keys
+from tests.integration.procs import epochs
 from weft_sync.codec import WorkflowRecord
 from weft_sync.storage import Storage
 from weft_sync.workflows import WorkflowOutcome, Workflows
@@ -79,155 +68,30 @@ WORKER_MAX_S = 170.0
 POLL_S = 0.05
 JOURNAL_POLL_S = 0.5
 
+FLEET = FleetSettings(
+    workers=WORKERS,
+    steps=STEPS,
+    step_work_s=STEP_WORK_S,
+    claim_ttl_ms=TTL_MS,
+    claim_renew_interval_ms=RENEW_MS,
+    worker_max_s=WORKER_MAX_S,
+    ready_timeout_s=READY_TIMEOUT_S,
+    poll_s=POLL_S,
+)
+CHAOS = ChaosSettings(
+    kill_every_s=KILL_EVERY_S,
+    first_pause_s=FIRST_PAUSE_S,
+    pause_every_s=PAUSE_EVERY_S,
+    pause_max_s=PAUSE_MAX_S,
+    resume_grace_s=RESUME_GRACE_S,
+    journal_poll_s=JOURNAL_POLL_S,
+    poll_s=POLL_S,
+)
+
 pytestmark = [pytest.mark.slow, pytest.mark.soak, pytest.mark.timeout(180)]
 
 
-# -- the fleet of worker processes -----------------------------------------------------------
-
-
-@dataclass
-class _Incarnation:
-    """One worker process: a slot's n-th start."""
-
-    slot: int
-    number: int
-    config: ChaosConfig
-    process: BaseProcess
-    ready: bool = False
-    killed: bool = False
-
-    @property
-    def name(self) -> str:
-        return self.config.engine_id
-
-    def journal(self) -> list[Event]:
-        return read_journal(self.config.journal_path)
-
-    def errors(self) -> list[str]:
-        return journal_errors(self.config.journal_path)
-
-
-@dataclass
-class _Fleet:
-    """The worker slots, each running its current incarnation."""
-
-    storage_url: str
-    tmp_path: Path
-    ids_path: Path
-    current: list[_Incarnation] = field(default_factory=list)
-    every: list[_Incarnation] = field(default_factory=list)
-    kills: int = 0
-
-    @property
-    def go_path(self) -> Path:
-        return self.tmp_path / "go"
-
-    @property
-    def stop_path(self) -> Path:
-        return self.tmp_path / "stop"
-
-    def spawn(self, slot: int) -> _Incarnation:
-        number = sum(1 for inc in self.every if inc.slot == slot)
-        name = f"w{slot}.{number}"
-        config = ChaosConfig(
-            storage_url=self.storage_url,
-            engine_id=name,
-            ids_path=str(self.ids_path),
-            journal_path=str(self.tmp_path / f"{name}.jsonl"),
-            log_path=str(self.tmp_path / f"{name}.log"),
-            go_path=str(self.go_path),
-            stop_path=str(self.stop_path),
-            steps=STEPS,
-            step_work_s=STEP_WORK_S,
-            claim_ttl_ms=TTL_MS,
-            claim_renew_interval_ms=RENEW_MS,
-            seed=1_000 * slot + number,
-            max_duration_s=WORKER_MAX_S,
-        )
-        incarnation = _Incarnation(slot, number, config, spawn(run_worker, config, name))
-        self.every.append(incarnation)
-        if slot < len(self.current):
-            self.current[slot] = incarnation
-        else:
-            self.current.append(incarnation)
-        return incarnation
-
-    def is_ready(self, incarnation: _Incarnation) -> bool:
-        if not incarnation.ready:
-            incarnation.ready = journal_has(incarnation.config.journal_path, "ready")
-        return incarnation.ready
-
-    def check_alive(self) -> None:
-        """Fail when a worker the test did not kill has ended."""
-        for incarnation in self.current:
-            code = incarnation.process.exitcode
-            if code is not None and not incarnation.killed:
-                errors = incarnation.errors()
-                pytest.fail(
-                    f"worker {incarnation.name} exited with {code} while the test ran"
-                    + (f":\n{errors[0]}" if errors else "")
-                )
-
-    def kill_and_restart(self, incarnation: _Incarnation) -> None:
-        incarnation.killed = True
-        sigkill(incarnation.process, incarnation.name)
-        self.kills += 1
-        self.spawn(incarnation.slot)
-
-    def wait_ready(self) -> None:
-        deadline = time.monotonic() + READY_TIMEOUT_S
-        for incarnation in self.current:
-            path = incarnation.config.journal_path
-            wait_ready(incarnation.name, path, deadline, POLL_S, self.check_alive)
-            incarnation.ready = True
-
-    def stop(self) -> None:
-        """Give the stop signal; every current worker must close its engine and exit 0."""
-        self.stop_path.touch()
-        for incarnation in self.current:
-            incarnation.process.join(EXIT_TIMEOUT_S)
-            errors = incarnation.errors()
-            assert not errors, f"{incarnation.name} failed:\n{errors[0]}"
-            assert incarnation.process.exitcode == 0, (
-                f"{incarnation.name} exited with {incarnation.process.exitcode}"
-            )
-
-    def teardown(self) -> None:
-        """Let frozen workers run, stop everyone, kill whoever does not end in time."""
-        stop_all((incarnation.process for incarnation in self.current), self.stop_path)
-
-    def events(self) -> list[tuple[_Incarnation, list[Event]]]:
-        return [(incarnation, incarnation.journal()) for incarnation in self.every]
-
-    def fence_refused_at_store(self) -> bool:
-        return any(
-            e["ev"] == "stale" and e["via"] == "store" and e["outcome"] == "refused"
-            for _, events in self.events()
-            for e in events
-        )
-
-
-@contextmanager
-def _fleet(storage_url: str, tmp_path: Path, ids: list[str]) -> Iterator[_Fleet]:
-    """Spawn the first incarnation of every slot; give the go once all of them are ready."""
-    ids_path = tmp_path / "ids.txt"
-    ids_path.write_text("\n".join(ids) + "\n", encoding="utf-8")
-    fleet = _Fleet(storage_url, tmp_path, ids_path)
-    try:
-        for slot in range(WORKERS):
-            fleet.spawn(slot)
-        fleet.wait_ready()
-        fleet.go_path.touch()
-        yield fleet
-    finally:
-        fleet.teardown()
-
-
 # -- reading the store -----------------------------------------------------------------------
-
-
-def _completed_count(storage: Storage) -> int:
-    return len(storage.scan(keys.workflow_status_index("completed", "")))
 
 
 @dataclass(frozen=True)
@@ -260,130 +124,6 @@ def _read_store(storage: Storage, ids: list[str]) -> dict[str, _Stored]:
     return stored
 
 
-def _describe_unfinished(storage: Storage, ids: list[str]) -> str:
-    ledger = Workflows(storage)
-    holder_of = holders(storage)
-    lines = []
-    for wid in ids:
-        record = ledger.get(wid)
-        if record is None or record.status != "completed":
-            lines.append(
-                f"{wid}: status {None if record is None else record.status}, holder "
-                f"{holder_of.get(wid)}, steps {decode_counter(storage.get(counter_key(wid)))}"
-            )
-    return "\n".join(lines[:20]) + (f"\n... {len(lines)} in all" if len(lines) > 20 else "")
-
-
-# -- the chaos -------------------------------------------------------------------------------
-
-
-@dataclass
-class _Pause:
-    incarnation: _Incarnation
-    held: dict[str, int]
-    """``{workflow id: epoch}`` the frozen worker held when it was frozen."""
-    since: float
-
-
-@dataclass
-class _Chaos:
-    """Kills a worker every ``KILL_EVERY_S`` and freezes one every ``PAUSE_EVERY_S``."""
-
-    fleet: _Fleet
-    storage: Storage
-    rng: random.Random
-    pause: _Pause | None = None
-    pauses_deposed: int = 0
-    grace: dict[int, float] = field(default_factory=dict)
-
-    def run(self) -> None:
-        """Kill and freeze workers for ``CHAOS_MIN_S`` and until the store refused a stale write.
-
-        Never longer than ``CHAOS_MAX_S`` (plus the end of a pause in progress).
-        """
-        start = time.monotonic()
-        next_kill = start + KILL_EVERY_S
-        next_pause = start + FIRST_PAUSE_S
-        next_journal_check = start + CHAOS_MIN_S
-        while True:
-            now = time.monotonic()
-            self.fleet.check_alive()
-            if self.pause is not None:
-                self._maybe_resume(now)
-            if self.pause is None and now >= next_journal_check:
-                if now - start >= CHAOS_MAX_S or self.fleet.fence_refused_at_store():
-                    return
-                next_journal_check = now + JOURNAL_POLL_S
-            if now >= next_kill:
-                self._kill_one(now)
-                next_kill = now + KILL_EVERY_S * self.rng.uniform(0.8, 1.2)
-            if self.pause is None and now >= next_pause:
-                frozen = self._freeze_one(now)
-                next_pause = now + (PAUSE_EVERY_S if frozen else POLL_S * 4)
-            time.sleep(POLL_S)
-
-    def _eligible(self, now: float) -> list[_Incarnation]:
-        paused = None if self.pause is None else self.pause.incarnation
-        return [
-            inc
-            for inc in self.fleet.current
-            if inc is not paused
-            and self.grace.get(inc.slot, 0.0) <= now
-            and inc.process.exitcode is None
-            and self.fleet.is_ready(inc)
-        ]
-
-    def _kill_one(self, now: float) -> None:
-        candidates = self._eligible(now)
-        if candidates:
-            self.fleet.kill_and_restart(self.rng.choice(candidates))
-
-    def _freeze_one(self, now: float) -> bool:
-        holding = {engine for engine, _ in holders(self.storage).values()}
-        candidates = [inc for inc in self._eligible(now) if inc.name in holding]
-        if not candidates:
-            return False
-        victim = self.rng.choice(candidates)
-        pid = victim.process.pid
-        assert pid is not None
-        os.kill(pid, signal.SIGSTOP)
-        held = {
-            wid: epoch
-            for wid, (engine, epoch) in holders(self.storage).items()
-            if engine == victim.name
-        }
-        if not held:
-            os.kill(pid, signal.SIGCONT)
-            return False
-        self.pause = _Pause(victim, held, now)
-        return True
-
-    def _maybe_resume(self, now: float) -> None:
-        assert self.pause is not None
-        epoch_of = epochs(self.storage)
-        moved = all(epoch_of[wid] > epoch for wid, epoch in self.pause.held.items())
-        if not moved and now - self.pause.since < PAUSE_MAX_S:
-            return
-        incarnation = self.pause.incarnation
-        assert incarnation.process.pid is not None
-        os.kill(incarnation.process.pid, signal.SIGCONT)
-        self.pauses_deposed += int(moved)
-        self.grace[incarnation.slot] = now + RESUME_GRACE_S
-        self.pause = None
-
-
-def _wait_all_completed(fleet: _Fleet, storage: Storage, ids: list[str]) -> None:
-    deadline = time.monotonic() + COMPLETE_TIMEOUT_S
-    while _completed_count(storage) < len(ids):
-        fleet.check_alive()
-        if time.monotonic() > deadline:
-            pytest.fail(
-                f"not every workflow completed within {COMPLETE_TIMEOUT_S} s after the chaos:\n"
-                + _describe_unfinished(storage, ids)
-            )
-        time.sleep(POLL_S * 4)
-
-
 # -- reading the journals --------------------------------------------------------------------
 
 StepId = tuple[str, int]
@@ -406,7 +146,7 @@ class _Journals:
     counts: Counter[str] = field(default_factory=Counter)
 
 
-def _fold_journals(fleet: _Fleet) -> _Journals:
+def _fold_journals(fleet: Fleet) -> _Journals:
     folded = _Journals()
     for incarnation, events in fleet.events():
         engine = incarnation.name
@@ -513,7 +253,7 @@ def _assert_each_step_written_once(stored: dict[str, _Stored], journals: _Journa
             assert landed in candidates, f"step {step} of {wid} holds a write nobody intended"
 
 
-def _assert_exercised(chaos: _Chaos, stored: dict[str, _Stored], journals: _Journals) -> None:
+def _assert_exercised(chaos: Chaos, stored: dict[str, _Stored], journals: _Journals) -> None:
     """The run did what it claims: kills, takeovers, stale writes refused by the store."""
     assert chaos.fleet.kills >= 1, "no worker was killed"
     taken_over = [
@@ -532,7 +272,7 @@ def _assert_exercised(chaos: _Chaos, stored: dict[str, _Stored], journals: _Jour
     assert journals.counts["error"] == 0
 
 
-def _assert_clean_stops(fleet: _Fleet) -> None:
+def _assert_clean_stops(fleet: Fleet) -> None:
     for incarnation in fleet.current:
         summaries = [e for e in incarnation.journal() if e["ev"] == "summary"]
         assert len(summaries) == 1, f"{incarnation.name} wrote no summary"
@@ -545,10 +285,10 @@ def test_killed_and_paused_workers_complete_every_workflow_without_a_stale_write
     store = open_store()
     ids = [f"chaos-{n:03d}" for n in range(WORKFLOWS)]
 
-    with _fleet(storage_url, tmp_path, ids) as fleet:
-        chaos = _Chaos(fleet, store, random.Random(4242))
-        chaos.run()
-        _wait_all_completed(fleet, store, ids)
+    with open_fleet(storage_url, tmp_path, ids, FLEET) as fleet:
+        chaos = Chaos(fleet, store, random.Random(4242), CHAOS)
+        chaos.run(CHAOS_MIN_S, CHAOS_MAX_S, fleet.fence_refused_at_store)
+        wait_all_completed(fleet, store, ids, COMPLETE_TIMEOUT_S)
         fleet.stop()
 
     stored = _read_store(store, ids)
