@@ -269,7 +269,13 @@ def _assert_completed_exactly_once(
         assert outcome is not None and outcome.result["pages"] == PAGES, (job, outcome)
         history = _history(ledger, job)
         # Every page exactly once, in order, and never written at an older epoch than the last.
-        assert [page for page, _, _ in history] == list(range(1, PAGES + 1)), (job, history)
+        job_events = [e for e in events if e["job"] == job]
+        assert [page for page, _, _ in history] == list(range(1, PAGES + 1)), (
+            job,
+            history,
+            outcome.result,
+            job_events,
+        )
         epochs = [epoch for _, _, epoch in history]
         assert epochs == sorted(epochs), (job, history)
         assert outcome.result["epoch"] >= epochs[-1], (job, outcome, history)

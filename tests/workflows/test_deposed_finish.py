@@ -3,7 +3,10 @@
 Once another engine took the workflow over, the old owner's finish is the write of an engine
 that lost its claim: :class:`~weft_sync.errors.EngineDeposedError`, also when the new owner has
 already finished the workflow (its status is no longer ``running``). A host tells "I lost it"
-from "I called it twice" by that type.
+from "I called it twice" by that type. A store restored from a copy (every key back to the
+copy's value, keys written since gone) makes a finish fail the same way, with cause
+``store_rollback``, and each lost claim is reported once: the finish drops it, so its renewal
+does not report it again.
 """
 
 from __future__ import annotations
@@ -12,11 +15,13 @@ from collections.abc import Iterator
 
 import pytest
 
+from tests.claims.gated import WarningSink
 from tests.engines import MakeOwnership, opened_engines
+from weft_sync import keys
 from weft_sync.clock import ManualClock
-from weft_sync.errors import EngineDeposedError
+from weft_sync.errors import EngineDeposedError, WorkflowClaimLostWarning
 from weft_sync.options import OwnershipOptions
-from weft_sync.storage import Storage
+from weft_sync.storage import Delete, Put, Storage
 
 TTL_MS = 3_000
 RENEW_MS = 1_000
@@ -73,3 +78,61 @@ def test_a_deposed_owners_finish_is_refused_as_deposed_after_the_new_owner_finis
         "completed",
         "by the new owner",
     )
+
+
+def _copy(storage: Storage) -> dict[str, bytes]:
+    return dict(storage.scan(""))
+
+
+def _restore(storage: Storage, copy: dict[str, bytes]) -> None:
+    """Put the store back to ``copy``, as an in-place restore of a backup does."""
+    gone = [Delete(key) for key, _ in storage.scan("") if key not in copy]
+    storage.batch([*gone, *(Put(key, value) for key, value in copy.items())])
+
+
+def _losses(sink: WarningSink) -> list[tuple[str, str]]:
+    return [
+        (w.workflow_id, w.cause) for w in sink.received if isinstance(w, WorkflowClaimLostWarning)
+    ]
+
+
+def test_a_finish_after_a_restore_brought_back_an_older_holder_fails_as_a_rollback_once(
+    make_ownership: MakeOwnership, storage: Storage, clock: ManualClock
+) -> None:
+    sink = WarningSink()
+    owner = make_ownership("engine-a", warn=sink)
+    owner.workflows.start("wf-1", "job")
+    copy = _copy(storage)  # the holder as first written
+    clock.advance(RENEW_MS)
+    owner.run_maintenance()  # renewed: a newer holder of the same token
+    assert (
+        storage.get(keys.workflow_owner_holder("wf-1")) != copy[keys.workflow_owner_holder("wf-1")]
+    )
+    _restore(storage, copy)
+    with pytest.raises(EngineDeposedError) as raised:
+        owner.workflows.complete("wf-1", result="late")
+    assert raised.value.cause == "store_rollback"
+    assert owner.registry.current_epoch("wf-1") is None
+    owner.run_maintenance()  # the renewal has nothing left to report
+    assert _losses(sink) == [("wf-1", "store_rollback")]
+    assert owner.workflows.get("wf-1").status == "running"  # type: ignore[union-attr]
+
+
+def test_a_finish_after_a_restore_from_before_the_start_fails_as_a_rollback_once_per_claim(
+    make_ownership: MakeOwnership, storage: Storage, clock: ManualClock
+) -> None:
+    sink = WarningSink()
+    owner = make_ownership("engine-a", warn=sink)
+    owner.workflows.start("wf-0", "job")
+    copy = _copy(storage)
+    owner.workflows.start("wf-1", "job")
+    _restore(storage, copy)  # wf-1's record, epoch and holder are gone
+    assert owner.workflows.get("wf-1") is None
+    with pytest.raises(EngineDeposedError) as raised:  # not WorkflowNotFoundError
+        owner.workflows.complete("wf-1", result="late")
+    assert raised.value.cause == "store_rollback"
+    # The store went back: every claim of the engine is lost, each reported once.
+    assert owner.registry.list_held_workflow_ids() == []
+    clock.advance(RENEW_MS)
+    owner.run_maintenance()
+    assert sorted(_losses(sink)) == [("wf-0", "store_rollback"), ("wf-1", "store_rollback")]

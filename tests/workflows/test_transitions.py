@@ -20,7 +20,6 @@ from weft_sync.clock import ManualClock
 from weft_sync.errors import (
     EngineDeposedError,
     StorageError,
-    WorkflowClaimLostWarning,
     WorkflowClaimUnavailableError,
     WorkflowWakeDiscardedWarning,
 )
@@ -358,7 +357,14 @@ def test_resume_releases_the_claim_if_the_workflow_finished_meanwhile(
     assert stored_epoch(store, WF) == 4
 
 
-def test_claim_lost_warning_type(sink: WarningSink, ledger: Workflows) -> None:
-    with pytest.raises(EngineDeposedError):
+def test_a_finish_of_a_claim_never_held_warns_of_no_loss(
+    sink: WarningSink, ledger: Workflows
+) -> None:
+    """As a fenced write does: a claim this engine does not hold is refused (``not_held``), and
+    no claim-lost warning is given for it (a loss is reported when it happens, once)."""
+    with pytest.raises(EngineDeposedError) as raised:
         ledger.complete(WF)
-    assert [type(w) for w in sink.received] == [WorkflowClaimLostWarning]
+    assert raised.value.cause == "not_held"
+    with pytest.raises(EngineDeposedError):
+        ledger.save_checkpoint(WF, b"x")
+    assert sink.received == []

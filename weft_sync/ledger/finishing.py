@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from typing import Any, Final, Protocol
+from typing import Any, Final, NoReturn, Protocol
 
 from .. import keys
 from ..claims.registry import ReleasePreparation
@@ -95,7 +95,8 @@ class SelfTransitions:
         registry = self._fence.registry()
         held_epoch = registry.current_epoch(wid)
         if held_epoch is None:
-            self._fence.deposed(wid)
+            # Not held: a loss is reported when it happens (renewal, fence), not again here.
+            self._fence.fence_bytes(wid)
         finished_at = self._clock()
         outcome = pack_payload(
             f"the {operation} outcome of workflow {wid!r}",
@@ -109,7 +110,8 @@ class SelfTransitions:
             wid, expected_epoch=held_epoch, wait=host is None
         )
         if preparation is None:
-            self._fence.deposed(wid)
+            self._fence.fence_bytes(wid)  # lost meanwhile: raises, naming the loss's cause
+            self._fence.deposed(wid)  # held at another epoch now: refused as deposed
         if host is not None:
             return self._finish_in_host(
                 host, wid, preparation, status, operation, finished_at, outcome
@@ -150,7 +152,12 @@ class SelfTransitions:
                     or holder.engine_id != registry.engine_id
                     or holder.epoch != preparation.epoch
                 ):
-                    self._fence.deposed(wid)
+                    self._lost(
+                        wid,
+                        preparation,
+                        host.get(keys.workflow_owner_epoch(wid)),
+                        host.get(holder_key),
+                    )
             raw = host.get(keys.workflow(wid))
             if raw is None:
                 raise WorkflowNotFoundError(wid)
@@ -194,6 +201,9 @@ class SelfTransitions:
         for _ in range(SELF_MAX_ATTEMPTS):
             found = read_record(self._storage, wid)
             if found is None:
+                # Deposed comes first here too: a record gone with the claim (a store restored
+                # from before the workflow started) is a claim this engine lost.
+                self._check_still_owner(wid, preparation)
                 raise WorkflowNotFoundError(wid)
             raw, record = found
             if record.status != "running":
@@ -256,4 +266,21 @@ class SelfTransitions:
             # Unable to prove the claim still holds: fail closed.
             self._fence.deposed(wid, exc)
         if epoch != preparation.epoch_bytes or holder != preparation.holder_bytes:
-            self._fence.deposed(wid)
+            self._lost(wid, preparation, epoch, holder)
+
+    def _lost(
+        self,
+        wid: str,
+        preparation: ReleasePreparation,
+        observed_token: bytes | None,
+        observed_holder: bytes | None,
+    ) -> NoReturn:
+        """The claim is proven not this engine's: drop it from the registry (so its renewal
+        does not report it a second time; a store that went back in time loses every claim,
+        cause ``store_rollback``) and raise ``EngineDeposedError`` naming the cause."""
+        registry = self._fence.registry()
+        report = registry.lose_deposed(
+            wid, preparation.epoch_bytes, observed_token, observed_holder
+        )
+        why = "deposed" if report else (registry.loss_cause(wid) or "deposed")
+        self._fence.deposed(wid, why=why, report=report)
