@@ -115,6 +115,9 @@ def test_an_engine_under_a_row_lock_attack_keeps_every_other_claim(
     ) as victim:
         for i in range(20):
             victim.workflows.start(f"wf-{i}", "report")
+        # Driven by this thread: a slow pass (a loaded machine) must not release them as claims
+        # nobody drove; this test is about renewal under a row lock.
+        adopt_claims(victim)
         with _row_locked(postgres_base_url, table, workflow_owner_holder("wf-7")):
             result = victim.run_maintenance()
         assert (result.renewed_count, result.failed_count) == (19, 1)
