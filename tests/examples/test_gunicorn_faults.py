@@ -114,6 +114,11 @@ _GLITCH_ERROR = re.compile(
     r"|psycopg\.errors\.(?:LockNotAvailable|QueryCanceled): "
 )
 
+# A write that waited out a row lock (lock_timeout) or SQLite's write lock (busy timeout).
+_LOCK_TIMED_OUT = re.compile(
+    r"weft_sync\.errors\.StorageError: .*(?:due to lock timeout|database is locked)"
+)
+
 
 @dataclass(frozen=True, slots=True)
 class Event:
@@ -646,7 +651,14 @@ def test_gthread_workers_strand_no_job_through_a_killed_and_a_paused_worker(
         refused = example.assert_stale_writes_refused(
             ledger, accepted, stopped, (paused_at, continued_at), log
         )
-        unexpected = example.tracebacks(log, ledger, stopped)
+        # A write that meets a row the paused worker still locks (its fenced host transaction
+        # was open when it stopped) fails on the lock timeout, which the library reports and
+        # recovers from (the claim released, or left to expire): not unexpected here.
+        unexpected = [
+            line
+            for line in example.tracebacks(log, ledger, stopped)
+            if not _LOCK_TIMED_OUT.search(line)
+        ]
         processes = [server.master_pid, *server.worker_pids()]
     seconds = time.monotonic() - began
 
