@@ -114,9 +114,13 @@ _GLITCH_ERROR = re.compile(
     r"|psycopg\.errors\.(?:LockNotAvailable|QueryCanceled): "
 )
 
-# A write that waited out a row lock (lock_timeout) or SQLite's write lock (busy timeout).
+# What the paused worker's writes meet, and recover from: a row it still locked in a fenced host
+# transaction when it stopped (lock_timeout), SQLite's write lock (busy timeout), or, once it
+# wakes, its own sessions the server ended while it was stopped inside a transaction
+# (idle_in_transaction_session_timeout).
 _LOCK_TIMED_OUT = re.compile(
     r"weft_sync\.errors\.StorageError: .*(?:due to lock timeout|database is locked)"
+    r"|OperationalError: consuming input failed: server closed the connection unexpectedly"
 )
 
 
