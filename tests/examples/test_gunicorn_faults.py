@@ -1,4 +1,4 @@
-"""Real faults under gunicorn: a store glitch, two kills 2 s apart, gthread workers.
+"""Real faults under gunicorn: a store glitch, and two kills 2 s apart.
 
 Both web examples (``examples/flask_app`` and ``examples/django_project``) run under a real
 gunicorn with four workers, on SQLite and PostgreSQL (claim TTL 1500 ms, renewal every 500 ms).
@@ -18,9 +18,6 @@ once a claim has changed hands. Each test lets a real fault happen while the job
   resumed by a live worker's handler within :data:`RESUME_TARGET_S` of its kill (from the kill
   to the job's ``resumed`` event, both on this host's wall clock; when the store showed each
   job taken over is printed alongside), and every job completes exactly once.
-- **gthread workers** (``--worker-class gthread --threads 4``): the kill and pause of
-  ``test_flask_gunicorn`` and ``test_django_gunicorn`` with :data:`GTHREAD_JOBS` jobs. None is
-  stranded, none completed twice, and the paused worker's late writes are refused.
 
 Who holds what comes from the store; what the workers did comes from the examples' event logs
 (Flask's ``events-<pid>.jsonl``, Django's ``ReportEvent`` rows, both stamped with the wall
@@ -55,7 +52,6 @@ from tests.examples.gunicorn_harness import STARTUP_S, GunicornServer, alive, ru
 from tests.examples.job_checks import (
     TAKEOVER_WAIT_S,
     wait_until_finished,
-    wait_until_taken_over,
 )
 
 # The Django example's database fixture, requested by name from the ``example`` fixture.
@@ -89,8 +85,6 @@ KILL_GAP_S: Final = 2.0
 RESUME_TARGET_S: Final = 1.0
 """The issue's target: the second killed worker's jobs are resumed this soon after its kill."""
 
-GTHREAD_JOBS: Final = 150
-GTHREAD_ARGS: Final = ("--worker-class", "gthread", "--threads", "4")
 POLL_S: Final = 0.02
 
 pytestmark = [
@@ -112,15 +106,6 @@ _STORAGE_ERRORS: Final = frozenset({"StorageError", "ReadOnlyStorageError"})
 _GLITCH_ERROR = re.compile(
     r"weft_sync\.errors\.StorageError: |sqlite3\.OperationalError: database is locked$"
     r"|psycopg\.errors\.(?:LockNotAvailable|QueryCanceled): "
-)
-
-# What the paused worker's writes meet, and recover from: a row it still locked in a fenced host
-# transaction when it stopped (lock_timeout), SQLite's write lock (busy timeout), or, once it
-# wakes, its own sessions the server ended while it was stopped inside a transaction
-# (idle_in_transaction_session_timeout).
-_LOCK_TIMED_OUT = re.compile(
-    r"weft_sync\.errors\.StorageError: .*(?:due to lock timeout|database is locked)"
-    r"|OperationalError: consuming input failed: server closed the connection unexpectedly"
 )
 
 
@@ -621,61 +606,6 @@ def _spread(seconds: dict[str, float]) -> str:
         return "-"
     values = sorted(seconds.values())
     return f"{values[0]:.2f}..{values[-1]:.2f}s (median {values[len(values) // 2]:.2f}s)"
-
-
-# -- gthread workers -------------------------------------------------------------------------
-
-
-def test_gthread_workers_strand_no_job_through_a_killed_and_a_paused_worker(
-    example: Example, backend: str, tmp_path: Path
-) -> None:
-    began = time.monotonic()
-    with (
-        open_storage(example.store_url) as store,
-        example.serve(tmp_path / "gunicorn.log", step_s=0.2, extra_args=GTHREAD_ARGS) as server,
-    ):
-        ledger = Workflows(store)
-        _open_engines(server, example, store)
-        accepted = example.start_jobs(server, GTHREAD_JOBS, 5)
-        by_pid = Counter(accepted.values())
-        assert len(by_pid) >= 2, f"one worker accepted every job: {by_pid}"
-        (killed, _), (stopped, _) = by_pid.most_common(2)
-
-        stop_attempts = server.stop_outside(stopped, example.busy)
-        paused_at = time.time()
-        server.signal(killed, signal.SIGKILL)
-        wait_until_taken_over(store, accepted, stopped, _live_engines(store)[stopped])
-        continued_at = time.time()
-        server.signal(stopped, signal.SIGCONT)
-
-        stranded = wait_until_finished(ledger, accepted)
-        completed = sum(_status(ledger, job) == "completed" for job in accepted)
-        example.assert_completed_exactly_once(ledger, accepted, {killed})
-        log = server.log()
-        refused = example.assert_stale_writes_refused(
-            ledger, accepted, stopped, (paused_at, continued_at), log
-        )
-        # A write that meets a row the paused worker still locks (its fenced host transaction
-        # was open when it stopped) fails on the lock timeout, which the library reports and
-        # recovers from (the claim released, or left to expire): not unexpected here.
-        unexpected = [
-            line
-            for line in example.tracebacks(log, ledger, stopped)
-            if not _LOCK_TIMED_OUT.search(line)
-        ]
-        processes = [server.master_pid, *server.worker_pids()]
-    seconds = time.monotonic() - began
-
-    print(
-        f"\n[{example.name} gunicorn gthread {backend}] jobs completed {completed} of "
-        f"{len(accepted)} (accepted by pid {dict(by_pid)}), killed pid {killed}, paused pid "
-        f"{stopped} ({stop_attempts} stop(s)) for {continued_at - paused_at:.1f}s, stranded "
-        f"{len(stranded)}, refused stale writes {refused}, run {seconds:.1f}s"
-    )
-    assert stranded == []
-    assert completed == len(accepted)
-    assert unexpected == [], log
-    assert [pid for pid in processes if alive(pid)] == [], "gunicorn left processes behind"
 
 
 # -- shared ----------------------------------------------------------------------------------
