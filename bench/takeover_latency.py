@@ -113,13 +113,19 @@ QUICK_STOP_TIMING = Timing(3_000, 1_000)
 
 
 def _owner_main(url: str, count: int, timing: Timing, ready: Any) -> None:
-    """Start ``count`` running ``job`` workflows, signal ``ready``, idle until killed."""
+    """Start and drive ``count`` running ``job`` workflows, signal ``ready``, idle until killed.
+
+    The main thread drives every workflow (one ``drive()`` block each, left open): a claim
+    held with nobody driving it would be released one renew interval after its start.
+    """
     ownership = Ownership.open(url, options=timing.options(), engine_id="owner")
-    for wid in workflow_ids(count, prefix=JOB):
-        ownership.workflows.start(wid, JOB)
-    ready.set()
-    while True:
-        time.sleep(60)
+    with contextlib.ExitStack() as drives:
+        for wid in workflow_ids(count, prefix=JOB):
+            ownership.workflows.start(wid, JOB)
+            drives.enter_context(ownership.workflows.drive(wid))
+        ready.set()
+        while True:
+            time.sleep(60)
 
 
 def _survivor_main(
