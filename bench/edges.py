@@ -41,7 +41,7 @@ from common import (
     us,
 )
 
-from weft_sync import Ownership, OwnershipOptions
+from weft_sync import Ownership, OwnershipOptions, ReclaimedWorkflow
 from weft_sync.codec import decode_holder
 from weft_sync.errors import StorageError
 from weft_sync.keys import workflow_owner_holder
@@ -96,17 +96,32 @@ def _ownership(url: str, **kwargs: object) -> Iterator[Ownership]:
 
 def row_lock_attack(spec: StoreSpec, hold_s: float) -> list[object]:
     ids = _ids()
-    with _ownership(spec.url) as victim, _ownership(spec.url, on_reclaimed=lambda _w: None) as obs:
-        for wid in ids:
-            victim.workflows.start(wid, "report")
-        with spec.raw_postgres() as foreign, foreign.transaction():
-            foreign.execute(
-                f'SELECT key FROM "{spec.table}" WHERE key = %s FOR UPDATE',
-                [workflow_owner_holder(ids[0])],
-            )
-            time.sleep(hold_s)
-        time.sleep(FAST.claim_ttl_ms / 1000)  # one more TTL for the observer to act
-        holders = _holders(spec, ids)
+    measured = threading.Event()
+
+    def keep(_ctx: ReclaimedWorkflow) -> None:
+        measured.wait()  # the observer's handler drives what it took until the holders are read
+
+    # The victim's drives are entered before the engines open, so they end after the closes
+    # released the claims: none is left unfinished.
+    with (
+        contextlib.ExitStack() as drives,
+        _ownership(spec.url) as victim,
+        _ownership(spec.url, handlers={"report": keep}) as obs,
+    ):
+        try:
+            for wid in ids:
+                victim.workflows.start(wid, "report")
+                drives.enter_context(victim.workflows.drive(wid))
+            with spec.raw_postgres() as foreign, foreign.transaction():
+                foreign.execute(
+                    f'SELECT key FROM "{spec.table}" WHERE key = %s FOR UPDATE',
+                    [workflow_owner_holder(ids[0])],
+                )
+                time.sleep(hold_s)
+            time.sleep(FAST.claim_ttl_ms / 1000)  # one more TTL for the observer to act
+            holders = _holders(spec, ids)
+        finally:
+            measured.set()
         kept = sum(1 for h in holders if h is not None and h[0] == victim.engine_id)
         taken = sum(1 for h in holders if h is not None and h[0] == obs.engine_id)
         failures = victim.metrics.snapshot().renewal_failures
@@ -134,10 +149,12 @@ def _table_locked(spec: StoreSpec) -> Iterator[None]:
 
 def close_under_lock(spec: StoreSpec, options: OwnershipOptions) -> list[object]:
     victim = Ownership.open(spec.url, options=options, warn=_quiet)
+    drives = contextlib.ExitStack()  # closed after the victim: its drives end with no claim left
     ids = _ids(10)
     try:
         for wid in ids:
             victim.workflows.start(wid, "report")
+            drives.enter_context(victim.workflows.drive(wid))
         with _table_locked(spec):
             started = time.monotonic()
             try:
@@ -152,6 +169,7 @@ def close_under_lock(spec: StoreSpec, options: OwnershipOptions) -> list[object]
             closed_after = time.monotonic() - started
     finally:
         victim.close()
+        drives.close()
     left = sum(1 for h in _holders(spec, held) if h is not None and h[0] == victim.engine_id)
     label = f"{spec.backend}, renew {options.claim_renew_interval_ms} ms"
     return [
@@ -173,9 +191,11 @@ def kill_storm(spec: StoreSpec, storm_s: float) -> list[object]:
     ids = _ids()
     lost: list[Warning] = []
     victim = Ownership.open(url, options=FAST, warn=lost.append)
+    drives = contextlib.ExitStack()  # closed after the victim: its drives end with no claim left
     try:
         for wid in ids:
             victim.workflows.start(wid, "report")
+            drives.enter_context(victim.workflows.drive(wid))
         killed = 0
         end = time.monotonic() + storm_s
         with spec.raw_postgres() as admin:
@@ -204,6 +224,7 @@ def kill_storm(spec: StoreSpec, storm_s: float) -> list[object]:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             victim.close(timeout=5)
+        drives.close()
     return [
         f"{storm_s:.0f} s",
         killed,
@@ -241,9 +262,11 @@ def sqlite_file_fault(spec: StoreSpec, fault: str) -> list[object]:
                     accepted_after += 1
             n += 1
 
+    drives = contextlib.ExitStack()  # closed after the victim: its drives end with no claim left
     try:
         for wid in ids:
             victim.workflows.start(wid, "report")
+            drives.enter_context(victim.workflows.drive(wid))
         thread = threading.Thread(target=writer, name="bench-writer")
         thread.start()
         time.sleep(0.5)
@@ -263,6 +286,7 @@ def sqlite_file_fault(spec: StoreSpec, fault: str) -> list[object]:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             victim.close(timeout=5)
+        drives.close()
     return [fault, refused_after, accepted_after, "0"]
 
 
