@@ -43,7 +43,7 @@ from common import (
 
 from weft_sync import Ownership, OwnershipOptions, ReclaimedWorkflow
 from weft_sync.codec import decode_holder
-from weft_sync.errors import StorageError
+from weft_sync.errors import EngineDeposedError, StorageError
 from weft_sync.keys import workflow_owner_holder
 from weft_sync.storage import Put
 
@@ -253,7 +253,7 @@ def sqlite_file_fault(spec: StoreSpec, fault: str) -> list[object]:
             after = faulted.is_set()
             try:
                 victim.workflows.save_checkpoint(ids[n % len(ids)], b"step-%d" % n)
-            except StorageError:
+            except (StorageError, EngineDeposedError):  # deposed: the fault lost the claims
                 if after:
                     refused_after += 1
                 stop.wait(0.005)
