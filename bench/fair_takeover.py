@@ -1,9 +1,10 @@
 """Fair takeover: how a dead engine's workflows are shared among survivor processes.
 
 An owner process starts N running workflows (300; ``--quick``: 150) of type ``job`` with
-interval renewal. Three survivor processes each open an ``Ownership`` with a handler for
-``job`` (it writes a fenced checkpoint and keeps the workflow, as a long-running job would) and
-hold a few workflows of their own (5 each). Once every process runs, the owner gets SIGKILL; the
+interval renewal and drives them (a ``drive()`` block each). Three survivor processes each open
+an ``Ownership`` with a handler for ``job`` (it writes a fenced checkpoint and hands the workflow
+to the survivor's main thread, which keeps driving it, as a long-running job would) and hold and
+drive a few workflows of their own (5 each). Once every process runs, the owner gets SIGKILL; the
 table gives, per run, how many of the N workflows each survivor's handler drove, its share, the
 time from the kill to the last takeover, and whether every workflow was driven exactly once.
 Target: each survivor between 20 % and 50 %.
@@ -21,6 +22,7 @@ Short settings: TTL 1,500 ms, renew interval 500 ms.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
 import multiprocessing
 import os
@@ -44,6 +46,7 @@ from bench.common import (
     selected_backends,
 )
 from weft_sync import Ownership, OwnershipOptions, ReclaimedWorkflow
+from weft_sync.errors import WorkflowClaimUnavailableError
 
 TTL_MS = 1_500
 RENEW_MS = 500
@@ -56,19 +59,46 @@ START_S = 120.0
 
 
 def _owner_main(url: str, count: int, ready: Any) -> None:
-    """Start ``count`` running ``job`` workflows, renew them, signal ``ready``, idle till killed."""
+    """Start and drive ``count`` running ``job`` workflows, signal ``ready``, idle till killed.
+
+    The main thread drives every workflow (one ``drive()`` block each, left open): a claim
+    held with nobody driving it would be released one renew interval after its start.
+    """
     ownership = Ownership.open(url, options=OPTIONS, engine_id="owner")
-    for n in range(count):
-        ownership.workflows.start(f"job-{n:04d}", "job")
-    ready.set()
-    while True:
-        time.sleep(60)
+    with contextlib.ExitStack() as drives:
+        for n in range(count):
+            wid = f"job-{n:04d}"
+            ownership.workflows.start(wid, "job")
+            drives.enter_context(ownership.workflows.drive(wid))
+        ready.set()
+        while True:
+            time.sleep(60)
+
+
+def _drive(ownership: Ownership, drives: contextlib.ExitStack, wid: str) -> bool:
+    """Enter a ``drive()`` block of a claim held here into ``drives``; ``False``: try again.
+
+    A claim no longer held here is dropped (``True``); one its handler still drives, for the
+    moment between its hand-off and its return, is refused and tried again.
+    """
+    if ownership.registry.current_epoch(wid) is None:
+        return True
+    try:
+        drives.enter_context(ownership.workflows.drive(wid))
+    except WorkflowClaimUnavailableError:
+        return False
+    return True
 
 
 def _survivor_main(
     url: str, name: str, own: int, ready: Any, stop: Any, driven: Any, log_dir: str | None
 ) -> None:
-    """Drive reclaimed ``job`` workflows (reporting each on ``driven``) until ``stop`` is set."""
+    """Drive reclaimed ``job`` workflows (reporting each on ``driven``) until ``stop`` is set.
+
+    The handler hands each workflow to the main thread, which drives it from then on (a
+    ``drive()`` block each, as for the survivor's own workflows): a handler that returns without
+    finishing leaves its claim to be released one renew interval later.
+    """
     if log_dir is not None:
         logging.basicConfig(
             filename=str(Path(log_dir) / f"{name}.log"),
@@ -77,15 +107,30 @@ def _survivor_main(
         )
         logging.getLogger("weft_sync.reclaim.target").setLevel(logging.DEBUG)
 
+    handed: queue.Queue[str] = queue.Queue()
+
     def resume(ctx: ReclaimedWorkflow) -> None:
         ctx.workflows.save_checkpoint(ctx.workflow_id, f"resumed by {name}".encode())
         driven.put((name, ctx.workflow_id, time.monotonic()))
+        handed.put(ctx.workflow_id)
 
-    with Ownership.open(url, options=OPTIONS, engine_id=name, handlers={"job": resume}) as own_it:
+    # The drives are entered before the engine opens, so they end after its close released the
+    # claims: none is left unfinished.
+    with (
+        contextlib.ExitStack() as drives,
+        Ownership.open(url, options=OPTIONS, engine_id=name, handlers={"job": resume}) as own_it,
+    ):
         for n in range(own):
-            own_it.workflows.start(f"{name}-own-{n}", "own")
+            wid = f"{name}-own-{n}"
+            own_it.workflows.start(wid, "own")
+            drives.enter_context(own_it.workflows.drive(wid))
         ready.set()
-        stop.wait(START_S + GIVE_UP_S)
+        deadline = time.monotonic() + START_S + GIVE_UP_S
+        pending: list[str] = []
+        while not stop.is_set() and time.monotonic() < deadline:
+            with contextlib.suppress(queue.Empty):
+                pending.append(handed.get(timeout=0.05))
+            pending = [wid for wid in pending if not _drive(own_it, drives, wid)]
 
 
 def one_run(spec: StoreSpec, count: int, own: int, log_dir: str | None) -> dict[str, Any]:
