@@ -218,8 +218,9 @@ class EngineDeposedError(WeftError):
         epoch now), ``"deadline"`` (this engine gave the claim up: no renewal succeeded within
         the local renew deadline), ``"storage"`` (the store failed, so the fence could not be
         confirmed and the write fails closed), ``"store_identity"``, ``"store_rollback"`` (see
-        :class:`WorkflowClaimLostWarning`) or ``"not_held"`` (no claim is held: never claimed
-        or released).
+        :class:`WorkflowClaimLostWarning`), ``"not_held"`` (no claim is held: never claimed
+        or released) or ``"superseded"`` (the write came from a drive whose claim was lost;
+        this engine holds the workflow again, at a later epoch, for another driver).
     """
 
     def __init__(self, workflow_id: str, cause: str = "deposed") -> None:
@@ -244,6 +245,8 @@ _DEPOSED_REASONS = {
     "store_identity": "the store was replaced or deleted under this engine",
     "store_rollback": "the store went back in time and forgot writes made for this claim",
     "not_held": "this engine holds no claim on it (never claimed here, or released)",
+    "superseded": "this drive's claim was lost, and this engine has taken the workflow again at "
+    "a later epoch for another driver: only that drive writes now",
 }
 
 

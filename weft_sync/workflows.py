@@ -142,7 +142,13 @@ class Workflows:
         self._registry: ClaimRegistry | None = None
         self._drivers: DriverTracker | None = None
         self._closed = False
-        self._fence = Fence(storage, self._current_registry, warn or default_warn, fence_observers)
+        self._fence = Fence(
+            storage,
+            self._current_registry,
+            warn or default_warn,
+            fence_observers,
+            drive_epoch=self._drive_epoch,
+        )
         self._signals = SignalBuffer(storage, self._fence, clock)
         self._updates = UpdateQueue(storage, self._fence, clock)
         self._external = ExternalTransitions(
@@ -408,6 +414,17 @@ class Workflows:
         with self._lock:
             return self._drivers
 
+    def _check_drive(self, workflow_id: str) -> None:
+        """Refuse the calling thread's drive of ``workflow_id`` if this engine holds the
+        workflow at another epoch (see :meth:`Fence.check_drive`)."""
+        held = self._fence.registry().current_epoch(workflow_id)
+        if held is not None:
+            self._fence.check_drive(workflow_id, held)
+
+    def _drive_epoch(self, workflow_id: str) -> int | None:
+        drivers = self._current_drivers()
+        return None if drivers is None else drivers.drive_epoch(workflow_id)
+
     def _expect_driver(self, registry: ClaimRegistry, wid: str) -> None:
         drivers = self._current_drivers()
         epoch = registry.current_epoch(wid)
@@ -647,7 +664,12 @@ class DriveContext:
         self._workflows.fail(self._workflow_id, error)
 
     def suspend(self) -> None:
-        """Suspend the workflow (its claim ends; ``resume()`` or ``drive()`` takes it again)."""
+        """Suspend the workflow (its claim ends; ``resume()`` or ``drive()`` takes it again).
+
+        :raises EngineDeposedError: cause ``"superseded"``: this engine holds the workflow at
+            a later epoch than this drive's, for another driver.
+        """
+        self._workflows._check_drive(self._workflow_id)
         self._workflows.suspend(self._workflow_id)
 
     def __repr__(self) -> str:

@@ -327,7 +327,10 @@ class HostFence:
         registry = self._registry
         token = self.epoch_of(workflow_id) if expected is None else expected
         if token is None:
-            why = registry.loss_cause(workflow_id) or "not_held"
+            if registry.current_epoch_bytes(workflow_id) is not None:
+                why = "superseded"  # held, at another epoch than the calling drive's
+            else:
+                why = registry.loss_cause(workflow_id) or "not_held"
             _log.info(
                 "a fenced host transaction for workflow %r was refused: this engine holds no "
                 "claim on it (%s); nothing was written",

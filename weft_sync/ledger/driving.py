@@ -25,6 +25,14 @@ again, after a backoff of ``(attempts - 1)`` renew intervals on this engine. At
 included): a workflow that no driver can finish is not redriven for ever. Attempts are counted
 per engine, in memory: another engine starts its own count.
 
+A drive writes at its own epoch: a fenced write, finish or host transaction made on a thread
+inside a drive of a workflow (:meth:`DriverTracker.drive_epoch`) is refused
+(``EngineDeposedError``, cause ``"superseded"``) once this engine holds the workflow at another
+epoch. That happens when this engine lost the claim (its renewals failed past the local deadline)
+while the drive went on, and then took the workflow again, by its reclaim pass, for a new driver:
+without this, the old drive and the new one would both pass the fence, and the old one could
+overwrite the new one's checkpoint.
+
 Claims not taken through the ledger (``Ownership.claim()`` blocks, which their ``with`` block's
 thread drives, and direct ``ClaimRegistry`` use) are not tracked.
 
@@ -34,7 +42,8 @@ record (read by ``weft-sync claims`` and ``show``): the claims awaiting a driver
 grace, and those without one — past the grace or with a driver thread that ended (the check
 after the same pass releases them), or given back by a release that failed (the holder stays in
 the store until it expires, at most one claim TTL later). The tracker has one lock, guarding its
-maps; storage I/O, logging and the dispose callback run outside it.
+maps; storage I/O, logging and the dispose callback run outside it. Which drives a thread is inside
+is that thread's own (a ``threading.local``), read and written only by it, without the lock.
 """
 
 from __future__ import annotations
@@ -47,6 +56,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..claims.registry import ClaimRegistry
+from ..codec import decode_epoch
 from ..errors import WorkflowClaimUnavailableError
 from ..metrics import ClaimMetrics
 from ..reclaim.engine_records import UndrivenClaims
@@ -108,6 +118,9 @@ class DriverTracker:
         self._last_error: dict[str, str] = {}
         # Undriven claims whose release failed -> when their holder has expired at the latest.
         self._left_to_expire: dict[str, int] = {}
+        # Per thread: workflow id -> the epochs of the drives the thread is inside, innermost
+        # last (a handler's own drive() block nests in the handler's drive).
+        self._here = threading.local()
 
     # -- claims and drivers ------------------------------------------------------------------
 
@@ -135,12 +148,54 @@ class DriverTracker:
         The block's exception propagates; the drive is judged either way (see :meth:`leave`).
         """
         driver = self.enter(workflow_id, epoch, kind)
+        epochs = self._drives_here().setdefault(workflow_id, [])
+        epochs.append(epoch)
         try:
             yield driver
         except BaseException as exc:
+            self._left_here(workflow_id, epochs)
             self.leave(driver, exc)
             raise
+        self._left_here(workflow_id, epochs)
         self.leave(driver, None, hand_off=hand_off)
+
+    def drive_epoch(self, workflow_id: str) -> int | None:
+        """The epoch of the innermost drive of ``workflow_id`` the calling thread is inside, or
+        ``None`` when it drives none: the epoch its fenced writes must be made at."""
+        drives: dict[str, list[int]] | None = getattr(self._here, "drives", None)
+        if not drives:
+            return None
+        epochs = drives.get(workflow_id)
+        return epochs[-1] if epochs else None
+
+    def narrowed(self, lookup: Callable[[str], bytes | None]) -> Callable[[str], bytes | None]:
+        """``lookup`` (the epoch token of a held claim, or ``None``) as the calling thread may
+        write with it: ``None`` inside a drive of the workflow at another epoch than the one
+        held (the host fence's ``epoch_of``)."""
+        here = self._here
+
+        def narrowed(workflow_id: str) -> bytes | None:
+            token = lookup(workflow_id)
+            drives: dict[str, list[int]] | None = getattr(here, "drives", None)
+            if token is None or not drives:
+                return token
+            epochs = drives.get(workflow_id)
+            if epochs and epochs[-1] != decode_epoch(token):
+                return None
+            return token
+
+        return narrowed
+
+    def _drives_here(self) -> dict[str, list[int]]:
+        drives: dict[str, list[int]] | None = getattr(self._here, "drives", None)
+        if drives is None:
+            drives = self._here.drives = {}
+        return drives
+
+    def _left_here(self, workflow_id: str, epochs: list[int]) -> None:
+        epochs.pop()
+        if not epochs:
+            self._drives_here().pop(workflow_id, None)
 
     def enter(self, workflow_id: str, epoch: int, kind: str) -> Driver:
         """Register the current thread as the driver of the claim at ``epoch``.
@@ -190,9 +245,12 @@ class DriverTracker:
             tracked = self._tracked.get(wid)
             if tracked is not None and tracked.driver is driver:
                 tracked.driver = None
-        if self._registry.current_epoch(wid) != driver.epoch:
-            self._finished(wid, driver.epoch)
+        held = self._registry.current_epoch(wid)
+        if held is None:
+            self._finished(wid, driver.epoch)  # finished, or lost: its claim ended
             return
+        if held != driver.epoch:
+            return  # superseded: the drive of the later epoch counts from here
         if hand_off and error is None:
             now = self._registry.clock()
             with self._lock:

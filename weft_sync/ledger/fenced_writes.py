@@ -46,6 +46,10 @@ _log = logging.getLogger(__name__)
 RegistrySource = Callable[[], "ClaimRegistry | None"]
 """Returns the engine's registry, or ``None`` while none is bound."""
 
+DriveEpochSource = Callable[[str], "int | None"]
+"""``workflow_id -> epoch``: the epoch of the drive of it the calling thread is inside, or
+``None``."""
+
 FenceObserver = Callable[[str, int, float, "BaseException | None"], object]
 """Told of every fenced commit: workflow id, wall-clock start (``time.time_ns()``), duration in
 seconds, and what it raised (``None`` when it committed or only a base condition failed)."""
@@ -138,6 +142,9 @@ class Fence:
     :param registry: returns the engine's registry, or ``None`` while none is bound.
     :param warn: receives :class:`~weft_sync.errors.WorkflowClaimLostWarning` when a fenced write
         finds the claim lost, and wake-discarded warnings.
+    :param drive_epoch: the epoch of the drive of a workflow the calling thread is inside, or
+        ``None`` (see :meth:`~weft_sync.ledger.driving.DriverTracker.drive_epoch`): such a
+        thread writes at that epoch only.
     """
 
     def __init__(
@@ -146,11 +153,14 @@ class Fence:
         registry: RegistrySource,
         warn: WarnSink,
         observers: Sequence[FenceObserver] = (),
+        *,
+        drive_epoch: DriveEpochSource | None = None,
     ) -> None:
         self._storage = storage
         self._registry = registry
         self._warn = warn
         self._observers = tuple(observers)
+        self._drive_epoch = drive_epoch
 
     @property
     def warn(self) -> WarnSink:
@@ -215,7 +225,21 @@ class Fence:
         if fence is None:
             why = registry.loss_cause(workflow_id)
             self.deposed(workflow_id, why=why or "not_held", report=False)
+        self.check_drive(workflow_id, decode_epoch(fence))
         return fence
+
+    def check_drive(self, workflow_id: str, held_epoch: int | None) -> None:
+        """Refuse a write from a thread inside a drive of ``workflow_id`` at another epoch than
+        ``held_epoch``, the one this engine holds it at.
+
+        :raises EngineDeposedError: cause ``"superseded"``: the drive's claim was lost, then
+            taken again here for another driver (the loss was reported when it happened).
+        """
+        if self._drive_epoch is None:
+            return
+        driving = self._drive_epoch(workflow_id)
+        if driving is not None and driving != held_epoch:
+            self.deposed(workflow_id, why="superseded", report=False)
 
     def commit(
         self,

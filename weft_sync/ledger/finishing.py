@@ -97,6 +97,7 @@ class SelfTransitions:
         if held_epoch is None:
             # Not held: a loss is reported when it happens (renewal, fence), not again here.
             self._fence.fence_bytes(wid)
+        self._fence.check_drive(wid, held_epoch)
         finished_at = self._clock()
         outcome = pack_payload(
             f"the {operation} outcome of workflow {wid!r}",

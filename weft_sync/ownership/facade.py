@@ -149,7 +149,8 @@ class Ownership:
             storage,
             self._registry,
             warn=self._on_warning,
-            epoch_of=self._registry.epoch_lookup(),  # fenced() checks the process itself
+            # fenced() checks the process itself; a drive's thread writes at its drive's epoch.
+            epoch_of=self._drivers.narrowed(self._registry.epoch_lookup()),
         )
         self._workflows.bind_host_writes(lambda wid: open_fence_writes(wid, storage))
         _fork.track(self)
