@@ -1,14 +1,14 @@
 """Fork loop on SQLite: children forked while the parent writes, each writing on its own at once.
 
-The parent holds 5 running workflows (TTL 3 s, renew interval 100 ms) with manual maintenance
-and forks N children (200; ``--quick``: 50) one after another from its one thread. While each
-child runs, that thread saves the parent's checkpoints without pause, runs the parent's
-maintenance (renewal) every renew interval and samples one parent holder, recording the longest
-stretch without a renewal. So the parent writes while every child runs, and no thread of the
-library is inside SQLite at the instant of a fork: the supported way to fork (a fork never waits
-for the library; see ``weft_sync.storage.sqlite.fork``). Each child opens its own ``Ownership``
-on the same file (manual maintenance), starts and completes one workflow, and reports its
-timings through a pipe.
+The parent holds 5 running workflows (TTL 3 s, renew interval 100 ms), driven by its one thread (a
+``drive()`` block each), with manual maintenance, and forks N children (200; ``--quick``: 50) one
+after another from that thread. While each child runs, that thread saves the parent's checkpoints
+without pause, runs the parent's maintenance (renewal) every renew interval and samples one parent
+holder, recording the longest stretch without a renewal. So the parent writes while every child
+runs, and no thread of the library is inside SQLite at the instant of a fork: the supported way to
+fork (a fork never waits for the library; see ``weft_sync.storage.sqlite.fork``). Each child opens
+its own ``Ownership`` on the same file (manual maintenance), starts and completes one workflow, and
+reports its timings through a pipe.
 
 Printed: the parent's ``os.fork()`` call, the child's first write (from its first instruction to
 its ``start()`` committed, including opening the store and the ``Ownership``), the floor (the
@@ -33,6 +33,7 @@ loop (and how many failed).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import multiprocessing
 import os
 import statistics
@@ -127,10 +128,12 @@ def _run(forks: int, root: Path, threaded: bool) -> None:
     url = f"sqlite:///{root / 'loop.db'}"
     background = "thread" if threaded else "manual"
     parent = Ownership.open(url, options=OPTIONS, engine_id="parent", background=background)
+    drives = contextlib.ExitStack()  # closed after the parent: its drives end with no claim left
     stop = threading.Event()
     ids = [f"parent-{i}" for i in range(PARENT_WORKFLOWS)]
     for wid in ids:
         parent.workflows.start(wid, "job")
+        drives.enter_context(parent.workflows.drive(wid))  # the forking thread drives them
     written = [0]
 
     def save_checkpoints() -> None:
@@ -218,6 +221,7 @@ def _run(forks: int, root: Path, threaded: bool) -> None:
         failures = parent.metrics.snapshot().renewal_failures
         held = len(parent.registry.list_held_workflow_ids())
         parent.close()
+        drives.close()
 
     def ms(value: float) -> str:
         return f"{value * 1000:,.1f} ms"
