@@ -112,8 +112,10 @@ def drive_report(ownership: Ownership, job_id: str) -> None:
                 )
                 _event(job_id, ReportEvent.COMPLETED, ownership.engine_id)
                 ctx.complete(result)
-    except EngineDeposedError:
-        _log.warning("report %s: another process took it over at page %d", job_id, page)
+    except EngineDeposedError as exc:
+        # Another process took it over ("deposed"), or this one did for a new driver after
+        # losing the claim ("superseded"): either way the new driver finishes it.
+        _log.warning("report %s: its write at page %d was refused (%s)", job_id, page, exc.cause)
         _event(job_id, ReportEvent.REFUSED, ownership.engine_id, page=page)
     except (WorkflowClaimUnavailableError, WorkflowStateError):
         # It waited too long in the queue: its claim went to a handler meanwhile, which drives
