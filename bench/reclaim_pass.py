@@ -12,8 +12,9 @@ the same run, each repeat on a freshly seeded store:
   check the claim is still held, drive it;
 - ``discovery only``: ``list_reclaim_candidates`` on the seeded store (read-only);
 - ``raw, one txn``: by hand, in ONE transaction: scan the holders, decode each, check expiry,
-  read epoch and workflow record, write epoch + 1 and a new holder (SQLite: per-key statements;
-  PostgreSQL: three row-locking SELECTs and one upsert from ``unnest``);
+  read epoch and workflow record, write the token of epoch + 1 (``mint_token``, as the library
+  mints it) and a new holder (SQLite: per-key statements; PostgreSQL: three row-locking SELECTs
+  and one upsert from ``unnest``);
 - ``raw, txn per claim`` (SQLite): the same with one ``BEGIN IMMEDIATE`` transaction (and fsync)
   per claim, on one thread: what per-claim CAS costs without group commit.
 
@@ -53,6 +54,7 @@ from bench.common import (
 from weft_sync import keys
 from weft_sync.claims.transitions import build_acquire_transition
 from weft_sync.clock import system_clock
+from weft_sync.codec import decode_epoch, mint_token
 from weft_sync.maintenance.bootstrap import bootstrap_workflow_lease_ownership
 from weft_sync.reclaim.scan import list_reclaim_candidates
 from weft_sync.storage import Operation
@@ -136,8 +138,8 @@ def raw_sqlite(spec: StoreSpec, expected: int, *, per_claim: bool) -> None:
             holder = conn.execute(select, (holder_key,)).fetchone()[0]
             record = conn.execute(select, (keys.workflow(wid),)).fetchone()
             if _expired(holder, now) and _running(None if record is None else record[0]):
-                epoch = int.from_bytes(conn.execute(select, (epoch_key,)).fetchone()[0], "big") + 1
-                conn.execute(put, (epoch_key, epoch.to_bytes(8, "big")))
+                epoch = (decode_epoch(conn.execute(select, (epoch_key,)).fetchone()[0]) or 0) + 1
+                conn.execute(put, (epoch_key, mint_token(epoch)))
                 conn.execute(put, (holder_key, _new_holder(epoch, now)))
                 taken += 1
             if per_claim:
@@ -175,9 +177,9 @@ def raw_postgres(spec: StoreSpec, expected: int) -> None:
             for wid, (holder_key, holder) in zip(ids, holders, strict=True):
                 epoch_key = keys.workflow_owner_epoch(wid)
                 if _expired(holder, now) and _running(records.get(keys.workflow(wid))):
-                    epoch = int.from_bytes(epochs[epoch_key], "big") + 1
+                    epoch = (decode_epoch(epochs[epoch_key]) or 0) + 1
                     put_keys += [epoch_key, holder_key]
-                    put_values += [epoch.to_bytes(8, "big"), _new_holder(epoch, now)]
+                    put_values += [mint_token(epoch), _new_holder(epoch, now)]
             conn.execute(upsert, [put_keys, put_values])
     finally:
         conn.close()
