@@ -41,10 +41,12 @@ from weft_sync.claims.results import AcquirePreparation  # noqa: E402
 from weft_sync.claims.transitions import build_acquire_transition  # noqa: E402
 from weft_sync.clock import Clock, system_clock  # noqa: E402
 from weft_sync.codec import WorkflowRecord, encode_workflow_record  # noqa: E402
+from weft_sync.errors import WorkflowClaimUnavailableError  # noqa: E402
 from weft_sync.storage import Operation, Put, Storage, open_storage  # noqa: E402
 
 if TYPE_CHECKING:
     from tests.pgcluster import PostgresCluster
+    from weft_sync import Ownership
 
 BACKENDS = ("sqlite", "postgres")
 ENGINE_ID = "bench-engine"
@@ -407,3 +409,23 @@ def rss_bytes() -> int:
             if line.startswith("VmRSS:"):
                 return int(line.split()[1]) * 1024
     raise RuntimeError("VmRSS not found in /proc/self/status")
+
+
+# -- drives ---------------------------------------------------------------------------------
+
+
+def enter_drive(ownership: Ownership, drives: contextlib.ExitStack, workflow_id: str) -> bool:
+    """Enter a ``drive()`` block of a claim ``ownership`` holds into ``drives``; ``False``: later.
+
+    What a handler hands on to the host's own thread is driven this way (a handler that returns
+    without finishing leaves its claim to be released one renew interval later). A claim no
+    longer held here is dropped (``True``); one its handler still drives, between the hand-off
+    and the handler's return, is refused (``False``: enter it again later).
+    """
+    if ownership.registry.current_epoch(workflow_id) is None:
+        return True
+    try:
+        drives.enter_context(ownership.workflows.drive(workflow_id))
+    except WorkflowClaimUnavailableError:
+        return False
+    return True

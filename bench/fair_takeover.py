@@ -40,13 +40,13 @@ from bench.common import (
     Site,
     StoreSpec,
     bench_site,
+    enter_drive,
     machine_note,
     parse_args,
     print_table,
     selected_backends,
 )
 from weft_sync import Ownership, OwnershipOptions, ReclaimedWorkflow
-from weft_sync.errors import WorkflowClaimUnavailableError
 
 TTL_MS = 1_500
 RENEW_MS = 500
@@ -73,21 +73,6 @@ def _owner_main(url: str, count: int, ready: Any) -> None:
         ready.set()
         while True:
             time.sleep(60)
-
-
-def _drive(ownership: Ownership, drives: contextlib.ExitStack, wid: str) -> bool:
-    """Enter a ``drive()`` block of a claim held here into ``drives``; ``False``: try again.
-
-    A claim no longer held here is dropped (``True``); one its handler still drives, for the
-    moment between its hand-off and its return, is refused and tried again.
-    """
-    if ownership.registry.current_epoch(wid) is None:
-        return True
-    try:
-        drives.enter_context(ownership.workflows.drive(wid))
-    except WorkflowClaimUnavailableError:
-        return False
-    return True
 
 
 def _survivor_main(
@@ -130,7 +115,7 @@ def _survivor_main(
         while not stop.is_set() and time.monotonic() < deadline:
             with contextlib.suppress(queue.Empty):
                 pending.append(handed.get(timeout=0.05))
-            pending = [wid for wid in pending if not _drive(own_it, drives, wid)]
+            pending = [wid for wid in pending if not enter_drive(own_it, drives, wid)]
 
 
 def one_run(spec: StoreSpec, count: int, own: int, log_dir: str | None) -> dict[str, Any]:

@@ -2,13 +2,17 @@
 
 Survivors and the dead engine are separate processes running ``bench/scale.py --worker``; the
 store URL reaches them through the environment (never the command line), and each survivor
-appends every drive of its handler, with a ``time.monotonic()`` stamp, to its own file.
+appends every drive of its handler, with a ``time.monotonic()`` stamp, to its own file; the
+handler then hands the workflow to the survivor's main thread, which keeps driving it (a
+``drive()`` block each), as a host running a long job would.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
+import queue
 import signal
 import subprocess
 import sys
@@ -19,7 +23,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from bench.common import StoreSpec, print_table
+from bench.common import StoreSpec, enter_drive, print_table
 from bench.scale_fleet import Discovery, Fleet, heartbeating, modes, options_for
 from bench.scale_seed import SEED_TYPE, Seeder
 from weft_sync import Ownership, OwnershipOptions, ReclaimedWorkflow, keys
@@ -314,16 +318,30 @@ def worker_main(args: argparse.Namespace) -> None:
         while True:
             time.sleep(60)
     drives = (workdir / f"{args.name}.drives").open("a", buffering=1)
-    lock = threading.Lock()  # guards drives (handlers run on several maintenance threads)
+    lock = threading.Lock()  # guards drives (handlers run on several handler threads)
+    handed: queue.Queue[str] = queue.Queue()
 
     def drive(ctx: ReclaimedWorkflow) -> None:
         line = f"{time.monotonic():.6f} {ctx.workflow_id}\n"
         with lock:
             drives.write(line)
+        handed.put(ctx.workflow_id)  # the main thread drives it from here on
 
-    with Ownership.open(url, options=options, engine_id=args.name, handlers={SEED_TYPE: drive}):
+    # The main thread's drive blocks are entered before the engine opens, so they end after its
+    # close released the claims: none is left unfinished.
+    with (
+        contextlib.ExitStack() as driving,
+        Ownership.open(
+            url, options=options, engine_id=args.name, handlers={SEED_TYPE: drive}
+        ) as ownership,
+    ):
         (workdir / f"{args.name}.ready").touch()
         stop = workdir / "stop"
+        pending: list[str] = []
         while not stop.exists():
+            with contextlib.suppress(queue.Empty):
+                while True:
+                    pending.append(handed.get_nowait())
+            pending = [wid for wid in pending if not enter_drive(ownership, driving, wid)]
             time.sleep(0.05)
     drives.close()
