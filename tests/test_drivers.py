@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 import os
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Sequence
 
 import msgpack
 import pytest
@@ -26,6 +26,7 @@ from weft_sync.options import OwnershipOptions
 from weft_sync.ownership.facade import ReclaimedWorkflow
 from weft_sync.reclaim.engine_records import UndrivenClaims, decode_engine_record
 from weft_sync.storage import Storage
+from weft_sync.storage.base import Batch, Delete
 
 TTL_MS = 3_000
 RENEW_MS = 1_000
@@ -484,3 +485,49 @@ def _published(storage: Storage, engine_id: str) -> UndrivenClaims | None:
     record = decode_engine_record(storage.get(keys.engine_liveness(engine_id)))
     assert record is not None
     return record.undriven
+
+
+def _releases(workflow_id: str) -> Callable[[Sequence[Batch]], bool]:
+    """Match a CAS that deletes ``workflow_id``'s holder: its release."""
+    holder = keys.workflow_owner_holder(workflow_id)
+    return lambda batches: any(
+        isinstance(op, Delete) and op.key == holder
+        for _, operations in batches
+        for op in operations
+    )
+
+
+def test_a_drive_entered_while_its_undriven_claim_is_being_released_is_refused(
+    storage: Storage, clock: ManualClock
+) -> None:
+    gated = GatedStorage(storage)
+    with opened_engines(gated, clock, OPTIONS) as make:
+        engine = make("engine-a")
+        engine.workflows.start("job-1", "job")
+        clock.advance(RENEW_MS + 1)
+        gate = gated.pause_next_cas(match=_releases("job-1"))
+        errors: list[BaseException] = []
+        maintenance = threading.Thread(
+            target=lambda: _capture(engine.run_maintenance, errors), name="maintenance"
+        )
+        maintenance.start()
+        try:
+            # The check judged the claim undriven and is releasing it (its CAS is paused): a
+            # drive entered now would drive a claim about to go.
+            gate.wait_reached()
+            with (
+                pytest.raises(WorkflowClaimUnavailableError),
+                engine.workflows.drive("job-1"),
+            ):
+                pytest.fail("a drive entered a claim being released as undriven")
+        finally:
+            gate.open()
+            maintenance.join(WAIT_S)
+        assert errors == [] and not maintenance.is_alive()
+        assert holder_engine(storage, "job-1") is None
+        assert stored_epoch(storage, "job-1") == 1
+        assert engine.drivers.attempts("job-1") == 1
+        # Once released, drive() claims it afresh, at the next epoch.
+        with engine.workflows.drive("job-1") as ctx:
+            assert ctx.epoch == 2
+            ctx.complete()

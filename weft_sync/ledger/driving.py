@@ -110,7 +110,8 @@ class DriverTracker:
         self._max_attempts = max_attempts
         self._dispose = dispose
         self._grace_ms = registry.claim_renew_interval_ms
-        # _lock guards _tracked, _attempts, _not_before, _last_error and _left_to_expire.
+        # _lock guards _tracked, _attempts, _not_before, _last_error, _left_to_expire and
+        # _releasing.
         self._lock = threading.Lock()
         self._tracked: dict[str, _Tracked] = {}
         self._attempts: dict[str, int] = {}
@@ -118,6 +119,8 @@ class DriverTracker:
         self._last_error: dict[str, str] = {}
         # Undriven claims whose release failed -> when their holder has expired at the latest.
         self._left_to_expire: dict[str, int] = {}
+        # Undriven claims check() is releasing now: a drive entering meanwhile is refused.
+        self._releasing: set[str] = set()
         # Per thread: workflow id -> the epochs of the drives the thread is inside, innermost
         # last (a handler's own drive() block nests in the handler's drive).
         self._here = threading.local()
@@ -202,24 +205,34 @@ class DriverTracker:
 
         :raises WorkflowClaimUnavailableError: a live driver on another thread of this engine
             (a ``drive()`` block or a handler) already drives this claim (``held_by`` is this
-            engine's id). One claim has one driver.
+            engine's id). One claim has one driver. Also while :meth:`check` releases the claim
+            as undriven: it is the redrive's to drive.
         """
         driver = Driver(workflow_id, epoch, kind, threading.current_thread())
         now = self._registry.clock()
         with self._lock:
-            self._left_to_expire.pop(workflow_id, None)
-            tracked = self._tracked.get(workflow_id)
-            if tracked is None or tracked.epoch != epoch:
-                tracked = self._tracked[workflow_id] = _Tracked(epoch, now)
-            other = tracked.driver
+            releasing = workflow_id in self._releasing
             busy = None
-            if other is not None and other.thread is driver.thread:
-                driver.nested = True
-            elif other is not None and other.thread.is_alive():
-                busy = other
-            else:
-                tracked.queued = False
-                tracked.driver = driver
+            if not releasing:
+                self._left_to_expire.pop(workflow_id, None)
+                tracked = self._tracked.get(workflow_id)
+                if tracked is None or tracked.epoch != epoch:
+                    tracked = self._tracked[workflow_id] = _Tracked(epoch, now)
+                other = tracked.driver
+                if other is not None and other.thread is driver.thread:
+                    driver.nested = True
+                elif other is not None and other.thread.is_alive():
+                    busy = other
+                else:
+                    tracked.queued = False
+                    tracked.driver = driver
+        if releasing:
+            _log.debug(
+                "workflow %r (epoch %d) is being released as undriven; not driven here",
+                workflow_id,
+                epoch,
+            )
+            raise WorkflowClaimUnavailableError(workflow_id, self._registry.engine_id)
         if busy is not None:
             _log.debug(
                 "workflow %r (epoch %d) is already driven by %s on thread %s",
@@ -334,13 +347,15 @@ class DriverTracker:
                     if self._tracked.get(wid) is entry:
                         del self._tracked[wid]
                 continue
-            driver = entry.driver
-            if (driver is not None and driver.thread.is_alive()) or entry.queued:
-                continue
-            if driver is not None:
-                undriven.append((wid, entry.epoch, f"its {driver.kind} thread ended"))
-            elif now - entry.since > self._grace_ms:
-                undriven.append((wid, entry.epoch, "nothing drove it"))
+            with self._lock:
+                # Judged and claimed for release in one step: a driver entering from now on is
+                # refused until the release is done (see enter()), and one that entered since
+                # the snapshot keeps its claim.
+                reason = self._undriven_reason(wid, entry, now)
+                if reason is not None:
+                    self._releasing.add(wid)
+            if reason is not None:
+                undriven.append((wid, entry.epoch, reason))
         self._metrics.set_claims_without_driver(len(undriven))
         for wid, epoch, reason in undriven:
             _log.warning(
@@ -350,8 +365,21 @@ class DriverTracker:
                 epoch,
                 reason,
             )
-            self._unfinished(wid, epoch, reason)
+            try:
+                self._unfinished(wid, epoch, reason)
+            finally:
+                with self._lock:
+                    self._releasing.discard(wid)
         return len(undriven)
+
+    def _undriven_reason(self, wid: str, entry: _Tracked, now: int) -> str | None:
+        """Why ``entry`` is to be released now, or ``None``; the caller holds the lock."""
+        if self._tracked.get(wid) is not entry or entry.queued:
+            return None
+        driver = entry.driver
+        if driver is not None:
+            return None if driver.thread.is_alive() else f"its {driver.kind} thread ended"
+        return "nothing drove it" if now - entry.since > self._grace_ms else None
 
     # -- outcomes ------------------------------------------------------------------------------
 
