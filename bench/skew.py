@@ -2,13 +2,13 @@
 
 Three engine processes (spawned) share one PostgreSQL table for ``--seconds`` of real time (60;
 ``--quick``: 15). Their host clocks are the wall clock shifted by 0, +``--skew`` and -``--skew``
-seconds (20 s), passed as ``clock=``. Each starts ``--claims`` workflows (10) and keeps them
-with interval maintenance (TTL 3 s, renew interval 1 s); all three stay alive and renewing, so
-every takeover is a takeover of a live claim. The run is made once with
+seconds (20 s), passed as ``clock=``. Each starts ``--claims`` workflows (10) and keeps them with
+interval maintenance (TTL 3 s, renew interval 1 s), its main thread driving them (a ``drive()``
+block each) and every workflow it takes over (``on_reclaimed`` hands it the id); all three stay
+alive and renewing, so every takeover is a takeover of a live claim. The run is made once with
 ``time_source="store"`` (claim expiry written and judged on the database's clock) and once with
-``time_source="local"`` (each host's own clock), and the table prints the takeovers and lost
-claims of each, and the share of the started claims still held by the engine that started
-them at the end.
+``time_source="local"`` (each host's own clock), and the table prints the takeovers and lost claims
+of each, and the share of the started claims still held by the engine that started them at the end.
 
     python bench/skew.py [--quick] [--seconds N] [--skew S] [--claims N]
 """
@@ -16,7 +16,9 @@ them at the end.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import multiprocessing
+import queue
 import sys
 import time
 from pathlib import Path
@@ -24,7 +26,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.common import bench_site, machine_note, print_table
+from bench.common import bench_site, enter_drive, machine_note, print_table
 
 TTL_MS = 3_000
 RENEW_MS = 1_000
@@ -49,24 +51,33 @@ def _engine(
     # The lost-claim warnings of the local run are what the table counts, not output.
     logging.getLogger("weft_sync").setLevel(logging.ERROR)
     lost: list[str] = []
+    taken: queue.Queue[str] = queue.Queue()
     own = Ownership.open(
         url,
         options=options,
         clock=lambda: system_clock() + skew_ms,
-        on_reclaimed=lambda wid: None,
+        on_reclaimed=taken.put,  # the main thread drives what this engine took over
         warn=lambda warning: None,
     )
     own.on_lost(lost.append)
     ids = [f"{time_source}-{skew_ms}-{i}" for i in range(claims)]
-    for wid in ids:
-        own.workflows.start(wid, "job")
-    time.sleep(seconds)
-    kept = 0
-    for wid in ids:
-        holder = decode_holder(own.storage.get(keys.workflow_owner_holder(wid)))
-        kept += holder is not None and holder.engine_id == own.engine_id
-    snapshot = own.metrics.snapshot()
-    own.close()
+    # Closed after the engine: its drives end with no claim left.
+    with contextlib.ExitStack() as drives:
+        for wid in ids:
+            own.workflows.start(wid, "job")
+            drives.enter_context(own.workflows.drive(wid))
+        pending: list[str] = []
+        deadline = time.monotonic() + seconds
+        while time.monotonic() < deadline:
+            with contextlib.suppress(queue.Empty):
+                pending.append(taken.get(timeout=0.05))
+            pending = [wid for wid in pending if not enter_drive(own, drives, wid)]
+        kept = 0
+        for wid in ids:
+            holder = decode_holder(own.storage.get(keys.workflow_owner_holder(wid)))
+            kept += holder is not None and holder.engine_id == own.engine_id
+        snapshot = own.metrics.snapshot()
+        own.close()
     out.put((skew_ms, snapshot.attempts["takeover"], len(lost), kept))
 
 
