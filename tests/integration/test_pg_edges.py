@@ -152,6 +152,38 @@ def test_close_returns_within_its_bound_while_another_session_locks_the_table(
     assert any("could not release" in r.getMessage() for r in caplog.records)
 
 
+CLOSE_TIMEOUT_S = 2.0
+CLOSE_GRACE_S = 0.5
+"""What a bounded close may take past its timeout: a call begun at the deadline, its cancel."""
+
+
+def test_close_ends_by_its_deadline_with_the_default_lock_bounds_under_a_table_lock(
+    postgres_base_url: str, table: str
+) -> None:
+    # The default timing (renew every 5 s) gives each statement a lock timeout of its own that
+    # several steps of close (the watcher's stop, the releases, the final liveness write) would
+    # each wait out in turn: the store's calls end by the close's deadline instead.
+    url = _url(postgres_base_url, f"table={table}")
+    victim = Ownership.open(url, background="thread")
+    try:
+        for i in range(5):
+            victim.workflows.start(f"wf-{i}", "report")
+        adopt_claims(victim)
+        with psycopg.connect(postgres_base_url) as foreign:
+            foreign.execute(f'LOCK TABLE "{table}" IN ACCESS EXCLUSIVE MODE')
+            # The engine's own threads meet the lock too (the watcher's scan, the renewal).
+            with pytest.raises(StorageError, match="lock timeout"):
+                victim.workflows.save_checkpoint("wf-0", b"blocked")
+            began = time.monotonic()
+            victim.close(timeout=CLOSE_TIMEOUT_S)
+            took = time.monotonic() - began
+            foreign.rollback()
+        assert victim.closed
+    finally:
+        victim.close()
+    assert took <= CLOSE_TIMEOUT_S + CLOSE_GRACE_S, f"close(timeout=2) took {took:.2f} s"
+
+
 def _terminate(url: str, application_name: str) -> int:
     with psycopg.connect(url, autocommit=True) as admin:
         rows = admin.execute(

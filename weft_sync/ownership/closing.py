@@ -4,11 +4,12 @@ In order: the maintenance task stops and its passes in flight are waited for, th
 running are waited for (half of what is left of the timeout, then abandoned), the ledger
 refuses new work, claim operations in flight are waited for, every claim is released, and the
 store is closed if the engine opened it. With a timeout, a store that can bound its lock waits
-(:class:`~weft_sync.storage.wait_bound.SupportsWaitBound`, SQLite) is told the deadline first,
-so a foreign writer holding the database's write lock makes the pass in flight, the releases
-and the store's shutdown give up by then instead of each waiting out the busy timeout. A claim
-that could not be released is forgotten locally and left to expire in the store (one warning
-says how many and why); another engine takes it over once its holder expires. Past the
+(:class:`~weft_sync.storage.wait_bound.SupportsWaitBound`: SQLite, and PostgreSQL with a
+``statement_timeout``) is told the deadline first, so a foreign session holding the database's
+write lock or the table's lock makes the pass in flight, the releases, the final liveness write
+and the store's shutdown give up by then instead of each waiting out the busy or lock timeout.
+A claim that could not be released is forgotten locally and left to expire in the store (one
+warning says how many and why); another engine takes it over once its holder expires. Past the
 deadline a write still takes a lock that is free, so a close whose passes overran its timeout
 still releases what it can.
 """

@@ -10,6 +10,10 @@ cancel); one still running :data:`CUT_AFTER_S` later has its socket shut down
 no other file can take its number), which makes the waiting call fail at once with a connection
 error. The pool discards that connection when it is returned.
 
+A store that is closing can also bring every deadline forward to its own (:meth:`CallDeadlines.
+limit_to`, the store's ``bound_waits``): calls in flight are then cancelled by that deadline, and
+a call that begins past it gets :data:`PAST_LIMIT_S`.
+
 The thread starts with the first call and is stopped and joined by :meth:`CallDeadlines.close`.
 """
 
@@ -30,14 +34,17 @@ CANCEL_TIMEOUT_S: Final = 0.5
 """How long the cancel request itself may take."""
 CUT_AFTER_S: Final = 0.5
 """How long after the cancel a call that still runs has its socket shut down."""
+PAST_LIMIT_S: Final = 0.1
+"""How long a call that begins at or past the store's limit (:meth:`CallDeadlines.limit_to`)
+may run: one short attempt, time for a free lock or row to answer."""
 _JOIN_S: Final = 5.0
 
 
 class CallDeadlines:
     """The deadlines of one store's calls in flight, and the thread that enforces them.
 
-    Thread-safe: ``_cond`` guards ``_calls``, ``_next_id``, ``_thread`` and ``_closed``. The
-    cancel and the cut run on the watcher thread outside it.
+    Thread-safe: ``_cond`` guards ``_calls``, ``_next_id``, ``_limit``, ``_thread`` and
+    ``_closed``. The cancel and the cut run on the watcher thread outside it.
 
     :param bound_s: how long one call may run before it is cancelled.
     :param name: the watcher thread's name.
@@ -47,9 +54,11 @@ class CallDeadlines:
         self._bound_s = bound_s
         self._name = name
         self._cond = threading.Condition()
-        # call id -> [deadline (monotonic), connection, stage: 0 before the cancel, 1 after]
+        # call id -> [deadline (monotonic), connection, stage: 0 before the cancel, 1 after,
+        # whether the deadline is the limit's]
         self._calls: dict[int, list[Any]] = {}
         self._next_id = 0
+        self._limit: float | None = None
         self._thread: threading.Thread | None = None
         self._closed = False
         self._pid = os.getpid()
@@ -76,7 +85,11 @@ class CallDeadlines:
                 call = self._next_id
                 self._next_id += 1
                 start = time.monotonic() if since is None else since
-                self._calls[call] = [start + self._bound_s, conn, 0]
+                deadline, limited = start + self._bound_s, False
+                if self._limit is not None:
+                    limit = max(self._limit, time.monotonic() + PAST_LIMIT_S)
+                    deadline, limited = min(deadline, limit), limit < deadline
+                self._calls[call] = [deadline, conn, 0, limited]
                 if self._thread is None:
                     self._thread = threading.Thread(target=self._run, name=self._name, daemon=True)
                     self._thread.start()
@@ -87,6 +100,19 @@ class CallDeadlines:
             if call is not None:
                 with self._cond:
                     self._calls.pop(call, None)
+
+    def limit_to(self, deadline: float | None) -> None:
+        """Bring every call's deadline forward to ``deadline`` (``time.monotonic()``) at the
+        latest, the calls in flight included; a call that begins past it gets
+        :data:`PAST_LIMIT_S`. ``None`` lifts the limit (calls in flight keep theirs)."""
+        with self._cond:
+            self._limit = deadline
+            if deadline is None:
+                return
+            for entry in self._calls.values():
+                if entry[2] == 0 and deadline < entry[0]:
+                    entry[0], entry[3] = deadline, True
+            self._cond.notify()
 
     def close(self) -> None:
         """Stop and join the watcher thread; idempotent. Calls still running are not cut."""
@@ -100,7 +126,7 @@ class CallDeadlines:
 
     def _run(self) -> None:
         while True:
-            due: list[tuple[Any, int]] = []
+            due: list[tuple[Any, int, bool]] = []
             with self._cond:
                 if self._closed:
                     return
@@ -108,7 +134,7 @@ class CallDeadlines:
                 wait: float | None = None
                 for entry in self._calls.values():
                     if entry[0] <= now:
-                        due.append((entry[1], entry[2]))
+                        due.append((entry[1], entry[2], entry[3]))
                         entry[2] += 1
                         entry[0] = now + CUT_AFTER_S
                     else:
@@ -117,15 +143,19 @@ class CallDeadlines:
                 if not due:
                     self._cond.wait(wait)
                     continue
-            for conn, stage in due:
+            for conn, stage, limited in due:
                 if stage == 0:
-                    _cancel(conn)
+                    _cancel(conn, limited)
                 else:
                     _cut(conn)
 
 
-def _cancel(conn: Any) -> None:
-    _log.warning("a PostgreSQL call outlived its bound; cancelling it")
+def _cancel(conn: Any, limited: bool) -> None:
+    if limited:
+        # The store is closing by a deadline: expected, and said once per store by close().
+        _log.info("a PostgreSQL call ran into the store's close deadline; cancelling it")
+    else:
+        _log.warning("a PostgreSQL call outlived its bound; cancelling it")
     try:
         conn.cancel_safe(timeout=CANCEL_TIMEOUT_S)
     except Exception as exc:  # the cut follows anyway

@@ -743,6 +743,15 @@ class PostgresStorage(ConditionalWrites, IsolatedBatches, PostgresSessionLockMet
             None if hidden else int(sync),
         )
 
+    def bound_waits(self, deadline: float | None) -> None:
+        """See :class:`~weft_sync.storage.wait_bound.SupportsWaitBound`: every call, those in
+        flight included, is cancelled by ``deadline`` at the latest (one that begins past it
+        gets a short attempt, :data:`~weft_sync.storage.postgres.deadline.PAST_LIMIT_S`).
+        A store with no ``statement_timeout`` has no client-side bound to bring forward: there
+        it changes nothing."""
+        if self._deadlines is not None:
+            self._deadlines.limit_to(deadline)
+
     def close(self) -> None:
         """Close the pool; idempotent. In a forked child it only lets go of the inherited one."""
         if self._fork_pid != os.getpid():
