@@ -786,3 +786,25 @@ def test_a_completion_returning_an_unknown_result_is_an_error_naming_the_method(
     assert isinstance(error, ValueError)
     assert "complete_workflow_claim_takeover() returned 'maybe'" in str(error)
     assert result.reclaimed_count == 2
+
+
+def test_a_prepared_chunk_is_completed_while_later_chunks_are_still_being_prepared() -> None:
+    # The last chunk's preparation waits until a completion of the first chunk has run: a pass
+    # that completed nothing before every chunk was prepared would never get there.
+    ids = [f"wf-{n:04d}" for n in range(2 * RECLAIM_CHUNK_SIZE)]
+    first_completed = threading.Event()
+
+    class Pipelined(ScriptedBatchTarget):
+        def prepare_workflow_claim_takeovers(self, workflow_ids: Sequence[str]) -> list[object]:
+            if workflow_ids[0] != ids[0]:
+                assert first_completed.wait(10), "no completion ran before the last preparation"
+            return super().prepare_workflow_claim_takeovers(workflow_ids)
+
+        def complete_workflow_claim_takeover(self, plan: object) -> str:
+            first_completed.set()
+            return super().complete_workflow_claim_takeover(plan)
+
+    target = Pipelined(ids, bad="none", failure="raise")
+    result = run_reclaim_pass(target)
+    assert [o.status for o in result.outcomes] == [ReclaimOutcomeStatus.RECLAIMED] * len(ids)
+    assert sorted(target.completed) == ids

@@ -138,76 +138,93 @@ def run_reclaim_pass(
     :class:`~.targets.ReclaimAttemptResult` value, becomes an ``error`` outcome and the rest still
     run), at most :data:`~.targets.RECLAIM_CONCURRENCY` at a time, outcomes in candidate order.
 
-    A :class:`~.targets.BatchReclaimTarget` first prepares the candidates in chunks of
+    A :class:`~.targets.BatchReclaimTarget` prepares the candidates in chunks of
     :data:`~.targets.RECLAIM_CHUNK_SIZE` (a chunk whose preparation raises gives each of its ids
-    an ``error`` outcome), then completes each plan as one attempt.
+    an ``error`` outcome) and completes each plan of a chunk as one attempt once that chunk is
+    prepared, while the other chunks are still being prepared.
     """
     try:
         ids = list(target.list_reclaim_candidate_workflow_ids())
     except Exception as exc:
         return ReclaimPassResult(ReclaimPassStatus.DISCOVERY_FAILED, error=exc)
     slots: list[ReclaimOutcome | None] = [None] * len(ids)
-    attempt: Callable[[int], object]
-    method = "attempt_workflow_claim_takeover"
     if isinstance(target, BatchReclaimTarget):
-        plans = _prepare_reclaim(target, ids, slots, executor)
-        method = "complete_workflow_claim_takeover"
-
-        def attempt(index: int) -> object:
-            return target.complete_workflow_claim_takeover(plans[index])
-
+        _reclaim_in_chunks(target, ids, slots, executor)
     else:
 
-        def attempt(index: int) -> object:
-            return target.attempt_workflow_claim_takeover(ids[index])
+        def run(index: int) -> None:
+            _attempt(
+                ids,
+                slots,
+                index,
+                lambda: target.attempt_workflow_claim_takeover(ids[index]),
+                "attempt_workflow_claim_takeover",
+            )
 
-    def run(index: int) -> None:
-        if slots[index] is not None:
-            return  # its preparation failed
-        try:
-            status = _reclaim_status(attempt(index), method)
-        except Exception as exc:
-            slots[index] = ReclaimOutcome(ids[index], ReclaimOutcomeStatus.ERROR, exc)
-        else:
-            slots[index] = ReclaimOutcome(ids[index], status)
-
-    _fan_out(len(ids), run, executor=executor, concurrency=RECLAIM_CONCURRENCY)
+        _fan_out(len(ids), run, executor=executor, concurrency=RECLAIM_CONCURRENCY)
     outcomes = tuple(_filled(slots))
     reclaimed = sum(1 for o in outcomes if o.status is ReclaimOutcomeStatus.RECLAIMED)
     return ReclaimPassResult(ReclaimPassStatus.COMPLETED, outcomes, reclaimed)
 
 
-def _prepare_reclaim(
+def _reclaim_in_chunks(
     target: BatchReclaimTarget,
     ids: list[str],
     slots: list[ReclaimOutcome | None],
     executor: Executor | None,
-) -> list[object]:
-    """Prepare ``ids`` in chunks over the pool; a failed chunk fills its ids' error slots."""
+) -> None:
+    """Prepare ``ids`` in chunks over the pool, and complete each chunk's plans as soon as it
+    is prepared (its drives start while later chunks still commit); a failed chunk fills its
+    ids' error slots. The chunks share :data:`~.targets.RECLAIM_CONCURRENCY` between them."""
     chunks = [
         range(start, min(start + RECLAIM_CHUNK_SIZE, len(ids)))
         for start in range(0, len(ids), RECLAIM_CHUNK_SIZE)
     ]
-    plans: list[object] = [None] * len(ids)
+    outer = min(len(chunks), RECLAIM_CONCURRENCY)
+    inner = max(1, RECLAIM_CONCURRENCY // max(1, outer))
 
-    def prepare(index: int) -> None:
+    def run_chunk(index: int) -> None:
         chunk = chunks[index]
         try:
-            prepared = list(target.prepare_workflow_claim_takeovers([ids[i] for i in chunk]))
-            if len(prepared) != len(chunk):
+            plans = list(target.prepare_workflow_claim_takeovers([ids[i] for i in chunk]))
+            if len(plans) != len(chunk):
                 raise ValueError(
-                    f"prepare_workflow_claim_takeovers() returned {len(prepared)} plans for "
+                    f"prepare_workflow_claim_takeovers() returned {len(plans)} plans for "
                     f"{len(chunk)} ids"
                 )
         except Exception as exc:
             for i in chunk:
                 slots[i] = ReclaimOutcome(ids[i], ReclaimOutcomeStatus.ERROR, exc)
             return
-        for i, plan in zip(chunk, prepared, strict=True):
-            plans[i] = plan
 
-    _fan_out(len(chunks), prepare, executor=executor, concurrency=RECLAIM_CONCURRENCY)
-    return plans
+        def complete(j: int) -> None:
+            _attempt(
+                ids,
+                slots,
+                chunk[j],
+                lambda: target.complete_workflow_claim_takeover(plans[j]),
+                "complete_workflow_claim_takeover",
+            )
+
+        _fan_out(len(chunk), complete, executor=executor, concurrency=inner)
+
+    _fan_out(len(chunks), run_chunk, executor=executor, concurrency=outer)
+
+
+def _attempt(
+    ids: list[str],
+    slots: list[ReclaimOutcome | None],
+    index: int,
+    attempt: Callable[[], object],
+    method: str,
+) -> None:
+    """Run one candidate's attempt; its outcome (an ``error`` if it raised) goes to its slot."""
+    try:
+        status = _reclaim_status(attempt(), method)
+    except Exception as exc:
+        slots[index] = ReclaimOutcome(ids[index], ReclaimOutcomeStatus.ERROR, exc)
+    else:
+        slots[index] = ReclaimOutcome(ids[index], status)
 
 
 def _reclaim_status(value: object, method: str) -> ReclaimOutcomeStatus:
