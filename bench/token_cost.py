@@ -11,9 +11,14 @@ hits both alike):
 - ``host write`` (SQLite only): a one-row ``UPDATE`` of a host table in
   ``Ownership.fenced(workflow_id, sqlite3_connection)``, ``--ops`` times per sample.
 
-Prints the median wall time of each and the ratio token / old format measured in this run (and
-the ratio of this process's CPU time, steadier on a shared machine but blind to a server's work),
-with the machine's load average.
+The whole comparison runs twice per backend, with the formats' places swapped: the first
+engine (and its rows) holds the old format and the second the token, then the other way round.
+Two sets of the same format differ by a few percent on PostgreSQL (which engine, which rows), so
+one arrangement alone would credit that difference to the format; the geometric mean of the two
+arrangements' ratios cancels it. Prints the median wall time of each (the mean over both
+arrangements), both arrangements' ratios, their mean (and the same for this process's CPU
+time, steadier on a shared machine but blind to a server's work), with the machine's load
+average.
 
     python bench/token_cost.py [--quick] [--repeats N] [--backend sqlite|postgres|both]
         [--claims 2000] [--ops 200]
@@ -22,6 +27,7 @@ with the machine's load average.
 from __future__ import annotations
 
 import argparse
+import math
 import sqlite3
 import sys
 import timeit
@@ -81,19 +87,26 @@ def main() -> None:
     rows: list[list[object]] = []
     with bench_site(selected_backends(args)) as site:
         for backend in selected_backends(args):
-            spec = site.new_store(backend, "tokens")
-            engines = {
-                "old": _engine(spec.url, "engine-old", workflow_ids(claims, "old"), True),
-                "token": _engine(spec.url, "engine-token", workflow_ids(claims, "tok"), False),
-            }
-            try:
-                for fmt, own in engines.items():
-                    size = len(own.registry.current_epoch_bytes(f"{fmt[:3]}-000000") or b"")
-                    assert size == (8 if fmt == "old" else 16), (fmt, size)
-                rows += _measure(backend, spec, engines, ops, repeats)
-            finally:
-                for own in engines.values():
-                    own.close()
+            arrangements = []
+            for old_first in (True, False):
+                spec = site.new_store(backend, "tokens")
+                formats = ("old", "token") if old_first else ("token", "old")
+                engines = {
+                    fmt: _engine(
+                        spec.url, f"engine-{place}", workflow_ids(claims, place), fmt == "old"
+                    )
+                    for fmt, place in zip(formats, ("a", "b"), strict=True)
+                }
+                try:
+                    for fmt, own in engines.items():
+                        wid = own.registry.list_held_workflow_ids()[0]
+                        size = len(own.registry.current_epoch_bytes(wid) or b"")
+                        assert size == (8 if fmt == "old" else 16), (fmt, size)
+                    arrangements.append(_measure(backend, spec, engines, ops, repeats))
+                finally:
+                    for own in engines.values():
+                        own.close()
+            rows += _combined(backend, arrangements)
     print_table(
         f"the work the token adds, per call (timeit, best of 5; {machine_note()})",
         ["operation", "old 8-byte", "token 16-byte", "added"],
@@ -102,9 +115,42 @@ def main() -> None:
     print_table(
         f"epoch token cost ({claims} claims per set, {ops} writes per sample, {repeats} "
         f"samples; {machine_note()})",
-        ["backend", "measure", "old 8-byte", "token 16-byte", "token / old", "cpu token / old"],
+        [
+            "backend",
+            "measure",
+            "old 8-byte",
+            "token 16-byte",
+            "token / old (a, b)",
+            "token / old",
+            "cpu token / old",
+        ],
         rows,
     )
+
+
+Measured = dict[str, tuple[float, float, float, float]]
+"""measure -> (old wall, token wall, old cpu, token cpu) per operation, of one arrangement."""
+
+
+def _combined(backend: str, arrangements: list[Measured]) -> list[list[object]]:
+    """One row per measure: mean times, each arrangement's ratio, their geometric mean."""
+    rows: list[list[object]] = []
+    for name in arrangements[0]:
+        runs = [a[name] for a in arrangements]
+        walls = [new / old for old, new, _, _ in runs]
+        cpus = [new / old for _, _, old, new in runs]
+        rows.append(
+            [
+                backend,
+                name,
+                us(sum(r[0] for r in runs) / len(runs)),
+                us(sum(r[1] for r in runs) / len(runs)),
+                " / ".join(ratio(w, 1.0) for w in walls),
+                ratio(math.prod(walls) ** (1 / len(walls)), 1.0),
+                ratio(math.prod(cpus) ** (1 / len(cpus)), 1.0),
+            ]
+        )
+    return rows
 
 
 def _added_work() -> list[list[object]]:
@@ -144,7 +190,7 @@ def _alternating(variants: dict[str, Callable[[], object]], repeats: int) -> dic
 
 def _measure(
     backend: str, spec: object, engines: dict[str, Ownership], ops: int, repeats: int
-) -> list[list[object]]:
+) -> Measured:
     renewals: dict[str, Callable[[], object]] = {}
     ledger: dict[str, Callable[[], object]] = {}
     host: dict[str, Callable[[], object]] = {}
@@ -168,7 +214,7 @@ def _measure(
                         c.execute(f"UPDATE \"host_{fmt}\" SET v = ? WHERE id = 'row'", (i,))
 
             host[fmt] = write
-    out: list[list[object]] = []
+    out: Measured = {}
     try:
         for name, variants, per in (
             ("renewal pass", renewals, 1),
@@ -182,7 +228,7 @@ def _measure(
             samples = _alternating(variants, repeats)
             old, new = samples["old"].median_wall / per, samples["token"].median_wall / per
             cpu_old, cpu_new = samples["old"].median_cpu, samples["token"].median_cpu
-            out.append([backend, name, us(old), us(new), ratio(new, old), ratio(cpu_new, cpu_old)])
+            out[name] = (old, new, cpu_old, cpu_new)
     finally:
         for conn in conns:
             conn.close()
