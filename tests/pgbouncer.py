@@ -20,7 +20,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from urllib.parse import parse_qs, urlsplit
 
-from tests.pgcluster import _as_server_user
+from tests.pgcluster import as_server_user
 
 __all__ = ["pgbouncer_binary", "transaction_pooler"]
 
@@ -67,7 +67,7 @@ def transaction_pooler(server_url: str) -> Iterator[str]:
         f"pidfile = {directory / 'pgbouncer.pid'}\n"
     )
     proc = subprocess.Popen(
-        _as_server_user([binary, str(directory / "pgbouncer.ini")]),
+        as_server_user([binary, str(directory / "pgbouncer.ini")]),
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )

@@ -10,10 +10,11 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["PostgresCluster", "start_cluster"]
+__all__ = ["PostgresCluster", "as_server_user", "find_binary", "run_checked", "start_cluster"]
 
 
-def _find_binary(name: str) -> str:
+def find_binary(name: str) -> str:
+    """The path of the PostgreSQL server program ``name`` (on ``PATH``, else the newest install)."""
     found = shutil.which(name)
     if found:
         return found
@@ -22,7 +23,8 @@ def _find_binary(name: str) -> str:
     raise RuntimeError(f"the PostgreSQL server binary {name!r} is not installed")
 
 
-def _as_server_user(cmd: list[str]) -> list[str]:
+def as_server_user(cmd: list[str]) -> list[str]:
+    """``cmd``, run as the ``postgres`` user when the suite runs as root (initdb refuses root)."""
     if os.geteuid() == 0:
         return ["runuser", "-u", "postgres", "--", *cmd]
     return cmd
@@ -50,11 +52,11 @@ class PostgresCluster:
         )
         cmd = [self.pg_ctl, "-D", str(self.data_dir), "-o", opts]
         cmd += ["-l", str(self.directory / "server.log"), "-w", "-t", "60", "start"]
-        _run(_as_server_user(cmd))
+        run_checked(as_server_user(cmd))
 
     def stop(self, *, remove: bool = True) -> None:
         cmd = [self.pg_ctl, "-D", str(self.data_dir), "-m", "fast", "-w", "stop"]
-        subprocess.run(_as_server_user(cmd), capture_output=True, check=False)
+        subprocess.run(as_server_user(cmd), capture_output=True, check=False)
         if remove:
             shutil.rmtree(self.directory, ignore_errors=True)
 
@@ -63,7 +65,8 @@ class PostgresCluster:
         self.start()
 
 
-def _run(cmd: list[str]) -> None:
+def run_checked(cmd: list[str]) -> None:
+    """Run ``cmd``; a non-zero exit raises :class:`RuntimeError` with its stderr."""
     proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
     if proc.returncode != 0:
         raise RuntimeError(f"{' '.join(cmd)} failed ({proc.returncode}): {proc.stderr.strip()}")
@@ -71,17 +74,22 @@ def _run(cmd: list[str]) -> None:
 
 def start_cluster() -> PostgresCluster:
     """Create and start a cluster in a fresh temporary directory owned by the server user."""
-    initdb = _find_binary("initdb")
-    pg_ctl = _find_binary("pg_ctl")
+    initdb = find_binary("initdb")
+    pg_ctl = find_binary("pg_ctl")
     directory = Path(tempfile.mkdtemp(prefix="weft-pg-"))
     if os.geteuid() == 0:
         shutil.chown(directory, user="postgres")
     cluster = PostgresCluster(directory, pg_ctl)
     cmd = [initdb, "-D", str(cluster.data_dir), "-A", "trust", "-U", "postgres", "-E", "UTF8"]
     try:
-        _run(_as_server_user([*cmd, "--no-sync"]))
+        run_checked(as_server_user([*cmd, "--no-sync"]))
         cluster.start()
     except Exception:
         shutil.rmtree(directory, ignore_errors=True)
         raise
     return cluster
+
+
+# bench/common.py imports these two under their private names.
+_as_server_user = as_server_user
+_run = run_checked

@@ -18,7 +18,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from tests.pgcluster import PostgresCluster, _as_server_user, _find_binary, _run
+from tests.pgcluster import PostgresCluster, as_server_user, find_binary, run_checked
 
 __all__ = ["ReplicaPair", "start_pair"]
 
@@ -41,7 +41,7 @@ class _Node(PostgresCluster):
             opts += f" -c synchronous_standby_names={_STANDBY_NAME} -c synchronous_commit=on"
         cmd = [self.pg_ctl, "-D", str(self.data_dir), "-o", opts]
         cmd += ["-l", str(self.directory / "server.log"), "-w", "-t", "60", "start"]
-        _run(_as_server_user(cmd))
+        run_checked(as_server_user(cmd))
 
 
 @dataclass
@@ -91,11 +91,11 @@ class ReplicaPair:
         """Kill the primary, promote the standby (started first if stopped), move ``vip``
         (or leave that to :meth:`move_vip`)."""
         cmd = [self.primary.pg_ctl, "-D", str(self.primary.data_dir), "-m", "immediate", "stop"]
-        subprocess.run(_as_server_user(cmd), capture_output=True, check=False)
+        subprocess.run(as_server_user(cmd), capture_output=True, check=False)
         if restart_standby:
             self.standby.start()
         promote = [self.standby.pg_ctl, "-D", str(self.standby.data_dir), "-w", "promote"]
-        _run(_as_server_user(promote))
+        run_checked(as_server_user(promote))
         if move_vip:
             self.move_vip()
 
@@ -114,7 +114,7 @@ class ReplicaPair:
 
 def start_pair(*, synchronous: bool) -> ReplicaPair:
     """Start a primary, clone it with ``pg_basebackup -R`` and start the clone as its standby."""
-    initdb, pg_ctl = _find_binary("initdb"), _find_binary("pg_ctl")
+    initdb, pg_ctl = find_binary("initdb"), find_binary("pg_ctl")
     basebackup = str(Path(initdb).resolve().with_name("pg_basebackup"))
     root = Path(tempfile.mkdtemp(prefix="weft-repl-"))
     dirs = [root / "primary", root / "standby"]
@@ -127,10 +127,10 @@ def start_pair(*, synchronous: bool) -> ReplicaPair:
     pair = ReplicaPair(root, primary, standby)
     try:
         init = [initdb, "-D", str(primary.data_dir), "-A", "trust", "-U", "postgres", "-E"]
-        _run(_as_server_user([*init, "UTF8", "--no-sync"]))
+        run_checked(as_server_user([*init, "UTF8", "--no-sync"]))
         primary.start()
         clone = [basebackup, "-D", str(standby.data_dir), "-h", str(primary.directory)]
-        _run(_as_server_user([*clone, "-U", "postgres", "-R", "-X", "stream", "--no-sync"]))
+        run_checked(as_server_user([*clone, "-U", "postgres", "-R", "-X", "stream", "--no-sync"]))
         conninfo = (
             f"primary_conninfo = 'host={primary.directory} user=postgres "
             f"application_name={_STANDBY_NAME}'\n"

@@ -37,7 +37,7 @@ from tests.integration.procs import (
     stop_all,
     wait_ready,
 )
-from tests.pgcluster import PostgresCluster, _as_server_user
+from tests.pgcluster import PostgresCluster, as_server_user
 from weft_sync import keys
 from weft_sync.reclaim.engine_records import decode_engine_record
 from weft_sync.storage import Storage, open_storage
@@ -265,7 +265,7 @@ def test_postgres_a_restart_under_three_engines_moves_no_live_claim(
         _admin(private_cluster.url, "CHECKPOINT")
         stop = [private_cluster.pg_ctl, "-D", str(private_cluster.data_dir)]
         subprocess.run(
-            _as_server_user([*stop, "-m", "immediate", "-w", "stop"]),
+            as_server_user([*stop, "-m", "immediate", "-w", "stop"]),
             capture_output=True,
             check=True,
         )

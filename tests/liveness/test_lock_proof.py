@@ -19,7 +19,7 @@ import pytest
 
 from tests.liveness.crashes import dead_lock
 from tests.liveness.procs import holding, wait_until
-from tests.pgcluster import PostgresCluster, _as_server_user
+from tests.pgcluster import PostgresCluster, as_server_user
 from weft_sync import keys
 from weft_sync.reclaim.engine_records import decode_engine_record
 from weft_sync.storage import PostgresStorage, SqliteStorage, Storage, open_storage
@@ -166,7 +166,7 @@ def test_postgres_a_terminated_lock_session_proves_nothing(
 
 def _immediate_restart(cluster: PostgresCluster) -> None:
     stop = [cluster.pg_ctl, "-D", str(cluster.data_dir), "-m", "immediate", "-w", "stop"]
-    subprocess.run(_as_server_user(stop), capture_output=True, check=True)
+    subprocess.run(as_server_user(stop), capture_output=True, check=True)
     cluster.start()
 
 
