@@ -21,7 +21,8 @@ from typing import Any
 import pytest
 
 from tests.engines import MakeOwnership, opened_engines
-from tests.workflows.helpers import expires_at, holder_engine, stored_epoch, wait_until
+from tests.support.waiting import wait_until
+from tests.workflows.helpers import expires_at, holder_engine, stored_epoch
 from weft_sync.clock import ManualClock, system_clock
 from weft_sync.errors import ClosedError, WorkflowClaimUnavailableError
 from weft_sync.options import OwnershipOptions

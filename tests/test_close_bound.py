@@ -21,7 +21,8 @@ from pathlib import Path
 import pytest
 
 from tests.claims.gated import Worker
-from tests.workflows.helpers import holder_engine, stored_epoch, wait_until
+from tests.support.waiting import wait_until
+from tests.workflows.helpers import holder_engine, stored_epoch
 from weft_sync.clock import ManualClock
 from weft_sync.options import OwnershipOptions
 from weft_sync.ownership.facade import Ownership

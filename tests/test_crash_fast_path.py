@@ -9,9 +9,10 @@ crash probe asking for an immediate reclaim pass. (How fast is measured by
 from __future__ import annotations
 
 from tests.claims.gated import WarningSink
-from tests.liveness.procs import holding, wait_until
+from tests.liveness.procs import POLL_S, WAIT_S, holding
 from tests.maintenance.discovery_helpers import JOB, Driven, holders
 from tests.maintenance.helpers import write_workflow
+from tests.support.waiting import wait_until
 from weft_sync import Ownership, OwnershipOptions
 from weft_sync.claims.registry import ClaimRegistry
 from weft_sync.clock import system_clock
@@ -45,7 +46,12 @@ def test_a_killed_engines_claims_move_through_the_crash_probe(
             child.proc.kill()
             child.proc.wait()
 
-            wait_until(lambda: driven.all_ids() == ids, "the survivor drove every claim")
+            wait_until(
+                lambda: driven.all_ids() == ids,
+                "the survivor drove every claim",
+                timeout_s=WAIT_S,
+                poll_s=POLL_S,
+            )
 
             assert holders(storage, ids) == dict.fromkeys(ids, ("engine-s", 2))
         registry.close()

@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 
 from tests.claims.gated import GatedStorage, Worker, pause_in_cas
-from tests.workflows.helpers import wait_until
+from tests.support.waiting import wait_until
 from weft_sync import keys
 from weft_sync.claims.registry import ClaimRegistry
 from weft_sync.errors import ClosedError

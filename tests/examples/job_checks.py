@@ -5,6 +5,7 @@ from __future__ import annotations
 import time
 from typing import Final
 
+from tests.support.waiting import wait_for
 from weft_sync.codec import decode_holder
 from weft_sync.keys import workflow_owner_holder
 from weft_sync.storage import Storage
@@ -20,8 +21,8 @@ def wait_until_taken_over(store: Storage, accepted: dict[str, int], pid: int, en
     """Wait until no running job accepted by ``pid`` is still held by its ``engine``."""
     ledger = Workflows(store)
     mine = [job for job, owner in accepted.items() if owner == pid]
-    deadline = time.monotonic() + TAKEOVER_WAIT_S
-    while True:
+
+    def still_held() -> list[str]:
         held = []
         for job in mine:
             holder = decode_holder(store.get(workflow_owner_holder(job)))
@@ -29,10 +30,15 @@ def wait_until_taken_over(store: Storage, accepted: dict[str, int], pid: int, en
             running = record is not None and record.status == "running"
             if running and (holder is None or holder.engine_id == engine):
                 held.append(job)
-        if not held:
-            return
-        assert time.monotonic() < deadline, f"still held by the paused worker: {held}"
-        time.sleep(0.1)
+        return held
+
+    wait_for(
+        still_held,
+        lambda held: not held,
+        "every job of the paused worker to be taken over (last value: those still held)",
+        timeout_s=TAKEOVER_WAIT_S,
+        poll_s=0.1,
+    )
 
 
 def wait_until_finished(ledger: Workflows, accepted: dict[str, int]) -> list[str]:

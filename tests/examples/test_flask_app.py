@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import json
 import threading
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -14,12 +13,14 @@ from flask import Flask
 from flask.testing import FlaskClient
 
 from tests.examples.helpers import abandon, load_example, run_script
+from tests.support.waiting import wait_for
 from tests.workflows.helpers import holder_engine
 from weft_sync.errors import WorkflowClaimLostWarning
 from weft_sync.storage import Storage
 from weft_sync.workflows import Workflows
 
-WAIT_S = 10.0
+POLL_S = 0.02
+"""How often a wait for a job's state looks again, in seconds."""
 FAST = {"claim_ttl": "900ms", "claim_renew_interval": "300ms"}
 
 flask_example = load_example("flask_app/app.py")
@@ -49,18 +50,6 @@ def client(app: Flask) -> FlaskClient:
     return app.test_client()
 
 
-def wait_for(probe: Callable[[], Any], accept: Callable[[Any], bool], what: str) -> Any:
-    """Call ``probe`` until ``accept`` likes its value; fail after :data:`WAIT_S` seconds."""
-    deadline = time.monotonic() + WAIT_S
-    while True:
-        value = probe()
-        if accept(value):
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}; last value {value!r}")
-        time.sleep(0.02)
-
-
 def events(directory: Path) -> list[dict[str, Any]]:
     return [
         json.loads(line)
@@ -80,6 +69,7 @@ def test_a_job_writes_one_checkpoint_per_step_and_completes(
         lambda: client.get(f"/jobs/{job_id}").get_json(),
         lambda job: job["status"] == "completed",
         "the job to complete",
+        poll_s=POLL_S,
     )
 
     pid = started.get_json()["pid"]
@@ -123,6 +113,7 @@ def test_a_reclaimed_job_resumes_from_its_last_checkpoint(
             lambda: ledger.get("job-abandoned").status,  # type: ignore[union-attr]
             lambda status: status == "completed",
             "the resumed job to complete",
+            poll_s=POLL_S,
         )
     finally:
         flask_example.shutdown(app)
@@ -143,6 +134,7 @@ def test_a_deposed_worker_has_its_next_write_refused_and_stops(
         lambda: client.get(f"/jobs/{job_id}").get_json()["history"],
         lambda history: len(history) >= 1,
         "the first step",
+        poll_s=POLL_S,
     )
 
     # An operator cancels the job from outside: the epoch rotates and the owner is deposed.
@@ -152,6 +144,7 @@ def test_a_deposed_worker_has_its_next_write_refused_and_stops(
             lambda: [e for e in events(tmp_path) if e["event"] == "refused"],
             lambda found: len(found) == 1,
             "the refused write",
+            poll_s=POLL_S,
         )
     assert refused[0]["job"] == job_id
     assert client.get(f"/jobs/{job_id}").get_json()["status"] == "cancelled"
@@ -199,6 +192,7 @@ def test_jobs_taken_over_at_once_all_run_at_once_not_four_at_a_time(
             lambda: events(tmp_path),
             lambda log: sum(e["event"] == "resumed" for e in log) == len(jobs),
             "every taken-over job to be resumed",
+            poll_s=POLL_S,
         )
         # All twelve started before any finished: none waited for a free handler thread.
         assert not [e for e in seen if e["event"] == "completed"]

@@ -61,6 +61,7 @@ from tests.examples.job_checks import (
 # The Django example's database fixture, requested by name from the ``example`` fixture.
 from tests.examples.test_django_gunicorn import Site, site  # noqa: F401
 from tests.integration.test_store_glitch import _HOLD_SQLITE
+from tests.support.waiting import wait_for
 from weft_sync.codec import decode_holder
 from weft_sync.keys import workflow_owner_holder
 from weft_sync.reclaim.engine_records import read_engine_records
@@ -394,13 +395,13 @@ def test_twenty_jobs_complete_through_a_store_write_lock_under_gunicorn(
 
 
 def _wait_until_each_has_a_step(ledger: Workflows, accepted: dict[str, int]) -> None:
-    deadline = time.monotonic() + GLITCH_EVIDENCE_WAIT_S
-    while True:
-        waiting = [job for job in accepted if not ledger.load_checkpoint(job)]
-        if not waiting:
-            return
-        assert time.monotonic() < deadline, f"jobs never wrote a step: {waiting}"
-        time.sleep(POLL_S)
+    wait_for(
+        lambda: [job for job in accepted if not ledger.load_checkpoint(job)],
+        lambda waiting: not waiting,
+        "every job to write a step (last value: the jobs without one)",
+        timeout_s=GLITCH_EVIDENCE_WAIT_S,
+        poll_s=POLL_S,
+    )
 
 
 def _hold_write_lock(backend: str, store_url: str, server: GunicornServer) -> float:

@@ -50,6 +50,7 @@ from tests.integration.procs import (
     stop_all,
     wait_ready,
 )
+from tests.support.waiting import wait_until
 from weft_sync import keys
 from weft_sync.codec import WorkflowRecord, decode_epoch, encode_workflow_record
 from weft_sync.storage import Put, Storage
@@ -250,12 +251,12 @@ def _held_and_written(storage: Storage, engine_id: str) -> dict[str, int]:
 
 
 def _wait_until_holding_written(storage: Storage, engine_id: str, count: int) -> None:
-    deadline = time.monotonic() + HANG_GUARD_S
-    while len(_held_and_written(storage, engine_id)) < count:
-        assert time.monotonic() < deadline, (
-            f"{engine_id} never held and wrote to {count} claims at once"
-        )
-        time.sleep(POLL_S)
+    wait_until(
+        lambda: len(_held_and_written(storage, engine_id)) >= count,
+        f"{engine_id} to hold and write to {count} claims at once",
+        timeout_s=HANG_GUARD_S,
+        poll_s=POLL_S,
+    )
 
 
 def _wait_for_handovers(storage: Storage, ids: list[str], since: float) -> None:
@@ -305,13 +306,11 @@ def _stop_outside_writes(contender: _Contender) -> None:
 
 
 def _wait_stopped(pid: int) -> None:
-    deadline = time.monotonic() + EXIT_TIMEOUT_S
-    while True:
+    def stopped() -> bool:
         with open(f"/proc/{pid}/stat") as stat:
-            if stat.read().rsplit(")", 1)[1].split()[0] in ("T", "t"):
-                return
-        assert time.monotonic() < deadline, f"process {pid} did not stop"
-        time.sleep(0.001)
+            return stat.read().rsplit(")", 1)[1].split()[0] in ("T", "t")
+
+    wait_until(stopped, f"process {pid} to stop", timeout_s=EXIT_TIMEOUT_S, poll_s=0.001)
 
 
 def _pause_holding_written(contender: _Contender, storage: Storage, count: int) -> dict[str, int]:
@@ -386,10 +385,12 @@ def test_epoch_fence_admits_only_the_holders_writes_under_contention(
         finally:
             os.kill(paused.process.pid, signal.SIGCONT)  # type: ignore[arg-type]
         # Continued, it replays writes under the epochs it held: each one refused.
-        deadline = time.monotonic() + HANG_GUARD_S
-        while _stale_refused(paused) == 0:
-            assert time.monotonic() < deadline, f"{name} replayed no stale write"
-            time.sleep(POLL_S)
+        wait_until(
+            lambda: _stale_refused(paused) > 0,
+            f"{name} to replay a stale write",
+            timeout_s=HANG_GUARD_S,
+            poll_s=POLL_S,
+        )
         _stop(contenders)
     summaries = [c.summary() for c in contenders]
 

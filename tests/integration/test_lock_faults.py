@@ -38,6 +38,7 @@ from tests.integration.procs import (
     wait_ready,
 )
 from tests.pgcluster import PostgresCluster, as_server_user
+from tests.support.waiting import wait_until
 from weft_sync import keys
 from weft_sync.reclaim.engine_records import decode_engine_record
 from weft_sync.storage import Storage, open_storage
@@ -138,14 +139,18 @@ def _republished_and_held(storage: Storage, engine_id: str, before: str | None) 
     """The engine took its lock again and published the new lock object, which probes held."""
     locks = storage_session_locks(storage)
     assert locks is not None
-    deadline = time.monotonic() + START_S
-    while True:
+
+    def republished_and_held() -> bool:
         now = _lock_id(storage, engine_id)
         held = now is not None and locks.probe_session_locks({engine_id: now})[engine_id]
-        if now != before and held is LockState.HELD:
-            return
-        assert time.monotonic() < deadline, f"{engine_id} never republished a held lock"
-        time.sleep(POLL_S)
+        return now != before and held is LockState.HELD
+
+    wait_until(
+        republished_and_held,
+        f"{engine_id} to republish a held lock",
+        timeout_s=START_S,
+        poll_s=POLL_S,
+    )
 
 
 # -- SQLite -----------------------------------------------------------------------------------

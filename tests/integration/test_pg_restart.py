@@ -16,6 +16,7 @@ import pytest
 
 from tests.maintenance.helpers import WAIT_S, PassRecorder
 from tests.pgcluster import PostgresCluster
+from tests.support.waiting import wait_for
 from weft_sync import keys
 from weft_sync.clock import system_clock
 from weft_sync.codec import HolderRecord, decode_holder
@@ -61,13 +62,21 @@ def _holders(storage: Storage) -> dict[str, HolderRecord]:
 
 def _wait_for_full_renewal(passes: PassRecorder, *, after_ms: int) -> PassResult:
     """The first renewal pass that started after ``after_ms`` and renewed every claim."""
-    deadline = time.monotonic() + RECOVERY_TIMEOUT_S
-    while True:
-        for result in passes.of_kind(PassKind.RENEWAL):
-            if result.started_at > after_ms and result.renewed_count == CLAIMS:
-                return result
-        assert time.monotonic() < deadline, "renewal never succeeded again for every claim"
-        time.sleep(POLL_S)
+
+    def full_renewal() -> PassResult | None:
+        renewals = passes.of_kind(PassKind.RENEWAL)
+        full = (r for r in renewals if r.started_at > after_ms and r.renewed_count == CLAIMS)
+        return next(full, None)
+
+    result = wait_for(
+        full_renewal,
+        lambda found: found is not None,
+        "a renewal pass to renew every claim again",
+        timeout_s=RECOVERY_TIMEOUT_S,
+        poll_s=POLL_S,
+    )
+    assert result is not None
+    return result
 
 
 def test_renewal_survives_a_server_restart_without_losing_a_claim(

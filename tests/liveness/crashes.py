@@ -11,8 +11,7 @@ nobody ever locked proves nothing. :func:`dead_lock` makes such proof for real:
 
 from __future__ import annotations
 
-import time
-
+from tests.support.waiting import wait_until
 from weft_sync.storage import PostgresStorage, SqliteStorage, Storage
 from weft_sync.storage.session_locks import LockState, storage_session_locks
 
@@ -36,8 +35,10 @@ def dead_lock(storage: Storage, name: str) -> str:
         lock.release()
     finally:
         other.close()
-    deadline = time.monotonic() + _GONE_WITHIN_S
-    while locks.probe_session_locks({name: identity})[name] is not LockState.FREE:
-        assert time.monotonic() < deadline, "the closed store's sessions never ended"
-        time.sleep(0.01)
+    wait_until(
+        lambda: locks.probe_session_locks({name: identity})[name] is LockState.FREE,
+        "the closed store's sessions to end",
+        timeout_s=_GONE_WITHIN_S,
+        poll_s=0.01,
+    )
     return identity

@@ -6,15 +6,18 @@ import os
 import signal
 import subprocess
 import sys
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
+from tests.support.waiting import wait_until
+
 ROOT = Path(__file__).resolve().parents[2]
 WAIT_S = 30.0
 """Upper bound for a child to start, or for a probe to see a change (never a timing claim)."""
+POLL_S = 0.01
+"""How often a probe looks for that change."""
 
 
 @dataclass
@@ -60,15 +63,6 @@ def holding(url: str, name: str, mode: str = "lock") -> Iterator[Holder]:
         proc.communicate(timeout=WAIT_S)
 
 
-def wait_until(condition: Callable[[], bool], what: str) -> None:
-    """Poll ``condition`` until it holds; fail naming ``what`` after :data:`WAIT_S`."""
-    deadline = time.monotonic() + WAIT_S
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting until {what}")
-        time.sleep(0.01)
-
-
 def reap(pid: int) -> None:
     """Kill and reap a grandchild (not our child: just kill it and wait for it to vanish)."""
     try:
@@ -84,4 +78,4 @@ def reap(pid: int) -> None:
         except FileNotFoundError:
             return True
 
-    wait_until(gone, f"process {pid} is gone")
+    wait_until(gone, f"process {pid} is gone", timeout_s=WAIT_S, poll_s=POLL_S)

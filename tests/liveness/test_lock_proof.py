@@ -18,8 +18,9 @@ import psycopg
 import pytest
 
 from tests.liveness.crashes import dead_lock
-from tests.liveness.procs import holding, wait_until
+from tests.liveness.procs import POLL_S, WAIT_S, holding
 from tests.pgcluster import PostgresCluster, as_server_user
+from tests.support.waiting import wait_until
 from weft_sync import keys
 from weft_sync.reclaim.engine_records import decode_engine_record
 from weft_sync.storage import PostgresStorage, SqliteStorage, Storage, open_storage
@@ -91,6 +92,8 @@ def test_a_sigkilled_holder_leaves_its_lock_provably_free(
         wait_until(
             lambda: locks.probe_session_locks({"victim": identity})["victim"] is FREE,
             "the killed holder's lock is proven free",
+            timeout_s=WAIT_S,
+            poll_s=POLL_S,
         )
 
 
@@ -159,7 +162,12 @@ def test_postgres_a_terminated_lock_session_proves_nothing(
         identity = _published(storage, "victim")
         lock_pid = int(identity.split(":")[0])
         _terminate(postgres_base_url, lock_pid)
-        wait_until(lambda: not locks.held_session_locks(["victim"]), "the lock session is gone")
+        wait_until(
+            lambda: not locks.held_session_locks(["victim"]),
+            "the lock session is gone",
+            timeout_s=WAIT_S,
+            poll_s=POLL_S,
+        )
         # Its witness session lives on: the holder lives, and will take its lock again.
         assert _never_free(locks, "victim", identity) == {UNKNOWN}
 

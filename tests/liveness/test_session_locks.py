@@ -8,9 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from tests.liveness.procs import holding, reap, wait_until
+from tests.liveness.procs import POLL_S, WAIT_S, holding, reap
 from tests.liveness.wrappers import WithoutSessionLocks
 from tests.pgcluster import PostgresCluster
+from tests.support.waiting import wait_until
 from weft_sync.errors import ClosedError, StorageError
 from weft_sync.storage import SqliteStorage, Storage
 from weft_sync.storage.session_locks import (
@@ -108,7 +109,12 @@ def test_sigkill_of_the_holder_drops_the_lock(storage: Storage, storage_url: str
         assert locks.held_session_locks(["victim"]) == {"victim"}
         holder.signal(signal.SIGKILL)
         holder.proc.wait()
-        wait_until(lambda: not locks.held_session_locks(["victim"]), "the lock is not held")
+        wait_until(
+            lambda: not locks.held_session_locks(["victim"]),
+            "the lock is not held",
+            timeout_s=WAIT_S,
+            poll_s=POLL_S,
+        )
     # The name is free for a new holder.
     lock = locks.acquire_session_lock("victim")
     lock.release()
@@ -139,7 +145,12 @@ def test_a_forked_child_neither_drops_nor_keeps_the_parents_lock(
             holder.proc.wait()
             # The other child still runs, but closed its copy: the lock went with the parent.
             assert os.path.exists(f"/proc/{sleeper}")
-            wait_until(lambda: not locks.held_session_locks(["parent"]), "the lock is not held")
+            wait_until(
+                lambda: not locks.held_session_locks(["parent"]),
+                "the lock is not held",
+                timeout_s=WAIT_S,
+                poll_s=POLL_S,
+            )
         finally:
             reap(sleeper)
 
@@ -153,7 +164,12 @@ def test_an_execed_child_does_not_inherit_the_lock(storage: Storage, storage_url
             holder.signal(signal.SIGKILL)
             holder.proc.wait()
             assert os.path.exists(f"/proc/{sleeper}")
-            wait_until(lambda: not locks.held_session_locks(["execer"]), "the lock is not held")
+            wait_until(
+                lambda: not locks.held_session_locks(["execer"]),
+                "the lock is not held",
+                timeout_s=WAIT_S,
+                poll_s=POLL_S,
+            )
         finally:
             reap(sleeper)
 
@@ -193,7 +209,12 @@ def test_sqlite_forget_removes_a_dead_holders_file_only(tmp_path: Path) -> None:
             assert "dead.lock" in os.listdir(directory)
             holder.signal(signal.SIGKILL)
             holder.proc.wait()
-        wait_until(lambda: not locks.held_session_locks(["dead"]), "the lock is not held")
+        wait_until(
+            lambda: not locks.held_session_locks(["dead"]),
+            "the lock is not held",
+            timeout_s=WAIT_S,
+            poll_s=POLL_S,
+        )
         assert "dead.lock" in os.listdir(directory)  # a dead holder cannot unlink its file
         locks.forget_session_lock("dead")
         assert os.listdir(directory) == []
@@ -239,7 +260,12 @@ def test_postgres_terminated_lock_session_is_seen_and_ensure_retakes_it(storage:
         backend_pid = lock._slots[0][0].info.backend_pid  # type: ignore[index]
         with storage._connection("test") as conn:  # type: ignore[attr-defined]
             conn.execute("SELECT pg_terminate_backend(%s)", [backend_pid])
-        wait_until(lambda: not locks.held_session_locks(["engine-pg"]), "the lock is not held")
+        wait_until(
+            lambda: not locks.held_session_locks(["engine-pg"]),
+            "the lock is not held",
+            timeout_s=WAIT_S,
+            poll_s=POLL_S,
+        )
         assert lock.ensure() is True
         assert locks.held_session_locks(["engine-pg"]) == {"engine-pg"}
         assert lock._slots[0] is not None
@@ -285,7 +311,7 @@ def test_postgres_server_restart_drops_the_lock_and_ensure_retakes_it(
                 except StorageError:  # the pool is still reconnecting
                     return False
 
-            wait_until(answers_not_held, "the server is back")
+            wait_until(answers_not_held, "the server is back", timeout_s=WAIT_S, poll_s=POLL_S)
             assert lock.ensure() is True
             assert locks.held_session_locks(["engine-r"]) == {"engine-r"}
         finally:

@@ -9,8 +9,9 @@ import threading
 
 import pytest
 
-from tests.liveness.procs import holding, wait_until
+from tests.liveness.procs import POLL_S, WAIT_S, holding
 from tests.liveness.wrappers import ProbeCounting, WithoutSessionLocks
+from tests.support.waiting import wait_until
 from weft_sync.clock import system_clock
 from weft_sync.reclaim.watcher import THREAD_NAME, LivenessWatcher
 from weft_sync.storage import Storage
@@ -52,7 +53,12 @@ def test_sigkill_of_an_engine_is_reported_once(storage: Storage, storage_url: st
         assert watcher.start() is True
         try:
             assert [t.name for t in threading.enumerate()].count(THREAD_NAME) == 1
-            wait_until(lambda: watcher.watched() == {"victim"}, "the victim is watched")
+            wait_until(
+                lambda: watcher.watched() == {"victim"},
+                "the victim is watched",
+                timeout_s=WAIT_S,
+                poll_s=POLL_S,
+            )
             victim.signal(signal.SIGKILL)
             victim.proc.wait()
             assert dead.called.wait(30), "on_dead was not called after SIGKILL"
@@ -71,7 +77,12 @@ def test_sigstop_of_an_engine_is_not_reported(storage: Storage, storage_url: str
     with holding(storage_url, "frozen", mode="engine") as frozen:
         watcher.start()
         try:
-            wait_until(lambda: watcher.watched() == {"frozen"}, "the engine is watched")
+            wait_until(
+                lambda: watcher.watched() == {"frozen"},
+                "the engine is watched",
+                timeout_s=WAIT_S,
+                poll_s=POLL_S,
+            )
             frozen.signal(signal.SIGSTOP)
             wrapper.wait_for_probes(30)
             assert dead.calls == []
@@ -94,20 +105,37 @@ def test_storage_errors_and_a_failing_callback_never_stop_the_watcher(
     ):
         watcher.start()
         try:
-            wait_until(lambda: watcher.watched() == {"one", "two"}, "both engines are watched")
+            wait_until(
+                lambda: watcher.watched() == {"one", "two"},
+                "both engines are watched",
+                timeout_s=WAIT_S,
+                poll_s=POLL_S,
+            )
             wrapper.fail_probes = 5
             wrapper.wait_for_probes(10)
             assert "storage error" in caplog.text
             one.signal(signal.SIGKILL)
             one.proc.wait()
-            wait_until(lambda: dead.calls == ["one"], "the first engine is reported")
+            wait_until(
+                lambda: dead.calls == ["one"],
+                "the first engine is reported",
+                timeout_s=WAIT_S,
+                poll_s=POLL_S,
+            )
             wait_until(
                 lambda: "on_dead('one') of the liveness watcher failed" in caplog.text,
                 "the failing callback is logged",
+                timeout_s=WAIT_S,
+                poll_s=POLL_S,
             )
             two.signal(signal.SIGKILL)
             two.proc.wait()
-            wait_until(lambda: dead.calls == ["one", "two"], "the second engine is reported")
+            wait_until(
+                lambda: dead.calls == ["one", "two"],
+                "the second engine is reported",
+                timeout_s=WAIT_S,
+                poll_s=POLL_S,
+            )
             assert watcher.running
         finally:
             watcher.close()
@@ -177,7 +205,12 @@ def test_a_watcher_whose_own_lock_is_gone_reports_nothing(
             assert watcher.watched() == frozenset()
             peer.signal(signal.SIGKILL)
             peer.proc.wait()
-            wait_until(lambda: not locks.held_session_locks(["peer"]), "the peer's lock is gone")
+            wait_until(
+                lambda: not locks.held_session_locks(["peer"]),
+                "the peer's lock is gone",
+                timeout_s=WAIT_S,
+                poll_s=POLL_S,
+            )
             wrapper.wait_for_probes(5)
             assert dead.calls == []
         finally:
@@ -203,9 +236,19 @@ def test_a_watcher_takes_its_own_lost_lock_again_and_keeps_reporting(
     try:
         with holding(storage_url, "peer", mode="engine") as peer:
             watcher.start()
-            wait_until(lambda: watcher.watched() == {"peer"}, "the peer is watched")
+            wait_until(
+                lambda: watcher.watched() == {"peer"},
+                "the peer is watched",
+                timeout_s=WAIT_S,
+                poll_s=POLL_S,
+            )
             _lose(storage, own)
-            wait_until(lambda: locks.held_session_locks(["me"]) == {"me"}, "own lock re-taken")
+            wait_until(
+                lambda: locks.held_session_locks(["me"]) == {"me"},
+                "own lock re-taken",
+                timeout_s=WAIT_S,
+                poll_s=POLL_S,
+            )
             assert watcher.watched() == {"peer"}
             peer.signal(signal.SIGKILL)
             peer.proc.wait()
@@ -231,5 +274,7 @@ def test_the_watcher_stops_when_its_store_is_closed(open_store: object) -> None:
     watcher = _watcher(store, DeadLog())
     watcher.start()
     store.close()
-    wait_until(lambda: not watcher.running, "the watcher thread ends")
+    wait_until(
+        lambda: not watcher.running, "the watcher thread ends", timeout_s=WAIT_S, poll_s=POLL_S
+    )
     watcher.close()

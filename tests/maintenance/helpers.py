@@ -20,12 +20,6 @@ WAIT_S = 10.0
 """Upper bound for any wait in these tests; reaching it means the test failed."""
 
 
-def wait_set(event: threading.Event, what: str = "event") -> None:
-    """Wait for ``event``; fail loudly instead of hanging if it never comes."""
-    if not event.wait(WAIT_S):
-        raise AssertionError(f"timed out waiting for {what}")
-
-
 class ManualScheduler:
     """An :class:`IntervalScheduler` whose ticks fire only when a test calls :meth:`fire`."""
 

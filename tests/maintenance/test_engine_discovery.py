@@ -18,7 +18,7 @@ from tests.claims.gated import WarningSink
 from tests.engines import MakeOwnership, adopt_claims, opened_engines
 from tests.integration.fleet_worker import LocklessStore
 from tests.liveness.crashes import dead_lock
-from tests.liveness.procs import holding, wait_until
+from tests.liveness.procs import POLL_S, WAIT_S, holding
 from tests.maintenance.discovery_helpers import (
     JOB,
     OPTIONS,
@@ -33,6 +33,7 @@ from tests.maintenance.discovery_helpers import (
     index_store,
     rewrite_record,
 )
+from tests.support.waiting import wait_until
 from weft_sync import keys
 from weft_sync.claims.engine_index import index_marker_present, read_engine_entries
 from weft_sync.claims.registry import ClaimRegistry
@@ -172,7 +173,12 @@ def test_a_sigkilled_engines_claims_are_taken_before_expiry(
         child.proc.kill()
         child.proc.wait()
         # PostgreSQL ends the dead client's session (and its advisory lock) moments later.
-        wait_until(lambda: not _lock_held(storage, "engine-k"), "engine-k's lock is gone")
+        wait_until(
+            lambda: not _lock_held(storage, "engine-k"),
+            "engine-k's lock is gone",
+            timeout_s=WAIT_S,
+            poll_s=POLL_S,
+        )
         survivor.run_maintenance()
 
     assert holders(storage, ids) == {wid: ("engine-b", epochs[wid] + 1) for wid in ids}

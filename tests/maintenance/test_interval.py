@@ -17,8 +17,8 @@ from tests.maintenance.helpers import (
     Gauge,
     ManualScheduler,
     PassRecorder,
-    wait_set,
 )
+from tests.support.waiting import wait_set
 from weft_sync.clock import ManualClock
 from weft_sync.errors import ClosedError
 from weft_sync.maintenance.scheduler import TimerScheduler

@@ -18,8 +18,8 @@ from tests.maintenance.helpers import (
     FakeRenewalTarget,
     ManualScheduler,
     PassRecorder,
-    wait_set,
 )
+from tests.support.waiting import wait_set
 from weft_sync.clock import ManualClock
 from weft_sync.maintenance.targets import PassKind
 from weft_sync.maintenance.task import URGENT_RECLAIM_ROUNDS, RenewalTask

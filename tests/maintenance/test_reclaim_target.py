@@ -24,7 +24,8 @@ from tests.claims.gated import (
     pause_in_cas,
     touches,
 )
-from tests.maintenance.helpers import claim_attempts, complete_workflow, wait_set, write_workflow
+from tests.maintenance.helpers import claim_attempts, complete_workflow, write_workflow
+from tests.support.waiting import wait_set
 from tests.workflows.helpers import holder_engine, stored_epoch
 from weft_sync import keys
 from weft_sync.claims.registry import ClaimRegistry

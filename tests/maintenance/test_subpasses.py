@@ -15,8 +15,8 @@ from tests.maintenance.helpers import (
     FakeSignalPollTarget,
     FakeUpdatePollTarget,
     Gauge,
-    wait_set,
 )
+from tests.support.waiting import wait_set
 from weft_sync.clock import ManualClock
 from weft_sync.maintenance.subpasses import (
     run_reclaim_pass,

@@ -4,22 +4,20 @@ from __future__ import annotations
 
 import logging
 import threading
-import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
 
 from tests.maintenance.helpers import (
-    WAIT_S,
     FakeReclaimTarget,
     FakeRenewalTarget,
     FakeSignalPollTarget,
     FakeUpdatePollTarget,
     ManualScheduler,
     PassRecorder,
-    wait_set,
 )
+from tests.support.waiting import wait_set, wait_until
 from weft_sync.clock import ManualClock
 from weft_sync.errors import ClosedError
 from weft_sync.maintenance.targets import PassKind, PassResult, ReclaimPassStatus
@@ -67,13 +65,12 @@ def _wait_for_followers(task: RenewalTask, count: int) -> None:
     Looks inside the pass's future (a ``concurrent.futures.Future`` whose ``result()`` waits on
     its condition), the only place where a caller that joined the pass is visible.
     """
-    deadline = time.monotonic() + WAIT_S
-    while time.monotonic() < deadline:
+
+    def joined() -> bool:
         shared = task._shared_pass
-        if shared is not None and len(shared._condition._waiters) >= count:  # type: ignore[attr-defined]
-            return
-        time.sleep(0.001)
-    raise AssertionError(f"{count} caller(s) never joined the pass in flight")
+        return shared is not None and len(shared._condition._waiters) >= count  # type: ignore[attr-defined]
+
+    wait_until(joined, f"{count} caller(s) to join the pass in flight", poll_s=0.001)
 
 
 def test_empty_held_set_gives_an_empty_pass(make_task: MakeTask) -> None:

@@ -9,17 +9,20 @@ import signal
 import sqlite3
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from sqlitedict import SqliteDict
 
 from tests.forking import expected_fork_warning
+from tests.support.waiting import wait_until
 from weft_sync.errors import ClosedError, StorageError
 from weft_sync.storage import Condition, Put, SqliteStorage
 
 TABLE = "kv"
+POLL_S = 0.002
+"""How often a wait in these tests looks again, in seconds."""
 
 
 def _identity(value: object) -> object:
@@ -69,13 +72,6 @@ def _writer_lock_held(path: Path) -> Iterator[None]:
         os.close(fd)
 
 
-def _wait_for(what: str, condition: Callable[[], bool]) -> None:
-    deadline = time.monotonic() + 10
-    while not condition():
-        assert time.monotonic() < deadline, f"timed out waiting until {what}"
-        time.sleep(0.002)
-
-
 def _occupy_writer(store: SqliteStorage, thread: threading.Thread) -> None:
     """Start ``thread`` (one write on a store that has not written yet) and wait until the
     writer thread has taken its request; with the writer lock held elsewhere it waits there."""
@@ -87,11 +83,11 @@ def _occupy_writer(store: SqliteStorage, thread: threading.Thread) -> None:
 
     assert store._writer is None
     thread.start()
-    _wait_for("the writer took the first request", taken)
+    wait_until(taken, "the writer took the first request", poll_s=POLL_S)
 
 
 def _wait_until_queued(store: SqliteStorage, count: int) -> None:
-    _wait_for(f"{count} requests are queued", lambda: store._queue.qsize() >= count)
+    wait_until(lambda: store._queue.qsize() >= count, f"{count} requests are queued", poll_s=POLL_S)
 
 
 def _run_threads(targets: list[threading.Thread]) -> None:

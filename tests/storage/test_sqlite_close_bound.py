@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from tests.claims.gated import Worker
-from tests.workflows.helpers import wait_until
+from tests.support.waiting import wait_until
 from weft_sync.errors import ClosedError, StorageError
 from weft_sync.storage import SqliteStorage
 from weft_sync.storage.sqlite import fork as sqlite_fork

@@ -8,18 +8,20 @@ import os
 import signal
 import sqlite3
 import threading
-import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 
 from tests.forking import expected_fork_warning
+from tests.support.waiting import wait_until
 from weft_sync.errors import ClosedError, StorageError
 from weft_sync.storage import Condition, Put, SqliteStorage
 from weft_sync.storage.sqlite.writer import SqliteWriter
 
 TABLE = "kv"
+POLL_S = 0.002
+"""How often a wait in these tests looks again, in seconds."""
 
 
 @pytest.fixture
@@ -57,13 +59,6 @@ class _Gate:
 def _writer(store: SqliteStorage) -> SqliteWriter:
     assert store._writer is not None
     return store._writer
-
-
-def _wait_for(what: str, condition: Callable[[], bool]) -> None:
-    deadline = time.monotonic() + 10
-    while not condition():
-        assert time.monotonic() < deadline, f"timed out waiting until {what}"
-        time.sleep(0.002)
 
 
 def _thread(name: str, target: Callable[[], None], errors: list[BaseException]) -> threading.Thread:
@@ -110,7 +105,7 @@ def test_writes_arriving_during_a_commit_are_committed_together_by_the_writer_th
     for thread in queued:
         thread.start()
     # The writer thread takes queued requests only under the transaction lock "first" holds.
-    _wait_for("8 requests are queued", lambda: store._queue.qsize() == 8)
+    wait_until(lambda: store._queue.qsize() == 8, "8 requests are queued", poll_s=POLL_S)
     gate.release.set()
     for thread in [first, *queued]:
         thread.join(timeout=30)
@@ -179,7 +174,7 @@ def test_close_waits_for_a_write_being_committed_on_the_callers_thread(
     assert gate.first_entered.wait(timeout=10)
     closer = _thread("closer", store.close, errors)
     closer.start()
-    _wait_for("close() has begun", lambda: "closed" in repr(store))
+    wait_until(lambda: "closed" in repr(store), "close() has begun", poll_s=POLL_S)
     with pytest.raises(ClosedError):
         store.put("late", b"v")
     closer.join(timeout=0.05)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import threading
-import time
 from collections.abc import Callable
 from typing import Any
 
@@ -63,20 +62,6 @@ def holder_engine(storage: Storage, workflow_id: str) -> str | None:
 def expires_at(storage: Storage, workflow_id: str) -> int | None:
     holder = decode_holder(storage.get(keys.workflow_owner_holder(workflow_id)))
     return None if holder is None else holder.expires_at
-
-
-def wait_until(predicate: Callable[[], bool], what: str) -> None:
-    """Poll ``predicate`` until it holds; fail after :data:`WAIT_S` seconds."""
-    deadline = time.monotonic() + WAIT_S
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.005)
-
-
-def wait_set(event: threading.Event, what: str) -> None:
-    if not event.wait(WAIT_S):
-        raise AssertionError(f"timed out waiting for {what}")
 
 
 class ReadHooks(GatedStorage):

@@ -9,12 +9,8 @@ from collections.abc import Sequence
 import pytest
 
 from tests.claims.gated import PAST_GRACE_MS, WarningSink, Worker
-from tests.workflows.helpers import (
-    WAIT_S,
-    ReadHooks,
-    snapshot,
-    wait_set,
-)
+from tests.support.waiting import wait_set
+from tests.workflows.helpers import WAIT_S, ReadHooks, snapshot
 from tests.workflows.workers import send_signals
 from weft_sync.claims.registry import ClaimRegistry
 from weft_sync.clock import ManualClock

@@ -9,7 +9,8 @@ import pytest
 
 from tests.claims.gated import RENEW_MS, TTL_MS, WarningSink, Worker
 from tests.maintenance.helpers import ManualScheduler
-from tests.workflows.helpers import ReadHooks, wait_set
+from tests.support.waiting import wait_set
+from tests.workflows.helpers import ReadHooks
 from weft_sync.claims.registry import ClaimRegistry
 from weft_sync.clock import ManualClock
 from weft_sync.ledger.records import signal_prefix

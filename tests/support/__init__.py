@@ -1,0 +1,8 @@
+"""Helpers the whole test suite shares, one concept per module (no tests, no fixtures).
+
+- :mod:`tests.support.waiting`: polling waits with a hang guard (a condition that never comes
+  fails the test and names what it waited for).
+
+Fixtures stay in the ``conftest.py`` files; helpers that only one folder's tests use stay in
+that folder.
+"""
