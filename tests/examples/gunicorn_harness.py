@@ -1,4 +1,4 @@
-"""Run a WSGI app under a real gunicorn on 127.0.0.1, find its workers, signal them, clean up.
+"""Run a WSGI app under a real gunicorn: find its workers, signal them, read its log, clean up.
 
 Usage::
 
@@ -7,10 +7,11 @@ Usage::
         pids = server.worker_pids()
         server.signal(pids[0], signal.SIGKILL)
 
-gunicorn binds port 0 and the harness reads the port it got from its log, so parallel runs
-never race for a port. The server runs in its own session; on exit every worker that was
-stopped is continued, the master gets SIGTERM, and whatever is left of the process group is
-killed, so no test leaves a process behind.
+gunicorn binds port 0 of 127.0.0.1 and the harness reads the port it got from its log, so
+parallel runs never race for a port. The server runs in its own session; on exit every worker
+that was stopped is continued, the master gets SIGTERM, and whatever is left of the process
+group is killed, so no test leaves a process behind. :func:`exception_lines` reads the
+tracebacks the app logged.
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ from tests.examples.helpers import REPO_ROOT, script_env
 STARTUP_S = 30.0
 STOP_S = 15.0
 _LISTENING = re.compile(r"Listening at: http://127\.0\.0\.1:(\d+)")
+_TRACEBACK = "Traceback (most recent call last):"
 
 
 class GunicornError(AssertionError):
@@ -218,6 +220,18 @@ def _wait_ready(server: GunicornServer, path: str) -> None:
             last = exc
         time.sleep(0.05)
     raise GunicornError(f"gunicorn never answered {path} (last: {last!r}):\n{server.log()}")
+
+
+def exception_lines(log: str) -> list[str]:
+    """The final line (the exception) of each traceback in a gunicorn ``log``."""
+    lines = log.splitlines()
+    found = []
+    for n, line in enumerate(lines):
+        if line.strip() != _TRACEBACK:
+            continue
+        rest = (later for later in lines[n + 1 :] if later and not later.startswith((" ", "\t")))
+        found.append(next(rest, "<traceback cut off>"))
+    return found
 
 
 def _decode(raw: bytes) -> Any:

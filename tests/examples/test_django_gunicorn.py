@@ -14,13 +14,11 @@ history, where every page appends ``[page, pid, epoch]``) and the project's own 
 
 from __future__ import annotations
 
-import re
+import json
 import signal
-import sqlite3
 import sys
 import time
 from collections import Counter
-from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,16 +26,22 @@ from typing import Any
 
 import pytest
 
-from tests.django_app.databases import FreshPostgresDatabase
-from tests.examples.gunicorn_harness import GunicornServer, run_gunicorn, write_locks_held
-from tests.examples.helpers import EXAMPLES, script_command, script_env
+from tests.examples.gunicorn_django import (
+    PROJECT,
+    Site,
+    assert_stale_writes_refused,
+    migrated_sqlite_site,
+    misreported_finishes,
+    report_events,
+    unexpected_tracebacks,
+)
+from tests.examples.gunicorn_harness import GunicornServer, run_gunicorn
 from tests.examples.job_checks import FINISH_WAIT_S, wait_until_finished, wait_until_taken_over
 from weft_sync.codec import decode_holder
 from weft_sync.keys import workflow_owner_holder
 from weft_sync.storage import Storage, open_storage
 from weft_sync.workflows import Workflows
 
-PROJECT = EXAMPLES / "django_project"
 WORKERS = 4
 JOBS = 120
 CLIENTS = 4
@@ -45,8 +49,6 @@ CLIENTS = 4
 PAGES = 5
 STEP_S = 0.2
 CLAIM_TTL, RENEW_INTERVAL = "1500ms", "500ms"
-MIGRATE_TIMEOUT_S = 180.0
-"""A hang guard: Django's startup and migrations take half a minute on a loaded machine."""
 
 pytestmark = [
     pytest.mark.slow,
@@ -72,46 +74,9 @@ class Run:
     phases: dict[str, float]
 
 
-@dataclass
-class Site:
-    """The project's database: how the example reaches it and how this test reads it."""
-
-    env: dict[str, str]
-    store_url: str
-    query: Callable[[str], list[tuple[Any, ...]]]
-    busy: Callable[[int], bool]
-
-
 @pytest.fixture(params=[False, True], ids=["no-preload", "preload"])
 def preload(request: pytest.FixtureRequest) -> bool:
     return bool(request.param)
-
-
-@pytest.fixture
-def site(backend: str, request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Site]:
-    """A migrated database of the example project on the backend under test."""
-    if backend == "sqlite":
-        path = tmp_path / "site.sqlite3"
-        yield _migrated(
-            Site(
-                env={"WEFTSITE_SQLITE_PATH": str(path)},
-                store_url=f"sqlite:///{path}",
-                query=lambda sql: _sqlite_query(path, sql),
-                # A worker paused inside a write transaction would stall every writer.
-                busy=lambda pid: bool(write_locks_held(pid)),
-            )
-        )
-        return
-    base: str = request.getfixturevalue("postgres_base_url")
-    with FreshPostgresDatabase(base) as url:
-        yield _migrated(
-            Site(
-                env={"WEFTSITE_DATABASE_URL": url},
-                store_url=url,
-                query=lambda sql: _postgres_query(url, sql),
-                busy=lambda pid: _postgres_in_transaction(url),
-            )
-        )
 
 
 def test_report_jobs_survive_a_killed_and_a_paused_gunicorn_worker(
@@ -137,7 +102,7 @@ def test_report_jobs_survive_a_killed_and_a_paused_gunicorn_worker(
         ) as server:
             run = _kill_pause_and_finish(server, store, site)
             log = server.log()
-            unexpected = _unexpected_tracebacks(log, Workflows(store), run.stopped_pid)
+            unexpected = unexpected_tracebacks(log, Workflows(store), run.stopped_pid)
     finally:
         store.close()
     run.seconds = time.monotonic() - began
@@ -178,8 +143,8 @@ def _kill_pause_and_finish(server: GunicornServer, store: Storage, site: Site) -
     phases["finish"] = time.monotonic() - mark
     events = _wait_for_completion_events(ledger, site, accepted, killed)
     _assert_completed_exactly_once(ledger, site, accepted, events, killed)
-    misreported = _misreported_finishes(server.log(), ledger, stopped)
-    refused = _assert_stale_writes_refused(
+    misreported = misreported_finishes(server.log(), ledger, stopped)
+    refused = assert_stale_writes_refused(
         ledger, accepted, events, stopped, (paused_at, continued_at), misreported
     )
     assert stranded == []
@@ -229,7 +194,7 @@ def _wait_for_completion_events(
     """
     deadline = time.monotonic() + FINISH_WAIT_S
     while True:
-        events = _events(site)
+        events = report_events(site)
         recorded = {e["job"] for e in events if e["kind"] == "completed"}
         missing = []
         for job in accepted:
@@ -239,12 +204,6 @@ def _wait_for_completion_events(
         if not missing or time.monotonic() > deadline:
             return events
         time.sleep(0.1)
-
-
-def _events(site: Site) -> list[dict[str, Any]]:
-    rows = site.query("SELECT job_id, kind, page, pid, engine, at FROM reports_reportevent")
-    names = ("job", "kind", "page", "pid", "engine", "at")
-    return sorted((dict(zip(names, row, strict=True)) for row in rows), key=lambda e: e["at"])
 
 
 def _assert_completed_exactly_once(
@@ -293,163 +252,14 @@ def _assert_completed_exactly_once(
             ), job
 
 
-def _assert_stale_writes_refused(
-    ledger: Workflows,
-    accepted: dict[str, int],
-    events: list[dict[str, Any]],
-    stopped: int,
-    pause: tuple[float, float],
-    misreported: list[str],
-) -> int:
-    """The paused worker's writes after the takeover were all refused; return how many.
-
-    ``pause``: when the worker was stopped and continued (``time.time()``). ``misreported``:
-    its finishes refused with the wrong error type (see :func:`_misreported_finishes`);
-    refused all the same, so they count.
-    """
-    paused_at, continued_at = pause
-    refused = [e for e in events if e["kind"] == "refused" and e["pid"] == stopped]
-    assert refused or misreported, "the paused worker had no write refused"
-    # It owned none of its jobs after it continued (all were taken over while it was stopped):
-    # completing one, or writing its last page, needed a takeover of its own first.
-    retaken = {
-        e["job"]
-        for e in events
-        if e["kind"] == "resumed" and e["pid"] == stopped and e["at"] >= continued_at
-    }
-    for job, owner in accepted.items():
-        if owner != stopped or job in retaken:
-            continue
-        late = [
-            e for e in events if e["job"] == job and e["pid"] == stopped and e["at"] >= continued_at
-        ]
-        # A "completed" event may come late when the worker was stopped between its accepted
-        # complete() and recording it: the store then shows that outcome, finished before
-        # the pause. Anything else after the pause must be a refusal.
-        outcome = ledger.get_outcome(job)
-        finished_before_pause = (
-            outcome is not None
-            and outcome.result["pid"] == stopped
-            and outcome.finished_at <= paused_at * 1000
-        )
-        accepted_late = [
-            e
-            for e in late
-            if e["kind"] != "refused" and not (e["kind"] == "completed" and finished_before_pause)
-        ]
-        assert accepted_late == [], ("a stale write was accepted", late, outcome)
-    return len(refused) + len(misreported)
-
-
-_TRACEBACK = "Traceback (most recent call last):"
-# A deposed worker's complete()/fail() of a job its new owner already completed is refused (the
-# store keeps the new owner's outcome), but reported as WorkflowStateError instead of
-# EngineDeposedError while ledger/finishing.py checks the status before the epoch. The example
-# then logs it with its traceback. What matters here is that the write was refused.
-_MISREPORTED_FINISH = re.compile(
-    r"weft_sync(?:\.[a-z_]+)*\.WorkflowStateError: cannot (?:complete|fail) workflow "
-    r"'(?P<job>[0-9a-f]+)': its status is 'completed'"
-)
-
-
-def _exception_lines(log: str) -> list[str]:
-    """The final line (the exception) of each traceback in ``log``."""
-    lines = log.splitlines()
-    found = []
-    for n, line in enumerate(lines):
-        if line.strip() != _TRACEBACK:
-            continue
-        rest = (later for later in lines[n + 1 :] if later and not later.startswith((" ", "\t")))
-        found.append(next(rest, "<traceback cut off>"))
-    return found
-
-
-def _misreported_finishes(log: str, ledger: Workflows, stopped: int) -> list[str]:
-    """The jobs whose finish by a deposed worker was refused as ``WorkflowStateError``."""
-    jobs = []
-    for line in _exception_lines(log):
-        match = _MISREPORTED_FINISH.search(line)
-        if match is None:
-            continue
-        outcome = ledger.get_outcome(match["job"])
-        if outcome is not None and outcome.result["pid"] != stopped:
-            jobs.append(match["job"])
-    return jobs
-
-
-def _unexpected_tracebacks(log: str, ledger: Workflows, stopped: int) -> list[str]:
-    """Every traceback in ``log`` but the misreported deposed finishes."""
-    known = set(_misreported_finishes(log, ledger, stopped))
-    return [
-        line
-        for line in _exception_lines(log)
-        if not ((m := _MISREPORTED_FINISH.search(line)) and m["job"] in known)
-    ]
-
-
 def _history(ledger: Workflows, job: str) -> list[list[int]]:
-    import json
-
     return list(json.loads(ledger.load_checkpoint(job) or b"[]"))
-
-
-def _migrated(site: Site) -> Site:
-    import subprocess
-
-    done = subprocess.run(
-        script_command("django_project/manage.py", "migrate", "-v", "0"),
-        cwd=PROJECT,
-        env={**script_env(), **site.env},
-        capture_output=True,
-        text=True,
-        timeout=MIGRATE_TIMEOUT_S,
-        check=False,
-    )
-    assert (done.returncode, done.stderr) == (0, ""), done.stderr
-    return site
-
-
-def _sqlite_query(path: Path, sql: str) -> list[tuple[Any, ...]]:
-    conn = sqlite3.connect(path, timeout=20)
-    try:
-        return list(conn.execute(sql).fetchall())
-    finally:
-        conn.close()
-
-
-def _postgres_query(url: str, sql: str) -> list[tuple[Any, ...]]:
-    import psycopg
-
-    with psycopg.connect(url, autocommit=True) as conn:
-        return list(conn.execute(sql).fetchall())  # type: ignore[arg-type]
-
-
-def _postgres_in_transaction(url: str) -> bool:
-    """Whether some session of this database sits inside a transaction (row locks held)."""
-    import psycopg
-
-    time.sleep(0.05)
-    with psycopg.connect(url, autocommit=True) as conn:
-        row = conn.execute(
-            "SELECT count(*) FROM pg_stat_activity WHERE pid <> pg_backend_pid() "
-            "AND datname = current_database() AND state LIKE 'idle in transaction%%' "
-            "AND now() - state_change > interval '40 milliseconds'"
-        ).fetchone()
-    return bool(row and row[0])
 
 
 def test_a_graceful_restart_releases_every_claim_and_the_next_server_finishes_the_jobs(
     tmp_path: Path,
 ) -> None:
-    path = tmp_path / "site.sqlite3"
-    site = _migrated(
-        Site(
-            env={"WEFTSITE_SQLITE_PATH": str(path)},
-            store_url=f"sqlite:///{path}",
-            query=lambda sql: _sqlite_query(path, sql),
-            busy=lambda pid: bool(write_locks_held(pid)),
-        )
-    )
+    site = migrated_sqlite_site(tmp_path / "site.sqlite3")
     env = {
         **site.env,
         "WEFTSITE_CLAIM_TTL": CLAIM_TTL,

@@ -18,7 +18,6 @@ import re
 import signal
 import sys
 import time
-import urllib.parse
 import uuid
 from collections import Counter
 from collections.abc import Callable
@@ -28,9 +27,18 @@ from typing import Any
 
 import pytest
 
+from tests.examples.gunicorn_flask import (
+    APP_SPEC,
+    CONFIG,
+    assert_no_stale_write_accepted,
+    assert_stale_writes_refused,
+    busy_probe,
+    read_events,
+)
 from tests.examples.gunicorn_harness import (
     GunicornServer,
     alive,
+    exception_lines,
     run_gunicorn,
     write_locks_held,
 )
@@ -40,8 +48,6 @@ from weft_sync.keys import workflow_owner_holder
 from weft_sync.storage import Storage, open_storage
 from weft_sync.workflows import Workflows
 
-APP_SPEC = "examples.flask_app.app:create_app()"
-CONFIG = "examples/flask_app/gunicorn.conf.py"
 WORKERS = 4
 JOBS = 120
 STEPS = 6
@@ -80,7 +86,7 @@ def test_jobs_survive_a_killed_and_a_paused_gunicorn_worker(
         "FLASK_JOBS_STEP_MS": str(STEP_MS),
         "FLASK_JOBS_EVENTS_DIR": str(events_dir),
     }
-    busy = _busy_probe(backend, storage_url)
+    busy = busy_probe(backend, storage_url)
     with run_gunicorn(
         APP_SPEC,
         log_path=tmp_path / "gunicorn.log",
@@ -115,16 +121,7 @@ _ENDED_SESSION = re.compile(
 
 def _unexpected_tracebacks(log: str) -> list[str]:
     """The final line of each traceback in ``log`` that is not an ended session's error."""
-    lines = log.splitlines()
-    found = []
-    for n, line in enumerate(lines):
-        if line.strip() != "Traceback (most recent call last):":
-            continue
-        rest = (later for later in lines[n + 1 :] if later and not later.startswith((" ", "\t")))
-        last = next(rest, "<traceback cut off>")
-        if not _ENDED_SESSION.search(last):
-            found.append(last)
-    return found
+    return [line for line in exception_lines(log) if not _ENDED_SESSION.search(line)]
 
 
 def _kill_pause_and_finish(
@@ -146,9 +143,9 @@ def _kill_pause_and_finish(
 
     ledger = Workflows(storage)
     stranded = wait_until_finished(ledger, accepted)
-    log = _read_events(events_dir)
+    log = read_events(events_dir)
     _assert_completed_exactly_once(ledger, accepted, log, killed)
-    refused = _assert_stale_writes_refused(log, stopped)
+    refused = assert_stale_writes_refused(log, stopped)
     assert stranded == []
     resumes = [e for e in log if e["event"] == "resumed"]
     takeover = max(
@@ -180,22 +177,10 @@ def _start_jobs(server: GunicornServer, *, count: int = JOBS, steps: int = STEPS
 
 
 def _engine_of(events_dir: Path, pid: int) -> str:
-    engines = {e["engine"] for e in _read_events(events_dir) if e["event"] == "started"}
-    mine = {e["engine"] for e in _read_events(events_dir) if e.get("pid") == pid and "engine" in e}
+    engines = {e["engine"] for e in read_events(events_dir) if e["event"] == "started"}
+    mine = {e["engine"] for e in read_events(events_dir) if e.get("pid") == pid and "engine" in e}
     assert len(mine) == 1 and mine <= engines, (pid, mine)
     return mine.pop()
-
-
-def _read_events(directory: Path) -> list[dict[str, Any]]:
-    found = []
-    for path in directory.glob("events-*.jsonl"):
-        for line in path.read_text().splitlines():
-            # A line cut short by SIGKILL is not evidence of anything.
-            try:
-                found.append(json.loads(line))
-            except ValueError:
-                continue
-    return sorted(found, key=lambda e: e["t"])
 
 
 def _assert_completed_exactly_once(
@@ -221,61 +206,6 @@ def _assert_completed_exactly_once(
         else:
             assert completions[job] == 1, (job, completions[job])
             assert completers[job] == outcome.result["pid"], (job, completers[job], outcome)
-
-
-def _assert_stale_writes_refused(log: list[dict[str, Any]], stopped: int) -> int:
-    """The paused worker had writes refused, and no stale write was accepted; return how many."""
-    refused = [e for e in log if e["event"] == "refused" and e["pid"] == stopped]
-    assert refused, "the paused worker had no write refused"
-    _assert_no_stale_write_accepted(log)
-    return len(refused)
-
-
-def _assert_no_stale_write_accepted(log: list[dict[str, Any]]) -> None:
-    """No write at an older epoch issued after a takeover was accepted.
-
-    A takeover of a job at epoch ``e`` is logged (``resumed``) right after it committed; every
-    write at an older epoch issued after that must have been refused by the store.
-    """
-    takeovers: dict[str, list[tuple[float, int]]] = {}
-    for event in log:
-        if event["event"] == "resumed":
-            takeovers.setdefault(event["job"], []).append((event["t"], event["epoch"]))
-    for event in log:
-        if event["event"] not in ("step", "completed"):
-            continue
-        for taken_at, epoch in takeovers.get(event["job"], []):
-            if epoch > event["epoch"]:
-                assert event["issued"] < taken_at, ("a stale write was accepted", event, epoch)
-
-
-def _busy_probe(backend: str, storage_url: str) -> Callable[[int], bool]:
-    """Whether a stopped worker is inside a store transaction (then it is continued and retried).
-
-    A process paused while it holds the store's write lock stalls every writer on SQLite, and
-    on PostgreSQL holds its row locks; the scenario here is a worker paused between writes.
-    """
-    if backend == "sqlite":
-        return lambda pid: bool(write_locks_held(pid))
-    import psycopg
-
-    base, _, query = storage_url.partition("?")
-    params = dict(urllib.parse.parse_qsl(query))
-    table = params.pop("table")
-    dsn = base + ("?" + urllib.parse.urlencode(params) if params else "")
-
-    def in_transaction(pid: int) -> bool:
-        time.sleep(0.05)
-        with psycopg.connect(dsn, autocommit=True) as conn:
-            row = conn.execute(
-                "SELECT count(*) FROM pg_stat_activity WHERE pid <> pg_backend_pid() "
-                "AND state LIKE 'idle in transaction%%' AND query LIKE %s "
-                "AND now() - state_change > interval '40 milliseconds'",
-                (f"%{table}%",),
-            ).fetchone()
-        return bool(row and row[0])
-
-    return in_transaction
 
 
 @pytest.fixture(params=[False, True], ids=["no-preload", "preload"])
@@ -323,9 +253,9 @@ def test_a_worker_paused_inside_a_sqlite_write_stalls_writers_but_strands_no_job
         server.signal(stopped, signal.SIGCONT)
         ledger = Workflows(storage)
         stranded = wait_until_finished(ledger, accepted)
-        log = _read_events(events_dir)
+        log = read_events(events_dir)
         _assert_completed_exactly_once(ledger, accepted, log, killed=-1)
-        _assert_no_stale_write_accepted(log)
+        assert_no_stale_write_accepted(log)
         server_log = server.log()
 
     assert stranded == []

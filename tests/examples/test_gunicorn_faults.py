@@ -49,18 +49,20 @@ from typing import Any, Final, Protocol
 import psycopg
 import pytest
 
-from tests.examples import test_django_gunicorn as django_run
-from tests.examples import test_flask_gunicorn as flask_run
-from tests.examples.gunicorn_harness import STARTUP_S, GunicornServer, alive, run_gunicorn
+from tests.examples import gunicorn_django, gunicorn_flask
+from tests.examples.gunicorn_harness import (
+    STARTUP_S,
+    GunicornServer,
+    alive,
+    exception_lines,
+    run_gunicorn,
+)
 from tests.examples.job_checks import (
     TAKEOVER_WAIT_S,
     wait_until_finished,
     wait_until_taken_over,
 )
-
-# The Django example's database fixture, requested by name from the ``example`` fixture.
-from tests.examples.test_django_gunicorn import Site, site  # noqa: F401
-from tests.integration.test_store_glitch import _HOLD_SQLITE
+from tests.support.sqlite_lock import HOLD_WRITE_LOCK
 from tests.support.waiting import wait_for
 from weft_sync.codec import decode_holder
 from weft_sync.keys import workflow_owner_holder
@@ -190,7 +192,7 @@ class FlaskExample:
         self.store_url = store_url
         self.events_dir = tmp_path / "events"
         self.events_dir.mkdir()
-        self._busy = flask_run._busy_probe(backend, store_url)
+        self._busy = gunicorn_flask.busy_probe(backend, store_url)
 
     def serve(
         self, log_path: Path, *, step_s: float, extra_args: Sequence[str] = ()
@@ -204,11 +206,11 @@ class FlaskExample:
             "FLASK_JOBS_EVENTS_DIR": str(self.events_dir),
         }
         return run_gunicorn(
-            flask_run.APP_SPEC,
+            gunicorn_flask.APP_SPEC,
             log_path=log_path,
             workers=WORKERS,
             env=env,
-            extra_args=["-c", flask_run.CONFIG, *extra_args],
+            extra_args=["-c", gunicorn_flask.CONFIG, *extra_args],
         )
 
     def start_jobs(self, server: GunicornServer, count: int, steps: int) -> dict[str, int]:
@@ -218,7 +220,7 @@ class FlaskExample:
     def events(self) -> list[Event]:
         return [
             Event(e["event"], e["job"], e["pid"], e["t"])
-            for e in flask_run._read_events(self.events_dir)
+            for e in gunicorn_flask.read_events(self.events_dir)
         ]
 
     def busy(self, pid: int) -> bool:
@@ -239,7 +241,7 @@ class FlaskExample:
             else:
                 assert completions[job] == 1, (job, completions[job])
                 assert completers[job] == outcome.result["pid"], (job, completers[job], outcome)
-        flask_run._assert_no_stale_write_accepted(flask_run._read_events(self.events_dir))
+        gunicorn_flask.assert_no_stale_write_accepted(gunicorn_flask.read_events(self.events_dir))
 
     def assert_stale_writes_refused(
         self,
@@ -249,12 +251,12 @@ class FlaskExample:
         pause: tuple[float, float],
         log: str,
     ) -> int:
-        return flask_run._assert_stale_writes_refused(
-            flask_run._read_events(self.events_dir), stopped
+        return gunicorn_flask.assert_stale_writes_refused(
+            gunicorn_flask.read_events(self.events_dir), stopped
         )
 
     def tracebacks(self, log: str, ledger: Workflows, stopped: int) -> list[str]:
-        return django_run._exception_lines(log)
+        return exception_lines(log)
 
 
 class DjangoExample:
@@ -263,7 +265,7 @@ class DjangoExample:
     name = "django"
     warm_up_path = "/jobs/"  # the counts; the engine opened at boot (post_worker_init)
 
-    def __init__(self, django_site: Site) -> None:
+    def __init__(self, django_site: gunicorn_django.Site) -> None:
         self.site = django_site
         self.store_url = django_site.store_url
 
@@ -283,7 +285,7 @@ class DjangoExample:
             env=env,
             extra_args=extra_args,
             ready_path="/jobs/",
-            cwd=django_run.PROJECT,
+            cwd=gunicorn_django.PROJECT,
         )
 
     def start_jobs(self, server: GunicornServer, count: int, steps: int) -> dict[str, int]:
@@ -292,7 +294,8 @@ class DjangoExample:
 
     def events(self) -> list[Event]:
         return [
-            Event(e["kind"], e["job"], e["pid"], e["at"]) for e in django_run._events(self.site)
+            Event(e["kind"], e["job"], e["pid"], e["at"])
+            for e in gunicorn_django.report_events(self.site)
         ]
 
     def busy(self, pid: int) -> bool:
@@ -331,14 +334,14 @@ class DjangoExample:
         pause: tuple[float, float],
         log: str,
     ) -> int:
-        events = django_run._events(self.site)
-        misreported = django_run._misreported_finishes(log, ledger, stopped)
-        return django_run._assert_stale_writes_refused(
+        events = gunicorn_django.report_events(self.site)
+        misreported = gunicorn_django.misreported_finishes(log, ledger, stopped)
+        return gunicorn_django.assert_stale_writes_refused(
             ledger, accepted, events, stopped, pause, misreported
         )
 
     def tracebacks(self, log: str, ledger: Workflows, stopped: int) -> list[str]:
-        return django_run._unexpected_tracebacks(log, ledger, stopped)
+        return gunicorn_django.unexpected_tracebacks(log, ledger, stopped)
 
 
 @pytest.fixture(params=["flask", "django"])
@@ -418,7 +421,7 @@ def _hold_write_lock(backend: str, store_url: str, server: GunicornServer) -> fl
     # behind it through in time: the lock is held past its 7 s until a driver has failed.
     path = urllib.parse.urlsplit(store_url).path
     with subprocess.Popen(
-        [sys.executable, "-c", _HOLD_SQLITE, path, str(SQLITE_LOCK_S)],
+        [sys.executable, "-c", HOLD_WRITE_LOCK, path, str(SQLITE_LOCK_S)],
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         text=True,

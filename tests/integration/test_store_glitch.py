@@ -24,6 +24,7 @@ from pathlib import Path
 import psycopg
 import pytest
 
+from tests.support.sqlite_lock import HOLD_WRITE_LOCK
 from weft_sync import Ownership, OwnershipOptions, ReclaimedWorkflow, StorageError, WeftError
 from weft_sync.workflows import Workflows
 
@@ -37,17 +38,6 @@ STEPS = 8
 STEP_S = 0.15
 WAIT_S = 90.0
 OPTIONS = OwnershipOptions(claim_ttl="1500ms", claim_renew_interval="500ms")
-
-_HOLD_SQLITE = """
-import sqlite3, sys, time
-conn = sqlite3.connect(sys.argv[1], isolation_level=None)
-conn.execute("BEGIN IMMEDIATE")
-print("locked", flush=True)
-time.sleep(float(sys.argv[2]))
-sys.stdin.readline()  # held on until the test has seen a driver fail
-conn.execute("ROLLBACK")
-conn.close()
-"""
 
 
 def _steps(workflows: Workflows, job_id: str) -> list[int]:
@@ -136,7 +126,7 @@ def test_twenty_jobs_complete_through_a_seven_second_sqlite_write_lock(tmp_path:
             # timeout, and the drivers' writes queued behind it then get the lock in time: so
             # the lock is held past 7 s until a driver has failed (WAIT_S at most).
             proc = subprocess.Popen(
-                [sys.executable, "-c", _HOLD_SQLITE, str(path), "7"],
+                [sys.executable, "-c", HOLD_WRITE_LOCK, str(path), "7"],
                 stdin=subprocess.PIPE,
                 stdout=subprocess.PIPE,
                 text=True,

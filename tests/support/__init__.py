@@ -2,6 +2,8 @@
 
 - :mod:`tests.support.waiting`: polling waits with a hang guard (a condition that never comes
   fails the test and names what it waited for).
+- :mod:`tests.support.sqlite_lock`: a script that holds a SQLite database's write lock from a
+  process of its own.
 
 Fixtures stay in the ``conftest.py`` files; helpers that only one folder's tests use stay in
 that folder.
