@@ -10,7 +10,6 @@ from __future__ import annotations
 import re
 import sqlite3
 import subprocess
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,6 +17,7 @@ from typing import Any, Final
 
 from tests.examples.gunicorn_harness import exception_lines, write_locks_held
 from tests.examples.helpers import EXAMPLES, script_command, script_env
+from tests.support.postgres_activity import idle_in_transaction
 from weft_sync.workflows import Workflows
 
 PROJECT: Final = EXAMPLES / "django_project"
@@ -55,7 +55,7 @@ def migrated_postgres_site(url: str) -> Site:
             env={"WEFTSITE_DATABASE_URL": url},
             store_url=url,
             query=lambda sql: _postgres_query(url, sql),
-            busy=lambda pid: _postgres_in_transaction(url),
+            busy=lambda pid: idle_in_transaction(url),
         )
     )
 
@@ -175,17 +175,3 @@ def _postgres_query(url: str, sql: str) -> list[tuple[Any, ...]]:
 
     with psycopg.connect(url, autocommit=True) as conn:
         return list(conn.execute(sql).fetchall())  # type: ignore[arg-type]
-
-
-def _postgres_in_transaction(url: str) -> bool:
-    """Whether some session of this database sits inside a transaction (row locks held)."""
-    import psycopg
-
-    time.sleep(0.05)
-    with psycopg.connect(url, autocommit=True) as conn:
-        row = conn.execute(
-            "SELECT count(*) FROM pg_stat_activity WHERE pid <> pg_backend_pid() "
-            "AND datname = current_database() AND state LIKE 'idle in transaction%%' "
-            "AND now() - state_change > interval '40 milliseconds'"
-        ).fetchone()
-    return bool(row and row[0])

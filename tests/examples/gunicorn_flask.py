@@ -8,13 +8,12 @@ transaction, and the checks that a paused worker's late writes were refused.
 from __future__ import annotations
 
 import json
-import time
-import urllib.parse
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Final
 
 from tests.examples.gunicorn_harness import write_locks_held
+from tests.support.postgres_activity import dsn_of, idle_in_transaction
 
 APP_SPEC: Final = "examples.flask_app.app:create_app()"
 CONFIG: Final = "examples/flask_app/gunicorn.conf.py"
@@ -67,22 +66,5 @@ def busy_probe(backend: str, storage_url: str) -> Callable[[int], bool]:
     """
     if backend == "sqlite":
         return lambda pid: bool(write_locks_held(pid))
-    import psycopg
-
-    base, _, query = storage_url.partition("?")
-    params = dict(urllib.parse.parse_qsl(query))
-    table = params.pop("table")
-    dsn = base + ("?" + urllib.parse.urlencode(params) if params else "")
-
-    def in_transaction(pid: int) -> bool:
-        time.sleep(0.05)
-        with psycopg.connect(dsn, autocommit=True) as conn:
-            row = conn.execute(
-                "SELECT count(*) FROM pg_stat_activity WHERE pid <> pg_backend_pid() "
-                "AND state LIKE 'idle in transaction%%' AND query LIKE %s "
-                "AND now() - state_change > interval '40 milliseconds'",
-                (f"%{table}%",),
-            ).fetchone()
-        return bool(row and row[0])
-
-    return in_transaction
+    dsn, table = dsn_of(storage_url)
+    return lambda pid: idle_in_transaction(dsn, table=table)

@@ -126,6 +126,8 @@ _LOCK_TIMED_OUT = re.compile(
     r".*(?:due to lock timeout|database is locked)"
     r"|: (?:consuming input failed: )?server closed the connection unexpectedly"
     r"|: terminating connection due to idle-in-transaction timeout"
+    # A pool wait begun before the stop is past its timeout when the worker wakes.
+    r"|couldn't get a connection after 0\.00 sec"
 )
 
 

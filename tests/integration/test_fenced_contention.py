@@ -24,7 +24,6 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from multiprocessing.process import BaseProcess
 from pathlib import Path
-from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 import pytest
 
@@ -50,6 +49,7 @@ from tests.integration.procs import (
     stop_all,
     wait_ready,
 )
+from tests.support.postgres_activity import dsn_of, idle_in_transaction
 from tests.support.waiting import wait_until
 from weft_sync import keys
 from weft_sync.codec import WorkflowRecord, decode_epoch, encode_workflow_record
@@ -276,19 +276,7 @@ def _busy(pid: int, storage_url: str) -> bool:
     """Whether ``pid`` (stopped) may hold a lock the other contenders need."""
     if storage_url.startswith("sqlite"):
         return bool(write_locks_held(pid))
-    import psycopg
-
-    parts = urlsplit(storage_url)
-    query = urlencode([(k, v) for k, v in parse_qsl(parts.query) if k != "table"])
-    base = urlunsplit(parts._replace(query=query))
-    time.sleep(0.05)
-    with psycopg.connect(base, autocommit=True) as conn:
-        row = conn.execute(
-            "SELECT count(*) FROM pg_stat_activity WHERE pid <> pg_backend_pid() "
-            "AND datname = current_database() AND state LIKE 'idle in transaction%%' "
-            "AND now() - state_change > interval '40 milliseconds'"
-        ).fetchone()
-    return bool(row and row[0])
+    return idle_in_transaction(dsn_of(storage_url)[0])
 
 
 def _stop_outside_writes(contender: _Contender) -> None:

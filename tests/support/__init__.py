@@ -4,6 +4,8 @@
   fails the test and names what it waited for).
 - :mod:`tests.support.sqlite_lock`: a script that holds a SQLite database's write lock from a
   process of its own.
+- :mod:`tests.support.postgres_activity`: whether a PostgreSQL session sits inside a
+  transaction (a paused process may hold row locks).
 
 Fixtures stay in the ``conftest.py`` files; helpers that only one folder's tests use stay in
 that folder.
