@@ -175,17 +175,13 @@ class DriverTracker:
         """``lookup`` (the epoch token of a held claim, or ``None``) as the calling thread may
         write with it: ``None`` inside a drive of the workflow at another epoch than the one
         held (the host fence's ``epoch_of``)."""
-        here = self._here
 
         def narrowed(workflow_id: str) -> bytes | None:
             token = lookup(workflow_id)
-            drives: dict[str, list[int]] | None = getattr(here, "drives", None)
-            if token is None or not drives:
-                return token
-            epochs = drives.get(workflow_id)
-            if epochs and epochs[-1] != decode_epoch(token):
+            if token is None:
                 return None
-            return token
+            driving = self.drive_epoch(workflow_id)
+            return token if driving is None or driving == decode_epoch(token) else None
 
         return narrowed
 
@@ -198,7 +194,7 @@ class DriverTracker:
     def _left_here(self, workflow_id: str, epochs: list[int]) -> None:
         epochs.pop()
         if not epochs:
-            self._drives_here().pop(workflow_id, None)
+            self._here.drives.pop(workflow_id, None)
 
     def enter(self, workflow_id: str, epoch: int, kind: str) -> Driver:
         """Register the current thread as the driver of the claim at ``epoch``.
