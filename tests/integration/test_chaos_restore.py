@@ -258,6 +258,10 @@ class _PostgresCopies:
         try:
             with psycopg.connect(self._base) as conn, conn.transaction():
                 conn.execute(f"SET LOCAL lock_timeout = {int(wait_s * 1000)}")
+                # Writers wait for the restore (readers do not): without the table lock an
+                # engine's insert committed between the DELETE and the INSERT collides with
+                # the copy's row for the same key.
+                conn.execute(f'LOCK TABLE "{self._table}" IN EXCLUSIVE MODE')
                 conn.execute(f'DELETE FROM "{self._table}"')
                 conn.execute(f'INSERT INTO "{self._table}" SELECT * FROM "{name}"')
         except (psycopg.errors.LockNotAvailable, psycopg.errors.DeadlockDetected):
