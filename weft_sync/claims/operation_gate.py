@@ -12,8 +12,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
+from types import TracebackType
 
 from ..errors import ClosedError
 
@@ -38,12 +37,14 @@ class OperationGate:
         with self._lock:
             return self._closing
 
-    @contextmanager
-    def operation(self, what: str) -> Iterator[None]:
-        """Run the ``with`` body as one operation in flight.
+    def operation(self, what: str) -> _Operation:
+        """``with gate.operation(what):`` runs the body as one operation in flight.
 
-        :raises ClosedError: :meth:`close` was called (nothing is run).
+        :raises ClosedError: (on entering) :meth:`close` was called; nothing is run.
         """
+        return _Operation(self, what)
+
+    def _enter(self, what: str) -> None:
         with self._lock:
             if self._closing:
                 raise ClosedError(
@@ -51,13 +52,12 @@ class OperationGate:
                     f"closes or after it closed; open a new Ownership to claim workflows again"
                 )
             self._active += 1
-        try:
-            yield
-        finally:
-            with self._lock:
-                self._active -= 1
-                if self._active == 0:
-                    self._drained.notify_all()
+
+    def _exit(self) -> None:
+        with self._lock:
+            self._active -= 1
+            if self._active == 0:
+                self._drained.notify_all()
 
     def close(self, timeout: float | None) -> bool:
         """Refuse new operations; wait up to ``timeout`` seconds for those in flight.
@@ -80,3 +80,24 @@ class OperationGate:
         self._drained = threading.Condition(self._lock)
         self._closing = False
         self._active = 0
+
+
+class _Operation:
+    """One operation's ``with`` block (a class, not a generator: every claim enters one)."""
+
+    __slots__ = ("_gate", "_what")
+
+    def __init__(self, gate: OperationGate, what: str) -> None:
+        self._gate = gate
+        self._what = what
+
+    def __enter__(self) -> None:
+        self._gate._enter(self._what)
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self._gate._exit()

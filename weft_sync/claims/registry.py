@@ -24,8 +24,9 @@ from __future__ import annotations
 import logging
 import os
 import time
-from collections.abc import Callable, Collection, Iterable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable, Collection, Iterable
+from contextlib import AbstractContextManager
+from types import TracebackType
 from typing import Final, cast
 
 from .._fork import process_bound_class
@@ -432,20 +433,16 @@ class ClaimRegistry:
         """Whether :meth:`close` was called (new claim operations raise ``ClosedError``)."""
         return self._gate.closing
 
-    @contextmanager
-    def operation(self, what: str) -> Iterator[None]:
-        """Run a claim-creating operation (the caller's, e.g. a folded acquire) as in flight.
+    def operation(self, what: str) -> AbstractContextManager[None]:
+        """``with registry.operation(what):`` runs a claim-creating operation (the caller's,
+        e.g. a folded acquire) as in flight.
 
-        :meth:`close` waits for it before its final release, so what it claimed is released.
+        :meth:`close` waits for it before its final release, so what it claimed is released. A
+        :class:`~weft_sync.errors.StoreIdentityError` leaving the block loses the store.
 
-        :raises ClosedError: :meth:`close` was called.
+        :raises ClosedError: (on entering) :meth:`close` was called.
         """
-        with self._gate.operation(what):
-            try:
-                yield
-            except StoreIdentityError as exc:
-                self.lose_store(exc)
-                raise
+        return _ClaimOperation(self, what)
 
     def close(self, timeout: float | None = None) -> list[str]:
         """Refuse new claims, wait for claim operations in flight, then release every claim.
@@ -654,3 +651,29 @@ def _epoch_lookup(table: ClaimTable) -> Callable[[str], bytes | None]:
         return None
 
     return lookup
+
+
+class _ClaimOperation:
+    """The ``with`` block of :meth:`ClaimRegistry.operation` (a class, not a generator: every
+    acquire and takeover enters one)."""
+
+    __slots__ = ("_inner", "_registry")
+
+    def __init__(self, registry: ClaimRegistry, what: str) -> None:
+        self._registry = registry
+        self._inner = registry._gate.operation(what)
+
+    def __enter__(self) -> None:
+        self._inner.__enter__()
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        try:
+            if isinstance(exc, StoreIdentityError):
+                self._registry.lose_store(exc)
+        finally:
+            self._inner.__exit__(exc_type, exc, tb)

@@ -70,10 +70,11 @@ def attempt_claim(
     registry: ClaimRegistry,
     metrics: ClaimMetrics,
     workflow_id: str,
-    dead_engines: Collection[str] = (),
+    dead_engines: Callable[[], Collection[str]] = frozenset,
 ) -> ClaimAttempt:
     """Acquire ``workflow_id``, or take it over if its holder expired past the grace, or names
-    one of ``dead_engines`` (engines the crash probe saw crashed: taken before expiry).
+    one of ``dead_engines()`` (engines the crash probe saw crashed: taken before expiry; asked
+    only when the acquire found a holder).
 
     Counts ``acquired``, ``takeover``, ``backoff_skipped`` or ``lost_race`` in ``metrics``.
     """
@@ -84,7 +85,7 @@ def attempt_claim(
             metrics.record_claim_attempt("acquired")
             return ClaimAttempt(acquired.epoch, token=acquired.token or b"")
         held_by = acquired.held_by
-        taken = registry.takeover(workflow_id, dead_engines=dead_engines)
+        taken = registry.takeover(workflow_id, dead_engines=dead_engines())
         if taken.status is TakeoverStatus.ACQUIRED and taken.epoch is not None:
             metrics.record_claim_attempt("takeover")
             return ClaimAttempt(taken.epoch, token=taken.token or b"")
@@ -113,7 +114,10 @@ def claim_with_wait(
     :param still_open: raises (e.g. ``ClosedError``) when attempts must stop.
     :param sleep: waits between attempts (seconds).
     """
-    deadline = time.monotonic() + (wait_s or 0.0)
+    if not wait_s:
+        still_open()
+        return attempt()
+    deadline = time.monotonic() + wait_s
     delay = _FIRST_DELAY_S
     while True:
         still_open()

@@ -516,7 +516,7 @@ class Ownership:
             busy = wid in self._handles
         if busy:
             return ClaimAttempt(None, self._registry.engine_id)
-        return attempt_claim(self._registry, self._metrics, wid, self._crash.dead_engines())
+        return attempt_claim(self._registry, self._metrics, wid, self._crash.dead_engines)
 
     def _finish(self, handle: ClaimHandle, *, body_failed: bool) -> None:
         wid = handle.workflow_id

@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import os
 import sqlite3
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
+from types import TracebackType
 from typing import TYPE_CHECKING, Final
 from urllib.parse import quote
 
@@ -68,6 +68,36 @@ _GET_MANY_CHUNK: Final = 500
 
 def _identity(value: object) -> object:
     return value
+
+
+class _DriverErrors:
+    """The ``with`` block of :meth:`SqliteStorage._translate`: a driver error leaves it as
+    :class:`~weft_sync.errors.StorageError` naming the store and the action (``ClosedError``
+    once the storage is closed). A class rather than a generator: every write passes five."""
+
+    __slots__ = ("_storage", "_what")
+
+    def __init__(self, storage: SqliteStorage, what: str) -> None:
+        self._storage = storage
+        self._what = what
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        if exc is None or not isinstance(exc, sqlite3.Error | OSError):
+            return
+        storage = self._storage
+        if storage._closed and isinstance(exc, sqlite3.ProgrammingError):
+            raise ClosedError(f"SqliteStorage({storage._path!r}) is closed") from exc
+        raise StorageError(
+            f"SQLite {self._what} failed on {storage._path!r} table {storage._table!r}: {exc}"
+        ) from exc
 
 
 @process_bound_class
@@ -269,21 +299,9 @@ class SqliteStorage(SqliteSessionLockMethods):
             raise self._closed_error()
         self._identity.raise_if_failed()
 
-    @contextlib.contextmanager
-    def _translate(self, what: str) -> Iterator[None]:
+    def _translate(self, what: str) -> _DriverErrors:
         """Turn a driver error into StorageError (ClosedError once the storage is closed)."""
-        try:
-            yield
-        except sqlite3.Error as exc:
-            if self._closed and isinstance(exc, sqlite3.ProgrammingError):
-                raise ClosedError(f"SqliteStorage({self._path!r}) is closed") from exc
-            raise StorageError(
-                f"SQLite {what} failed on {self._path!r} table {self._table!r}: {exc}"
-            ) from exc
-        except OSError as exc:
-            raise StorageError(
-                f"SQLite {what} failed on {self._path!r} table {self._table!r}: {exc}"
-            ) from exc
+        return _DriverErrors(self, what)
 
     # -- reads -------------------------------------------------------------------------------
 

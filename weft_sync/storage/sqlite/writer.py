@@ -16,8 +16,9 @@ import os
 import sqlite3
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager
+from types import TracebackType
 from typing import Final
 
 from ..._fork import pin
@@ -240,23 +241,30 @@ class WriterFileLock:
         self._timeout_ms = timeout_ms
         self._bound = WaitDeadline() if bound is None else bound
         self._fd: int | None = None
+        # The descriptor __enter__ locked, unlocked by __exit__ (close() may clear _fd first).
+        self._held: int | None = None
 
-    @contextlib.contextmanager
-    def hold(self) -> Iterator[None]:
-        """Hold the lock for the duration of one write transaction.
+    def hold(self) -> WriterFileLock:
+        """``with file_lock.hold():`` holds the lock for the duration of one write transaction.
 
-        :raises StorageError: another process held it for longer than the timeout.
+        :raises StorageError: (on entering) another process held it for longer than the timeout.
         """
+        return self
+
+    def __enter__(self) -> None:
         if self._fd is None:
             self._fd = os.open(self._path, os.O_RDWR | os.O_CREAT, 0o644)
         fd = self._fd
-        natural = time.monotonic() + self._timeout_ms / 1000.0
+        natural: float | None = None
         delay = _LOCK_POLL_MIN_S
         while True:
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                break
+                self._held = fd
+                return
             except BlockingIOError:
+                if natural is None:
+                    natural = time.monotonic() + self._timeout_ms / 1000.0
                 # Polling (not a blocking flock) keeps the wait bounded by the busy timeout.
                 if time.monotonic() >= self._bound.limit(natural):
                     raise StorageError(
@@ -265,9 +273,15 @@ class WriterFileLock:
                     ) from None
                 time.sleep(delay)
                 delay = min(delay * 2, _LOCK_POLL_MAX_S)
-        try:
-            yield
-        finally:
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        fd, self._held = self._held, None
+        if fd is not None:
             fcntl.flock(fd, fcntl.LOCK_UN)
 
     def close(self) -> None:
@@ -522,6 +536,12 @@ class SqliteWriter:
         if request.decide is not None:
             return self._apply_read_then_write(conn, request, isolate)
         renewals = request.renewals
+        if not isolate:
+            # Alone in its transaction: an error rolls the whole of it back.
+            with self._translate("write"):
+                if renewals is not None:
+                    return self._apply_renewals(conn, renewals, False), None
+                return [self._apply_batch(conn, c, o) for c, o in request.batches], None
         if renewals is not None:
             return self._in_savepoint(
                 conn, isolate, lambda: self._apply_renewals(conn, renewals, isolate)
@@ -571,6 +591,9 @@ class SqliteWriter:
             conditions, operations = validate_batch(*decision)
         except Exception as exc:
             return None, exc
+        if not isolate:
+            with self._translate("write"):
+                return [self._apply_batch(conn, conditions, operations, known)], None
         return self._in_savepoint(
             conn, isolate, lambda: [self._apply_batch(conn, conditions, operations, known)]
         )
@@ -582,7 +605,8 @@ class SqliteWriter:
             return {}
         sql = self._sql_get_in + "(" + ",".join("?" * len(wanted)) + ")"
         found: dict[str, bytes | None] = dict.fromkeys(wanted)
-        found.update((key, as_bytes(value)) for key, value in conn.execute(sql, wanted))
+        for key, value in conn.execute(sql, wanted):
+            found[key] = value if type(value) is bytes else as_bytes(value)
         return found
 
     def _apply_renewals(
