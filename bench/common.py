@@ -287,7 +287,7 @@ def start_durable_cluster() -> PostgresCluster:
     The server is started once as the test suite starts it, then stopped and started again on
     the same data directory with :data:`DURABLE_POSTGRES_SETTINGS` on its command line.
     """
-    from tests.pgcluster import PostgresCluster, _as_server_user, _run, start_cluster
+    from tests.pgcluster import PostgresCluster, as_server_user, run_checked, start_cluster
 
     class DurablePostgresCluster(PostgresCluster):
         def start(self) -> None:
@@ -295,7 +295,7 @@ def start_durable_cluster() -> PostgresCluster:
             opts = f"-k {self.directory} -c listen_addresses='' {settings} -c max_connections=300"
             cmd = [self.pg_ctl, "-D", str(self.data_dir), "-o", opts]
             cmd += ["-l", str(self.directory / "server.log"), "-w", "-t", "60", "start"]
-            _run(_as_server_user(cmd))
+            run_checked(as_server_user(cmd))
 
     fast = start_cluster()
     cluster = DurablePostgresCluster(fast.directory, fast.pg_ctl)

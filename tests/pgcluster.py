@@ -88,8 +88,3 @@ def start_cluster() -> PostgresCluster:
         shutil.rmtree(directory, ignore_errors=True)
         raise
     return cluster
-
-
-# bench/common.py imports these two under their private names.
-_as_server_user = as_server_user
-_run = run_checked

@@ -77,7 +77,14 @@ def test_a_job_writes_one_checkpoint_per_step_and_completes(
     assert {(p, e) for _, p, e in done["history"]} == {(pid, 1)}
     assert done["result"] == {"steps": 4, "pid": pid, "epoch": 1}
     assert holder_engine(storage, job_id) is None
-    kinds = [e["event"] for e in events(tmp_path) if e["job"] == job_id]
+    # The job's thread logs its last event after complete() has committed, so the store can
+    # say "completed" a moment before the log does.
+    kinds = wait_for(
+        lambda: [e["event"] for e in events(tmp_path) if e["job"] == job_id],
+        lambda kinds: bool(kinds) and kinds[-1] != "step",
+        "the job's last event in the log",
+        poll_s=POLL_S,
+    )
     assert kinds == ["started", "step", "step", "step", "step", "completed"]
     counts = client.get("/worker").get_json()["counts"]
     assert (counts["started"], counts["step"], counts["completed"]) == (1, 4, 1)
