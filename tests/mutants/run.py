@@ -91,8 +91,8 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "PostgreSQL sessions run without statement_timeout",
         "weft_sync/storage/postgres/settings.py",
-        '        "statement_timeout": bounds.statement_timeout_ms,\n',
-        "",
+        '    wanted = {\n        "statement_timeout": bounds.statement_timeout_ms,\n',
+        "    wanted = {\n",
         ("tests/storage/test_statement_cut.py",),
     ),
     Mutant(
