@@ -10,6 +10,14 @@ cancel); one still running :data:`CUT_AFTER_S` later has its socket shut down
 no other file can take its number), which makes the waiting call fail at once with a connection
 error. The pool discards that connection when it is returned.
 
+The watcher wakes every :data:`TICK_S` while calls are in flight and measures how late it
+wakes: when the whole process was frozen (``SIGSTOP``, a
+suspended machine) or starved past :data:`FROZEN_AFTER_S`, every deadline in flight moves on by
+that lateness, since the calls could not read their answers then either; a process continued
+after a stop does not cancel the calls it was making when it stopped. A cancel or a cut in
+progress holds up the end of its call's block (:meth:`CallDeadlines.guard`): it can never reach
+the next statement the connection runs after it went back to the pool.
+
 A store that is closing can also bring every deadline forward to its own (:meth:`CallDeadlines.
 limit_to`, the store's ``bound_waits``): calls in flight are then cancelled by that deadline, and
 a call that begins past it gets :data:`PAST_LIMIT_S`.
@@ -37,6 +45,11 @@ CUT_AFTER_S: Final = 0.5
 PAST_LIMIT_S: Final = 0.1
 """How long a call that begins at or past the store's limit (:meth:`CallDeadlines.limit_to`)
 may run: one short attempt, time for a free lock or row to answer."""
+TICK_S: Final = 0.1
+"""How often the watcher wakes while calls are in flight, to see whether the process ran."""
+FROZEN_AFTER_S: Final = 0.1
+"""How much later than asked the watcher may wake before the time it lost is not counted
+against the calls in flight (see the module docstring)."""
 _JOIN_S: Final = 5.0
 
 
@@ -55,7 +68,8 @@ class CallDeadlines:
         self._name = name
         self._cond = threading.Condition()
         # call id -> [deadline (monotonic), connection, stage: 0 before the cancel, 1 after,
-        # whether the deadline is the limit's]
+        # whether the deadline is the limit's, whether a cancel or cut is in progress,
+        # when the call began (monotonic)]
         self._calls: dict[int, list[Any]] = {}
         self._next_id = 0
         self._limit: float | None = None
@@ -89,7 +103,7 @@ class CallDeadlines:
                 if self._limit is not None:
                     limit = max(self._limit, time.monotonic() + PAST_LIMIT_S)
                     deadline, limited = min(deadline, limit), limit < deadline
-                self._calls[call] = [deadline, conn, 0, limited]
+                self._calls[call] = [deadline, conn, 0, limited, False, start]
                 if self._thread is None:
                     self._thread = threading.Thread(target=self._run, name=self._name, daemon=True)
                     self._thread.start()
@@ -99,7 +113,11 @@ class CallDeadlines:
         finally:
             if call is not None:
                 with self._cond:
-                    self._calls.pop(call, None)
+                    entry = self._calls.pop(call, None)
+                    # A cancel or cut under way finishes first (bounded by its own timeout),
+                    # so it cannot hit the connection's next statement.
+                    while entry is not None and entry[4]:
+                        self._cond.wait()
 
     def limit_to(self, deadline: float | None) -> None:
         """Bring every call's deadline forward to ``deadline`` (``time.monotonic()``) at the
@@ -125,29 +143,58 @@ class CallDeadlines:
             thread.join(_JOIN_S)
 
     def _run(self) -> None:
+        woke_by: float | None = None  # when the last timed wait was due to end
         while True:
-            due: list[tuple[Any, int, bool]] = []
+            due: list[list[Any]] = []
             with self._cond:
                 if self._closed:
                     return
                 now = time.monotonic()
+                lost = 0.0 if woke_by is None else now - woke_by
+                if lost > FROZEN_AFTER_S:
+                    # The process did not run (stopped, suspended, starved): the calls could
+                    # not read their answers either, so that time does not count against them.
+                    # A closing store's deadline stays where it is.
+                    for entry in self._calls.values():
+                        if not entry[3]:
+                            entry[0] += max(0.0, min(lost, now - entry[5]))
+                else:
+                    lost = 0.0
+                woke_by = None
                 wait: float | None = None
                 for entry in self._calls.values():
+                    if entry[4]:
+                        continue
                     if entry[0] <= now:
-                        due.append((entry[1], entry[2], entry[3]))
-                        entry[2] += 1
-                        entry[0] = now + CUT_AFTER_S
+                        due.append(entry)
+                        entry[4] = True
                     else:
                         left = entry[0] - now
                         wait = left if wait is None else min(wait, left)
-                if not due:
+                if not due and not lost:
+                    if wait is not None:
+                        wait = min(wait, TICK_S)
+                        woke_by = now + wait
                     self._cond.wait(wait)
                     continue
-            for conn, stage, limited in due:
-                if stage == 0:
-                    _cancel(conn, limited)
+            if lost:
+                _log.info(
+                    "the process did not run for %.2f s; the deadlines of the PostgreSQL calls "
+                    "in flight moved on by that",
+                    lost,
+                )
+            for entry in due:
+                if entry[2] == 0:
+                    _cancel(entry[1], entry[3])
                 else:
-                    _cut(conn)
+                    _cut(entry[1])
+            if due:
+                with self._cond:
+                    for entry in due:
+                        entry[2] += 1
+                        entry[0] = time.monotonic() + CUT_AFTER_S
+                        entry[4] = False
+                    self._cond.notify_all()
 
 
 def _cancel(conn: Any, limited: bool) -> None:
