@@ -115,15 +115,33 @@ class GunicornServer:
 
         Returns how many stops it took.
         """
+        return self.stop_one_when(lambda: pid, accept, attempts=attempts)[1]
+
+    def stop_one_when(
+        self,
+        choose: Callable[[], int | None],
+        accept: Callable[[int], bool],
+        *,
+        attempts: int = 200,
+    ) -> tuple[int, int]:
+        """SIGSTOP the worker ``choose()`` names, continuing it and choosing again until
+        ``accept(pid)`` holds while it is stopped (``None``: no worker fits now, wait a moment).
+
+        Returns the stopped pid and how many tries it took.
+        """
+        last: int | None = None
         for attempt in range(1, attempts + 1):
-            self.signal(pid, signal.SIGSTOP)
-            _wait_stopped(pid)
-            if accept(pid):
-                return attempt
-            self.signal(pid, signal.SIGCONT)
+            pid = choose()
+            if pid is not None:
+                last = pid
+                self.signal(pid, signal.SIGSTOP)
+                _wait_stopped(pid)
+                if accept(pid):
+                    return pid, attempt
+                self.signal(pid, signal.SIGCONT)
             time.sleep(0.003 * (attempt % 7 + 1))
         raise GunicornError(
-            f"worker {pid} was never stopped in the wanted state ({attempts} stops)"
+            f"no worker was stopped in the wanted state in {attempts} tries (last chosen: {last})"
         )
 
     def close(self) -> None:

@@ -654,8 +654,13 @@ def test_gthread_workers_strand_no_job_through_a_killed_and_a_paused_worker(
         # Queued jobs a worker's threads do not pick up in time go to handlers anywhere, so
         # who holds what now is read from the store: the two workers holding the most.
         engines = _live_engines(store)
-        held = _held_by(store, ledger, accepted)
-        (stopped, killed) = sorted(by_pid, key=lambda pid: -len(held.get(engines[pid], [])))[:2]
+
+        def most_held(among: Collection[int]) -> int | None:
+            """The worker of ``among`` that holds the most running jobs now, if any holds one."""
+            held = _held_by(store, ledger, accepted)
+            counts = {pid: len(held.get(engines[pid], [])) for pid in among}
+            best = max(counts, key=counts.__getitem__, default=None)
+            return best if best is not None and counts[best] else None
 
         def holding(pid: int) -> bool:
             # On SQLite a worker stopped inside a transaction would keep the database's write
@@ -667,9 +672,13 @@ def test_gthread_workers_strand_no_job_through_a_killed_and_a_paused_worker(
             return bool(_held_by(store, ledger, accepted).get(engines[pid]))
 
         # Paused while it holds running jobs, so that its writes after waking meet the fence.
-        stop_attempts = server.stop_when(stopped, holding)
+        # The worker is chosen again at each try: on a loaded machine the one that held the
+        # most a moment ago may have finished its jobs by the time it is stopped.
+        stopped, stop_attempts = server.stop_one_when(lambda: most_held(by_pid), holding)
         paused_at = time.time()
         held_at_pause = _held_by(store, ledger, accepted)[engines[stopped]]
+        others = [pid for pid in by_pid if pid != stopped]
+        killed = most_held(others) or others[0]
         server.signal(killed, signal.SIGKILL)
         wait_until_taken_over(
             store, dict.fromkeys(held_at_pause, stopped), stopped, engines[stopped]
