@@ -11,12 +11,12 @@ no other file can take its number), which makes the waiting call fail at once wi
 error. The pool discards that connection when it is returned.
 
 The watcher wakes every :data:`TICK_S` while calls are in flight and measures how late it
-wakes: when the whole process was frozen (``SIGSTOP``, a
-suspended machine) or starved past :data:`FROZEN_AFTER_S`, every deadline in flight moves on by
-that lateness, since the calls could not read their answers then either; a process continued
-after a stop does not cancel the calls it was making when it stopped. A cancel or a cut in
-progress holds up the end of its call's block (:meth:`CallDeadlines.guard`): it can never reach
-the next statement the connection runs after it went back to the pool.
+wakes: when the whole process was frozen (``SIGSTOP``, a suspended machine) or starved past
+:data:`FROZEN_AFTER_S`, every deadline in flight moves on by that lateness, since the calls
+could not read their answers then either; a process continued after a stop does not cancel the
+calls it was making when it stopped. A cancel or a cut in progress holds up the end of its
+call's block (:meth:`CallDeadlines.guard`): it can never reach the next statement the
+connection runs after it went back to the pool.
 
 A store that is closing can also bring every deadline forward to its own (:meth:`CallDeadlines.
 limit_to`, the store's ``bound_waits``): calls in flight are then cancelled by that deadline, and
@@ -34,6 +34,7 @@ import socket
 import threading
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass
 from typing import Any, Final
 
 _log = logging.getLogger(__name__)
@@ -53,6 +54,24 @@ against the calls in flight (see the module docstring)."""
 _JOIN_S: Final = 5.0
 
 
+@dataclass(slots=True)
+class _Call:
+    """One call in flight, as the watcher sees it (guarded by its :class:`CallDeadlines`'s
+    ``_cond``)."""
+
+    deadline: float
+    """When it is cancelled, then (stage 1) cut (``time.monotonic()``)."""
+    conn: Any
+    began: float
+    """When the call began (``time.monotonic()``)."""
+    limited: bool
+    """Whether the deadline is the closing store's limit (:meth:`CallDeadlines.limit_to`)."""
+    stage: int = 0
+    """0 before the cancel, 1 after it, 2 after the cut."""
+    busy: bool = False
+    """Whether the watcher is cancelling or cutting it right now."""
+
+
 class CallDeadlines:
     """The deadlines of one store's calls in flight, and the thread that enforces them.
 
@@ -67,10 +86,7 @@ class CallDeadlines:
         self._bound_s = bound_s
         self._name = name
         self._cond = threading.Condition()
-        # call id -> [deadline (monotonic), connection, stage: 0 before the cancel, 1 after,
-        # whether the deadline is the limit's, whether a cancel or cut is in progress,
-        # when the call began (monotonic)]
-        self._calls: dict[int, list[Any]] = {}
+        self._calls: dict[int, _Call] = {}
         self._next_id = 0
         self._limit: float | None = None
         self._thread: threading.Thread | None = None
@@ -103,7 +119,7 @@ class CallDeadlines:
                 if self._limit is not None:
                     limit = max(self._limit, time.monotonic() + PAST_LIMIT_S)
                     deadline, limited = min(deadline, limit), limit < deadline
-                self._calls[call] = [deadline, conn, 0, limited, False, start]
+                self._calls[call] = _Call(deadline, conn, start, limited)
                 if self._thread is None:
                     self._thread = threading.Thread(target=self._run, name=self._name, daemon=True)
                     self._thread.start()
@@ -116,7 +132,7 @@ class CallDeadlines:
                     entry = self._calls.pop(call, None)
                     # A cancel or cut under way finishes first (bounded by its own timeout),
                     # so it cannot hit the connection's next statement.
-                    while entry is not None and entry[4]:
+                    while entry is not None and entry.busy:
                         self._cond.wait()
 
     def limit_to(self, deadline: float | None) -> None:
@@ -128,8 +144,8 @@ class CallDeadlines:
             if deadline is None:
                 return
             for entry in self._calls.values():
-                if entry[2] == 0 and deadline < entry[0]:
-                    entry[0], entry[3] = deadline, True
+                if entry.stage == 0 and deadline < entry.deadline:
+                    entry.deadline, entry.limited = deadline, True
             self._cond.notify()
 
     def close(self) -> None:
@@ -145,7 +161,7 @@ class CallDeadlines:
     def _run(self) -> None:
         woke_by: float | None = None  # when the last timed wait was due to end
         while True:
-            due: list[list[Any]] = []
+            due: list[_Call] = []
             with self._cond:
                 if self._closed:
                     return
@@ -156,20 +172,20 @@ class CallDeadlines:
                     # not read their answers either, so that time does not count against them.
                     # A closing store's deadline stays where it is.
                     for entry in self._calls.values():
-                        if not entry[3]:
-                            entry[0] += max(0.0, min(lost, now - entry[5]))
+                        if not entry.limited:
+                            entry.deadline += max(0.0, min(lost, now - entry.began))
                 else:
                     lost = 0.0
                 woke_by = None
                 wait: float | None = None
                 for entry in self._calls.values():
-                    if entry[4]:
+                    if entry.busy:
                         continue
-                    if entry[0] <= now:
+                    if entry.deadline <= now:
                         due.append(entry)
-                        entry[4] = True
+                        entry.busy = True
                     else:
-                        left = entry[0] - now
+                        left = entry.deadline - now
                         wait = left if wait is None else min(wait, left)
                 if not due and not lost:
                     if wait is not None:
@@ -184,16 +200,16 @@ class CallDeadlines:
                     lost,
                 )
             for entry in due:
-                if entry[2] == 0:
-                    _cancel(entry[1], entry[3])
+                if entry.stage == 0:
+                    _cancel(entry.conn, entry.limited)
                 else:
-                    _cut(entry[1])
+                    _cut(entry.conn)
             if due:
                 with self._cond:
                     for entry in due:
-                        entry[2] += 1
-                        entry[0] = time.monotonic() + CUT_AFTER_S
-                        entry[4] = False
+                        entry.stage += 1
+                        entry.deadline = time.monotonic() + CUT_AFTER_S
+                        entry.busy = False
                     self._cond.notify_all()
 
 
