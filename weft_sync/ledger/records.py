@@ -15,7 +15,7 @@ senders never write the same key.
 from __future__ import annotations
 
 import itertools
-import secrets
+import os
 import threading
 from collections.abc import Iterable
 from dataclasses import dataclass, replace
@@ -159,7 +159,7 @@ def new_sequence(now_ms: int) -> str:
     """A unique key suffix that sorts by ``now_ms`` first, then by call order in this process."""
     with _sequence_lock:
         n = next(_counter)
-    return f"{max(now_ms, 0):015d}-{n:012d}-{secrets.token_hex(6)}"
+    return f"{max(now_ms, 0):015d}-{n:012d}-{os.urandom(6).hex()}"
 
 
 # -- validation and payloads -----------------------------------------------------------------

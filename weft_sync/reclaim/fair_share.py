@@ -29,7 +29,6 @@ claims it holds.
 
 from __future__ import annotations
 
-import hashlib
 import math
 from collections.abc import Iterable, Mapping
 from typing import Final
@@ -53,12 +52,21 @@ def validate_max_claims(max_claims: object) -> int | None:
     return max_claims
 
 
+def _digest(data: bytes) -> bytes:
+    """An 8-byte BLAKE2b digest of ``data``: the rank every engine computes alike."""
+    # Imported here, not at the top: hashlib loads OpenSSL, whose memory every os.fork() of a
+    # host that merely imported weft_sync would then copy.
+    import hashlib
+
+    return hashlib.blake2b(data, digest_size=8).digest()
+
+
 def takeover_order(engine_id: str, workflow_ids: Iterable[str]) -> list[str]:
     """``workflow_ids`` in an order that is fixed for ``engine_id`` and differs between engines."""
     prefix = engine_id.encode() + b"\0"
 
     def rank(workflow_id: str) -> bytes:
-        return hashlib.blake2b(prefix + workflow_id.encode(), digest_size=8).digest()
+        return _digest(prefix + workflow_id.encode())
 
     return sorted(workflow_ids, key=rank)
 
@@ -80,7 +88,7 @@ def assigned_to(
         tail = b"\0" + workflow_id.encode()
         return max(
             engines,
-            key=lambda e: hashlib.blake2b(e.encode() + tail, digest_size=8).digest(),
+            key=lambda e: _digest(e.encode() + tail),
         )
 
     return [wid for wid in workflow_ids if winner(wid) == engine_id]

@@ -45,7 +45,6 @@ import contextlib
 import fcntl
 import logging
 import os
-import secrets
 import sqlite3
 import stat
 import threading
@@ -80,7 +79,7 @@ def ensure_store_id(conn: sqlite3.Connection) -> None:
         (current,) = conn.execute("PRAGMA application_id").fetchone()
         if not current:
             # A signed 32-bit header field: any non-zero value in range.
-            store_id = secrets.randbelow(2**31 - 1) + 1
+            store_id = int.from_bytes(os.urandom(4), "big") % (2**31 - 1) + 1
             conn.execute(f"PRAGMA application_id = {store_id:d}")
         conn.execute("COMMIT")
     except BaseException:

@@ -30,10 +30,8 @@ import contextlib
 import errno
 import fcntl
 import functools
-import hashlib
 import logging
 import os
-import secrets
 import threading
 import time
 from collections.abc import Collection, Mapping
@@ -92,6 +90,8 @@ def _parse_identity(identity: str) -> tuple[int, int, bytes] | None:
 def _file_name(name: str) -> str:
     stem = quote(name, safe="")
     if len(stem) > _MAX_STEM:
+        import hashlib  # here, not at the top: it loads OpenSSL, which every os.fork() copies
+
         # ``quote`` never writes "%h", so a hashed stem cannot equal an encoded name.
         stem = "%h" + hashlib.blake2b(name.encode("utf-8"), digest_size=20).hexdigest()
     return stem + _SUFFIX
@@ -234,7 +234,7 @@ def _take(path: str) -> int:
             try:
                 # Under the exclusive lock: whoever probes this file from now on reads this nonce.
                 os.ftruncate(fd, 0)
-                os.pwrite(fd, secrets.token_bytes(_NONCE_BYTES), 0)
+                os.pwrite(fd, os.urandom(_NONCE_BYTES), 0)
             except OSError as exc:
                 os.close(fd)
                 raise StorageError(f"cannot write the session lock file {path!r}: {exc}") from exc
