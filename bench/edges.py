@@ -22,13 +22,17 @@ import argparse
 import contextlib
 import os
 import sqlite3
+import sys
 import threading
 import time
 import uuid
 import warnings
 from collections.abc import Iterator
+from pathlib import Path
 
-from common import (
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from bench.common import (
     StoreSpec,
     bench_site,
     interleave,
@@ -40,7 +44,6 @@ from common import (
     selected_backends,
     us,
 )
-
 from weft_sync import Ownership, OwnershipOptions, ReclaimedWorkflow
 from weft_sync.codec import decode_holder
 from weft_sync.errors import EngineDeposedError, StorageError

@@ -44,16 +44,13 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Literal
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.common import machine_note
-from weft_sync import keys
+from weft_sync import Ownership, OwnershipOptions, SqliteStorage, StorageError, keys
 from weft_sync.codec import decode_holder
-from weft_sync.errors import StorageError
-from weft_sync.options import OwnershipOptions
-from weft_sync.ownership.facade import Ownership
-from weft_sync.storage import SqliteStorage
 
 OPTIONS = OwnershipOptions(claim_ttl=3_000, claim_renew_interval=100)
 PARENT_WORKFLOWS = 5
@@ -126,7 +123,7 @@ class _Gaps:
 
 def _run(forks: int, root: Path, threaded: bool) -> None:
     url = f"sqlite:///{root / 'loop.db'}"
-    background = "thread" if threaded else "manual"
+    background: Literal["thread", "manual"] = "thread" if threaded else "manual"
     parent = Ownership.open(url, options=OPTIONS, engine_id="parent", background=background)
     drives = contextlib.ExitStack()  # closed after the parent: its drives end with no claim left
     stop = threading.Event()

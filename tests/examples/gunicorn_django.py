@@ -174,4 +174,4 @@ def _postgres_query(url: str, sql: str) -> list[tuple[Any, ...]]:
     import psycopg
 
     with psycopg.connect(url, autocommit=True) as conn:
-        return list(conn.execute(sql).fetchall())  # type: ignore[arg-type]
+        return list(conn.execute(sql).fetchall())

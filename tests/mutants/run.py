@@ -15,7 +15,7 @@ touched), runs the named tests there with ``PYTHONPATH`` pointed at the copy, an
 Exit status: 0 when every mutant is caught (or pending), 1 otherwise, 2 when a named test fails
 on the unmutated copy (the table would mean nothing).
 
-Usage: ``python tests/mutants/run.py [--only NAME ...] [--list]``. PostgreSQL comes from
+Usage: ``python tests/mutants/run.py [--only NAME]... [--list]``. PostgreSQL comes from
 ``WEFT_SYNC_TEST_POSTGRES_DSN`` or a throwaway cluster started once for the whole run.
 """
 
@@ -139,6 +139,26 @@ MUTANTS: tuple[Mutant, ...] = (
         "                raise WorkflowStateError(",
         "                raise WorkflowStateError(",
         ("tests/workflows/test_deposed_finish.py",),
+    ),
+    Mutant(
+        "PostgreSQL call deadlines count the time the process was stopped",
+        "weft_sync/storage/postgres/deadline.py",
+        "entry.deadline += max(0.0, min(lost, now - entry.began))",
+        "entry.deadline += 0.0",
+        (
+            "tests/storage/test_call_deadlines.py::"
+            "test_a_stopped_and_continued_process_does_not_cancel_its_calls",
+        ),
+    ),
+    Mutant(
+        "a call's block ends while the watcher's cancel of it is still under way",
+        "weft_sync/storage/postgres/deadline.py",
+        "while entry is not None and entry.busy:",
+        "while entry is not None and entry.busy and False:",
+        (
+            "tests/storage/test_call_deadlines.py::"
+            "test_a_call_block_ends_only_once_its_cancel_is_over",
+        ),
     ),
 )
 

@@ -37,5 +37,5 @@ def idle_in_transaction(dsn: str, *, table: str | None = None) -> bool:
         sql += " AND query LIKE %s"
         params.append(f"%{table}%")
     with psycopg.connect(dsn, autocommit=True) as conn:
-        row = conn.execute(sql, params).fetchone()  # type: ignore[arg-type]
+        row = conn.execute(sql, params).fetchone()
     return bool(row and row[0])

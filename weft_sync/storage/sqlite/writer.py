@@ -543,22 +543,17 @@ class SqliteWriter:
                     return self._apply_renewals(conn, renewals, False), None
                 return [self._apply_batch(conn, c, o) for c, o in request.batches], None
         if renewals is not None:
-            return self._in_savepoint(
-                conn, isolate, lambda: self._apply_renewals(conn, renewals, isolate)
-            )
+            return self._in_savepoint(conn, lambda: self._apply_renewals(conn, renewals, True))
         return self._in_savepoint(
-            conn, isolate, lambda: [self._apply_batch(conn, c, o) for c, o in request.batches]
+            conn, lambda: [self._apply_batch(conn, c, o) for c, o in request.batches]
         )
 
     def _in_savepoint(
-        self, conn: sqlite3.Connection, isolate: bool, apply: Callable[[], list[bool]]
+        self, conn: sqlite3.Connection, apply: Callable[[], list[bool]]
     ) -> tuple[list[bool] | None, BaseException | None]:
-        """Run ``apply`` for one request: with ``isolate``, under a savepoint that its
-        ``StorageError`` rolls back (the error is then the request's own outcome); without,
-        the error propagates and rolls back the whole transaction."""
-        if not isolate:
-            with self._translate("write"):
-                return apply(), None
+        """Run ``apply`` for one request of several under a savepoint that its
+        ``StorageError`` rolls back: the error is then the request's own outcome, and the
+        other requests of the transaction keep theirs."""
         conn.execute("SAVEPOINT weft_request")
         try:
             with self._translate("write"):
@@ -595,7 +590,7 @@ class SqliteWriter:
             with self._translate("write"):
                 return [self._apply_batch(conn, conditions, operations, known)], None
         return self._in_savepoint(
-            conn, isolate, lambda: [self._apply_batch(conn, conditions, operations, known)]
+            conn, lambda: [self._apply_batch(conn, conditions, operations, known)]
         )
 
     def _read(self, conn: sqlite3.Connection, keys: Sequence[str]) -> dict[str, bytes | None]:
