@@ -141,6 +141,16 @@ MUTANTS: tuple[Mutant, ...] = (
         ("tests/workflows/test_deposed_finish.py",),
     ),
     Mutant(
+        "the handler executor counts a woken thread as free for the next run too",
+        "weft_sync/ownership/handler_executor.py",
+        "if self._idle < len(self._queue) and len(self._threads) < self._workers:",
+        "if self._idle == 0 and len(self._threads) < self._workers:",
+        (
+            "tests/test_handler_executor.py::"
+            "test_a_run_queued_right_after_a_hanging_one_gets_a_thread_of_its_own",
+        ),
+    ),
+    Mutant(
         "PostgreSQL call deadlines count the time the process was stopped",
         "weft_sync/storage/postgres/deadline.py",
         "entry.deadline += max(0.0, min(lost, now - entry.began))",

@@ -82,6 +82,8 @@ class HandlerExecutor:
         self._cond = threading.Condition(threading.Lock())
         self._queue: deque[HandlerRun] = deque()
         self._threads: list[threading.Thread] = []
+        # Threads that will take a queued run without being started: waiting, woken but not yet
+        # holding the lock again, or started and not yet at their first wait.
         self._idle = 0
         self._running: list[HandlerRun] = []
         self._closed = False
@@ -104,11 +106,15 @@ class HandlerExecutor:
                     f"is not driven here"
                 )
             self._queue.append(run)
-            if self._idle == 0 and len(self._threads) < self._workers:
+            # Every queued run needs an idle thread of its own: a thread woken for an earlier
+            # run still counts as idle until it takes that run, and if that run hangs, a run
+            # counted on the same thread would wait behind it.
+            if self._idle < len(self._queue) and len(self._threads) < self._workers:
                 thread = threading.Thread(
                     target=self._work, name=f"{self._name}-{next(self._numbers)}", daemon=True
                 )
                 self._threads.append(thread)
+                self._idle += 1
             else:
                 self._cond.notify()
         if thread is not None:
@@ -196,9 +202,9 @@ class HandlerExecutor:
         return abandoned
 
     def _work(self) -> None:
+        # Counted idle from its start (by submit), and again after each run.
         while True:
             with self._cond:
-                self._idle += 1
                 while not self._queue and not self._closed:
                     self._cond.wait()
                 self._idle -= 1
@@ -215,5 +221,6 @@ class HandlerExecutor:
             finally:
                 with self._cond:
                     self._running.remove(run)
+                    self._idle += 1
                     self._cond.notify_all()
                 run.done.set()

@@ -1,0 +1,101 @@
+"""The handler executor: a hung handler never holds up a run queued after it.
+
+Runs real threads of a real :class:`HandlerExecutor`; the handlers are plain functions that
+finish at once or wait on an event the test sets at the end.
+"""
+
+from __future__ import annotations
+
+import sys
+import threading
+from collections.abc import Iterator
+
+import pytest
+
+from tests.support.waiting import wait_set, wait_until
+from weft_sync.clock import ManualClock
+from weft_sync.metrics import ClaimMetrics
+from weft_sync.ownership.handler_executor import HandlerExecutor
+
+
+@pytest.fixture
+def release() -> Iterator[threading.Event]:
+    """Set at teardown, so that a hung handler of a failed test still ends."""
+    event = threading.Event()
+    yield event
+    event.set()
+
+
+def _executor(workers: int) -> HandlerExecutor:
+    return HandlerExecutor(
+        workers,
+        engine_id="engine-test",
+        clock=ManualClock(1_000),
+        stuck_after_ms=None,
+        metrics=ClaimMetrics(),
+    )
+
+
+def _waiting(thread: threading.Thread) -> bool:
+    """Whether ``thread`` is blocked in ``Condition.wait`` (an idle handler thread)."""
+    frame = sys._current_frames().get(thread.ident or -1)
+    while frame is not None:
+        if frame.f_code.co_name == "wait" and frame.f_code.co_filename == threading.__file__:
+            return True
+        frame = frame.f_back
+    return False
+
+
+def test_a_run_queued_right_after_a_hanging_one_gets_a_thread_of_its_own(
+    release: threading.Event,
+) -> None:
+    executor = _executor(workers=4)
+    try:
+        # One handler thread exists and waits for work.
+        first = executor.submit("wf-first", "job", lambda: None)
+        wait_set(first.done, "the first run finished")
+        (thread,) = [t for t in threading.enumerate() if t.name.startswith("weft-handler-")]
+        wait_until(lambda: _waiting(thread), "the handler thread waits for work")
+        # Two runs back to back: the woken thread takes the first, which hangs.
+        hanging = threading.Event()
+
+        def hang() -> None:
+            hanging.set()
+            release.wait(30)
+
+        executor.submit("wf-hang", "hang", hang)
+        after = executor.submit("wf-after", "job", lambda: None)
+        wait_set(hanging, "the hanging handler started")
+        wait_set(after.done, "the run queued after the hanging one finished")
+        assert [run.workflow_id for run in executor.running()] == ["wf-hang"]
+    finally:
+        release.set()
+        assert executor.close(timeout=5.0) == []
+
+
+def test_hung_handlers_on_all_but_one_thread_leave_every_other_run_to_it(
+    release: threading.Event,
+) -> None:
+    executor = _executor(workers=4)
+    started: list[str] = []
+
+    def hang() -> None:
+        release.wait(30)
+
+    try:
+        runs = []
+        for i in range(12):
+            if i in (0, 4, 8):
+                runs.append(executor.submit(f"wf-{i}", "hang", hang))
+            else:
+                runs.append(executor.submit(f"wf-{i}", "job", lambda i=i: started.append(i)))
+        for run in runs:
+            if run.workflow_type == "job":
+                wait_set(run.done, f"run {run.workflow_id} finished")
+        assert sorted(started) == [i for i in range(12) if i not in (0, 4, 8)]
+        assert sorted(run.workflow_id for run in executor.running()) == ["wf-0", "wf-4", "wf-8"]
+        handler_threads = [t for t in threading.enumerate() if t.name.startswith("weft-handler-")]
+        assert len(handler_threads) <= 4
+    finally:
+        release.set()
+        assert executor.close(timeout=5.0) == []
