@@ -21,7 +21,7 @@ from tests.maintenance.helpers import (
 )
 from tests.support.waiting import wait_set
 from weft_sync.clock import ManualClock
-from weft_sync.maintenance.targets import PassKind
+from weft_sync.maintenance.targets import PassKind, PassResult
 from weft_sync.maintenance.task import URGENT_RECLAIM_ROUNDS, RenewalTask
 from weft_sync.maintenance.task_factory import create_renewal_task
 
@@ -215,3 +215,70 @@ def test_urgent_rounds_stop_after_half_an_interval(make_task: MakeTask) -> None:
 
     assert task.wait_idle(10)
     assert target.list_calls == 1
+
+
+def test_a_request_made_while_the_slot_reports_its_result_is_followed_by_a_reclaim() -> None:
+    """A request that comes after the slot left its loop, while it reports its result (still
+    busy), runs a reclaim sub-pass right after that one ends."""
+    reporting, go = threading.Event(), threading.Event()
+
+    def on_pass_complete(result: PassResult) -> None:
+        if result.kind is PassKind.RECLAIM and not reporting.is_set():
+            reporting.set()
+            wait_set(go, "the test letting the first reclaim finish")
+
+    target = FakeReclaimTarget()
+    task = create_renewal_task(
+        target=FakeRenewalTarget(),
+        clock=ManualClock(1_000),
+        interval_ms=5_000,
+        scheduler=ManualScheduler(),
+        reclaim_target=target,
+        on_pass_complete=on_pass_complete,
+    )
+    try:
+        task.start()
+        assert task.request_reclaim()
+        wait_set(reporting, "the first reclaim reporting its result")
+        # An engine is seen dead now (the crash probe's on_dead): the slot is still busy.
+        assert task.request_reclaim() is True  # "started or queued"
+        go.set()
+        assert task.wait_idle(10)
+        assert target.list_calls == 2, "the request made while the slot was busy never ran"
+    finally:
+        go.set()
+        assert task.close(timeout=10)
+
+
+def test_a_request_made_during_the_last_urgent_round_is_followed_by_a_reclaim() -> None:
+    """A request made in each round, the last of the ``URGENT_RECLAIM_ROUNDS`` included (a
+    rolling crash), gets a sub-pass of its own."""
+    task_box: list[RenewalTask] = []
+    requested: list[bool] = []
+
+    def on_list() -> None:
+        # An engine dies during every round (a rolling crash); asked from another thread,
+        # like the liveness watcher does.
+        if len(requested) < URGENT_RECLAIM_ROUNDS:
+            t = threading.Thread(target=lambda: requested.append(task_box[0].request_reclaim()))
+            t.start()
+            t.join()
+
+    target = FakeReclaimTarget(on_list=on_list)
+    task = create_renewal_task(
+        target=FakeRenewalTarget(),
+        clock=ManualClock(1_000),
+        interval_ms=600_000,
+        scheduler=ManualScheduler(),
+        reclaim_target=target,
+    )
+    task_box.append(task)
+    try:
+        task.start()
+        assert task.request_reclaim()
+        assert task.wait_idle(10)
+        assert requested == [True] * URGENT_RECLAIM_ROUNDS
+        # One sub-pass for the first request, and one after each request made during one.
+        assert target.list_calls == URGENT_RECLAIM_ROUNDS + 1
+    finally:
+        assert task.close(timeout=10)

@@ -151,6 +151,45 @@ MUTANTS: tuple[Mutant, ...] = (
         ),
     ),
     Mutant(
+        "wait_idle() waits on the handler threads' condition",
+        "weft_sync/ownership/handler_executor.py",
+        "                self._settled.wait(remaining)",
+        "                self._cond.wait(remaining)",
+        (
+            "tests/test_handler_executor.py::"
+            "test_a_run_submitted_while_run_maintenance_waits_reaches_the_idle_thread",
+        ),
+    ),
+    Mutant(
+        "a reclaim requested while the slot is busy waits for the next tick",
+        "weft_sync/maintenance/task.py",
+        "                relaunch.append((kind, self._new_driver(kind)))",
+        "                pass",
+        (
+            "tests/maintenance/test_reclaim_requests.py::"
+            "test_a_request_made_while_the_slot_reports_its_result_is_followed_by_a_reclaim",
+        ),
+    ),
+    Mutant(
+        "the SQLite writer thread ends on a BaseException of a request",
+        "weft_sync/storage/sqlite/writer.py",
+        "            except BaseException:\n"
+        "                # Every request of the group has its error already",
+        "            except Exception:\n"
+        "                # Every request of the group has its error already",
+        ("tests/storage/test_writer_thread.py",),
+    ),
+    Mutant(
+        "a claim waiter's pause ignores a crash noted before it began",
+        "weft_sync/reclaim/crash_detection.py",
+        "self._death.wait_for(lambda: self._deaths != seen, timeout)",
+        "self._death.wait(timeout)",
+        (
+            "tests/liveness/test_death_waits.py::"
+            "test_a_crash_noted_after_the_waiters_look_ends_its_next_pause_at_once",
+        ),
+    ),
+    Mutant(
         "PostgreSQL call deadlines count the time the process was stopped",
         "weft_sync/storage/postgres/deadline.py",
         "entry.deadline += max(0.0, min(lost, now - entry.began))",

@@ -415,18 +415,22 @@ class RenewalTask:
             raise RuntimeError("the reclaim slot runs only with a reclaim target")
         started_at = self._clock()
         slot_started = time.monotonic()
-        for _ in range(URGENT_RECLAIM_ROUNDS):
+        for round_number in range(URGENT_RECLAIM_ROUNDS):
             reclaim = self._timed("reclaim", lambda: self._reclaim(target, self._executor()))
             dead_left = getattr(target, "dead_work_left", None)
             urgent = callable(dead_left) and dead_left()
             with self._lock:
-                again, self._reclaim_requested = self._reclaim_requested, False
+                again = self._reclaim_requested
                 if urgent and not again:
                     # The other survivors take their fair shares meanwhile; what is left after
                     # the pause is taken whatever the share.
                     self._stopping.wait_for(lambda: not self._started, URGENT_RECLAIM_GAP_MS / 1000)
                 if not self._started or not (again or urgent):
                     break
+                if round_number == URGENT_RECLAIM_ROUNDS - 1:
+                    break  # a request left here is run by _pass_finished
+                if again:
+                    self._reclaim_requested = False
             if urgent and not again and time.monotonic() - slot_started > self._interval_ms / 2000:
                 break  # the next tick goes on; a slot never overruns its interval for this
         return PassResult(
@@ -530,15 +534,27 @@ class RenewalTask:
         self._local.in_pass = True
 
     def _pass_finished(self, kind: PassKind | None) -> None:
+        relaunch: list[tuple[PassKind, threading.Thread]] = []
         with self._lock:
             if kind is not None:
                 self._busy[kind] = False
                 self._between_ticks.discard(kind)
             self._in_flight -= 1
+            if (
+                kind is PassKind.RECLAIM
+                and self._reclaim_requested
+                and self._started
+                and not self._closed
+            ):
+                # Asked for while this slot was busy: followed by another one at once.
+                self._reclaim_requested = False
+                relaunch.append((kind, self._new_driver(kind)))
+                self._between_ticks.add(kind)
             pool = self._take_idle_pool()
             if self._is_idle():
                 self._idle.notify_all()
         self._release_pool(pool)
+        self._start_drivers(relaunch)
 
     def _is_idle(self) -> bool:
         # Caller holds _lock.

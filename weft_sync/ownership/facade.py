@@ -488,11 +488,19 @@ class Ownership:
 
     def _acquire(self, workflow_id: str, wait_s: float | None) -> ClaimHandle:
         wid = validate_workflow_id(workflow_id)
+        crash = self._crash
+        # Crashes noted when the last attempt began: one noted during it ends the next pause.
+        seen = [0]
+
+        def attempt() -> ClaimAttempt:
+            seen[0] = crash.death_count()
+            return self._attempt_claim(wid)
+
         result = claim_with_wait(
-            lambda: self._attempt_claim(wid),
+            attempt,
             wait_s,
             lambda: self._require_open("claim()"),
-            sleep=self._crash.wait_for_death,
+            sleep=lambda pause: crash.wait_for_death(pause, seen[0]),
         )
         if result.epoch is None:
             raise WorkflowClaimUnavailableError(wid, result.held_by)

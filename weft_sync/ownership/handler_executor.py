@@ -17,8 +17,9 @@ raise ``ClosedError`` or are refused by the fence once its claim is released or 
 In a child process that inherited the executor across ``os.fork()`` no thread of the parent
 exists: :meth:`submit` refuses and :meth:`close` does nothing.
 
-The executor has one lock (a ``Condition``), guarding the queue, the thread list, the running
-runs and the closed flag. Handlers and logging run outside it.
+The executor has one lock, guarding the queue, the thread list, the running runs and the closed
+flag, with two conditions on it: handler threads wait on one for work, :meth:`wait_idle` on the
+other for runs to end. Handlers and logging run outside it.
 """
 
 from __future__ import annotations
@@ -78,8 +79,12 @@ class HandlerExecutor:
         self._metrics = metrics
         self._pid = os.getpid()
         self._numbers = count(1)
-        # _cond's lock guards _queue, _threads, _idle, _running, _closed.
-        self._cond = threading.Condition(threading.Lock())
+        # The executor's one lock, shared by both conditions, guards _queue, _threads, _idle,
+        # _running and _closed. Handler threads wait on _cond for work; wait_idle() waits on
+        # _settled, so that a submit's notify() always reaches a handler thread.
+        lock = threading.Lock()
+        self._cond = threading.Condition(lock)
+        self._settled = threading.Condition(lock)
         self._queue: deque[HandlerRun] = deque()
         self._threads: list[threading.Thread] = []
         # Threads that will take a queued run without being started: waiting, woken but not yet
@@ -140,7 +145,7 @@ class HandlerExecutor:
                 remaining = None if deadline is None else deadline - time.monotonic()
                 if remaining is not None and remaining <= 0:
                     return False
-                self._cond.wait(remaining)
+                self._settled.wait(remaining)
         return True
 
     def check_stuck(self) -> list[HandlerRun]:
@@ -182,6 +187,7 @@ class HandlerExecutor:
             self._queue.clear()
             threads = list(self._threads)
             self._cond.notify_all()
+            self._settled.notify_all()
         for run in dropped:
             run.done.set()
         current = threading.current_thread()
@@ -222,5 +228,5 @@ class HandlerExecutor:
                 with self._cond:
                     self._running.remove(run)
                     self._idle += 1
-                    self._cond.notify_all()
+                    self._settled.notify_all()
                 run.done.set()

@@ -57,12 +57,14 @@ class CrashDetection:
         self._held_count = held_count
         self._undriven = undriven
         self._make_watcher = make_watcher
-        # _lock guards _watcher, _closed and _dead; _death is notified when _dead grows.
+        # _lock guards _watcher, _closed, _dead and _deaths; _death is notified when a crash is
+        # noted.
         self._lock = threading.Lock()
         self._death = threading.Condition(self._lock)
         self._watcher: LivenessWatcher | None = None
         self._closed = False
         self._dead: dict[str, float] = {}
+        self._deaths = 0
 
     def note_dead(self, engine_id: str) -> None:
         """Remember that the probe saw ``engine_id`` crashed, and wake the claim waiters."""
@@ -71,6 +73,7 @@ class CrashDetection:
             self._dead[engine_id] = time.monotonic()
             while len(self._dead) > _KEPT_DEAD:
                 del self._dead[next(iter(self._dead))]
+            self._deaths += 1
             self._death.notify_all()
 
     def dead_engines(self) -> frozenset[str]:
@@ -83,10 +86,19 @@ class CrashDetection:
         with self._lock:
             return frozenset(e for e, seen in self._dead.items() if seen >= horizon)
 
-    def wait_for_death(self, timeout: float) -> None:
-        """Sleep up to ``timeout`` seconds, waking early when the probe sees an engine crash."""
+    def death_count(self) -> int:
+        """How many crashes the probe has noted so far; see :meth:`wait_for_death`."""
         with self._lock:
-            self._death.wait(timeout)
+            return self._deaths
+
+    def wait_for_death(self, timeout: float, seen: int) -> None:
+        """Sleep up to ``timeout`` seconds, or until more than ``seen`` crashes were noted.
+
+        ``seen`` is :meth:`death_count` from before the caller looked at :meth:`dead_engines`,
+        so a crash noted between that look and this call ends the sleep at once.
+        """
+        with self._lock:
+            self._death.wait_for(lambda: self._deaths != seen, timeout)
 
     def beat(self) -> None:
         """Write the heartbeat with the claims held now and those without a live driver."""

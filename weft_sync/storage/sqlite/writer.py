@@ -451,7 +451,12 @@ class SqliteWriter:
                     continue
                 self.group_commits += 1
                 outcomes, failure = self._transaction(group)
-            _finish(group, outcomes, failure)
+            try:
+                _finish(group, outcomes, failure)
+            except BaseException:
+                # Every request of the group has its error already; the thread must go on, or
+                # the requests queued next are never taken.
+                _log.debug("a write transaction of the writer thread raised", exc_info=True)
 
     def _transaction(
         self, group: list[WriteRequest]
