@@ -10,6 +10,9 @@ from __future__ import annotations
 
 import threading
 from pathlib import Path
+from typing import Any
+
+import pytest
 
 from tests.support.waiting import wait_set, wait_until
 from weft_sync.storage import SqliteStorage
@@ -83,5 +86,44 @@ def test_a_decide_raising_baseexception_on_the_writer_thread_leaves_it_draining_
             f"the queued put never finished (writer thread alive: {writer_alive}; "
             f"queued: {store._queue.qsize()})"
         )
+    finally:
+        store.close(timeout=2)
+
+
+def test_an_interrupt_right_after_the_fast_path_took_the_lock_gives_the_lock_back(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A ``KeyboardInterrupt`` (Ctrl-C in a REPL, which then goes on) landing after a caller
+    took the transaction lock and before its commit began leaves the store writable."""
+    import weft_sync.storage.sqlite.store as store_module
+    from weft_sync.storage.sqlite.writer import WriteRequest
+
+    interrupted: list[bool] = []
+
+    class InterruptedOnce(WriteRequest):
+        def __init__(self, *args: Any, queued: bool = True, **kwargs: Any) -> None:
+            if not queued and not interrupted:
+                interrupted.append(True)
+                raise KeyboardInterrupt
+            super().__init__(*args, queued=queued, **kwargs)
+
+    store = SqliteStorage(tmp_path / "s.db", table="kv")
+    try:
+        store.put("a", b"1")  # the writer thread exists; the next put takes the fast path
+        monkeypatch.setattr(store_module, "WriteRequest", InterruptedOnce)
+        with pytest.raises(KeyboardInterrupt):
+            store.put("b", b"2")
+        assert interrupted == [True]
+        done = threading.Event()
+
+        def put() -> None:
+            store.put("c", b"3")
+            done.set()
+
+        putter = threading.Thread(target=put, daemon=True)
+        putter.start()
+        wait_set(done, "a write after the interrupted one")
+        putter.join(10)
+        assert store.get("b") is None and store.get("c") == b"3"
     finally:
         store.close(timeout=2)

@@ -476,32 +476,44 @@ class SqliteStorage(SqliteSessionLockMethods):
             raise ReadOnlyStorageError(
                 f"SqliteStorage({self._path!r}) was opened read-only; writes are refused"
             )
-        with self._lock:
-            self._check_open()
-            if self._writer is None:
-                self._writer = SqliteWriter(
-                    self._queue,
-                    name=f"weft-sqlite-writer[{os.path.basename(self._path)}:{self._table}]",
-                    table=self._table,
-                    connect=self._connect,
-                    translate=self._translate,
-                    file_lock=self._file_lock,
-                    busy_timeout_ms=self._busy_timeout_ms,
-                    bound=self._bound,
-                    before_commit=self._identity.check_before_commit,
-                )
-                self._writer.start()
-            writer = self._writer
-            # Deciding under this lock orders the decision against queueing: a request already
-            # queued commits before this one.
-            fast = writer.try_begin_fast()
-            if not fast:
-                request = WriteRequest(batches, renewals, read=read)
-                self._queue.put(request)
+        fast = False
+        # The transaction lock taken by try_begin_fast is given back in this finally, whatever
+        # interrupts the commit (a KeyboardInterrupt lands between any two statements).
+        try:
+            with self._lock:
+                self._check_open()
+                writer = self._writer or self._start_writer()
+                # Deciding under this lock orders the decision against queueing: a request
+                # already queued commits before this one.
+                fast = writer.try_begin_fast()
+                if not fast:
+                    request = WriteRequest(batches, renewals, read=read)
+                    self._queue.put(request)
+            if fast:
+                request = WriteRequest(batches, renewals, queued=False, read=read)
+                hand_over = writer.commit_fast(request)
+        finally:
+            if fast:
+                writer.end_fast()
         if fast:
-            request = WriteRequest(batches, renewals, queued=False, read=read)
-            writer.commit_fast(request)
+            hand_over()
         return request
+
+    def _start_writer(self) -> SqliteWriter:
+        """Create and start the writer thread; the caller holds ``_lock``."""
+        writer = self._writer = SqliteWriter(
+            self._queue,
+            name=f"weft-sqlite-writer[{os.path.basename(self._path)}:{self._table}]",
+            table=self._table,
+            connect=self._connect,
+            translate=self._translate,
+            file_lock=self._file_lock,
+            busy_timeout_ms=self._busy_timeout_ms,
+            bound=self._bound,
+            before_commit=self._identity.check_before_commit,
+        )
+        writer.start()
+        return writer
 
     # -- identity ----------------------------------------------------------------------------
 

@@ -11,6 +11,7 @@ import collections
 import contextlib
 import copy
 import fcntl
+import functools
 import logging
 import os
 import sqlite3
@@ -384,21 +385,27 @@ class SqliteWriter:
         """Take the transaction lock if no request is queued and no transaction runs.
 
         The caller serialises this against queueing (the storage's lock), so a request queued
-        before it always commits before the caller's. On ``True`` the caller must call
-        :meth:`commit_fast`, which releases the lock.
+        before it always commits before the caller's. On ``True`` the caller calls
+        :meth:`commit_fast` and then, whatever happened, :meth:`end_fast`.
         """
         if self._requests.qsize():
             return False
         return self._txn_lock.acquire(blocking=False)
 
-    def commit_fast(self, request: WriteRequest) -> None:
-        """Commit ``request`` on the calling thread, which holds the lock from try_begin_fast."""
-        try:
-            self.fast_commits += 1
-            outcomes, failure = self._transaction([request])
-        finally:
-            self._txn_lock.release()
-        _finish([request], outcomes, failure)
+    def commit_fast(self, request: WriteRequest) -> Callable[[], None]:
+        """Commit ``request`` on the calling thread, which holds the lock from try_begin_fast.
+
+        The caller gives the lock back with :meth:`end_fast`, also when this raises, and then
+        calls what this returns: it hands ``request`` its outcome (and logs a failure, which
+        must not happen under the lock).
+        """
+        self.fast_commits += 1
+        outcomes, failure = self._transaction([request])
+        return functools.partial(_finish, [request], outcomes, failure)
+
+    def end_fast(self) -> None:
+        """Release the transaction lock taken by a successful :meth:`try_begin_fast`."""
+        self._txn_lock.release()
 
     def close_connection(self, timeout: float) -> bool:
         """Close the write connection once no transaction runs.
