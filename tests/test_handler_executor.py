@@ -166,3 +166,32 @@ def test_a_run_submitted_while_run_maintenance_waits_reaches_the_idle_thread(
     finally:
         release.set()
         assert executor.close(timeout=5.0) == []
+
+
+def test_a_handler_thread_that_fails_to_start_gives_its_run_back_and_counts_nowhere(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """``can't start new thread`` (a thread limit): ``submit`` raises, the run is not queued,
+    and a later submit starts a thread of its own and runs."""
+    executor = _executor(workers=1)
+    real_start = threading.Thread.start
+    failed = threading.Event()
+
+    def start_once_failing(self: threading.Thread) -> None:
+        if self.name.startswith("weft-handler-") and not failed.is_set():
+            failed.set()
+            raise RuntimeError("can't start new thread")
+        real_start(self)
+
+    monkeypatch.setattr(threading.Thread, "start", start_once_failing)
+    ran, never = threading.Event(), threading.Event()
+    try:
+        with pytest.raises(RuntimeError, match="can't start new thread"):
+            executor.submit("wf-1", "job", never.set)
+        later = executor.submit("wf-2", "job", ran.set)
+        wait_set(ran, "the run submitted after the failed start")
+        wait_set(later.done, "that run finished")
+        assert executor.wait_idle(5.0)
+        assert not never.is_set()  # the run given back is not run behind the caller's back
+    finally:
+        assert executor.close(timeout=5.0) == []

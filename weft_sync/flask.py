@@ -326,8 +326,19 @@ class _AppState:
             self._closed = True
             _fork.untrack(self)
         _closed(self)
-        if ownership is not None:
+        if ownership is None:
+            return
+        try:
             ownership.close()
+        except BaseException:
+            if not ownership.closed:
+                # Refused (called from a handler or an on_lost callback) before it changed
+                # anything: still open, so still this state's to close (close_all, at exit).
+                with self._lock:
+                    self._ownership, self._closed = ownership, False
+                    _fork.track(self)
+                _opened(self)
+            raise
 
     def _adopt_process(self) -> None:
         # Covers a child forked before this state first opened, or by a fork that bypasses

@@ -455,3 +455,37 @@ def test_cancelling_from_the_admin_needs_the_cancel_permission() -> None:
     assert ownership.workflows.get("report-8").status == "running"  # type: ignore[union-attr]
     anonymous = Client().get("/admin/weft_sync/workflow/")
     assert anonymous.status_code == 302 and "/admin/login/" in anonymous["Location"]
+
+
+def test_a_close_refused_inside_a_pass_leaves_the_ownership_to_the_next_close(url: str) -> None:
+    from weft_sync import Ownership, OwnershipOptions
+    from weft_sync.clock import ManualClock
+
+    ownership = get_ownership()
+    refused: list[BaseException] = []
+
+    @ownership.on_lost
+    def stop(workflow_id: str) -> None:
+        try:
+            close_ownership()  # from inside the pass that found the loss: refused
+        except RuntimeError as exc:
+            refused.append(exc)
+
+    assert ownership.registry.acquire("leader").status == "acquired"
+    thief = Ownership.open(
+        url,
+        engine_id="engine-thief",
+        options=OwnershipOptions(**settings.WEFT_SYNC["OPTIONS"]),
+        clock=ManualClock(10**13),  # far past the claim's expiry
+        background="manual",
+    )
+    try:
+        assert thief.registry.takeover("leader").status == "acquired"
+        ownership.run_maintenance(wait_handlers=0)  # the renewal finds it lost
+        assert len(refused) == 1
+        assert not ownership.closed and is_open()
+        assert get_ownership() is ownership
+        close_ownership()
+        assert ownership.closed and not is_open()
+    finally:
+        thief.close()

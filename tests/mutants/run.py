@@ -171,12 +171,12 @@ MUTANTS: tuple[Mutant, ...] = (
         ),
     ),
     Mutant(
-        "the SQLite writer thread ends on a BaseException of a request",
+        "a decide's BaseException fails the whole group of the SQLite writer",
         "weft_sync/storage/sqlite/writer.py",
-        "            except BaseException:\n"
-        "                # Every request of the group has its error already",
-        "            except Exception:\n"
-        "                # Every request of the group has its error already",
+        "        except BaseException as exc:\n"
+        "            # A BaseException too (SystemExit from host code)",
+        "        except Exception as exc:\n"
+        "            # A BaseException too (SystemExit from host code)",
         ("tests/storage/test_writer_thread.py",),
     ),
     Mutant(

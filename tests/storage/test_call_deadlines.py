@@ -8,6 +8,7 @@ statement the connection runs next, for another caller, after it went back to th
 
 from __future__ import annotations
 
+import logging
 import os
 import signal
 import subprocess
@@ -119,3 +120,41 @@ def test_a_call_past_its_bound_is_still_cancelled() -> None:
     finally:
         deadlines.close()
     assert 0.2 <= cancelled_after < 5.0, cancelled_after
+
+
+class _RaisingHandler(logging.Handler):
+    """A host log handler that fails on the watcher's cancel warning."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if "outlived its bound" in record.getMessage():
+            raise RuntimeError("a broken host log handler")
+
+
+class _QuietConn:
+    """Stands in for a psycopg connection whose cancel does nothing."""
+
+    def cancel_safe(self, timeout: float) -> None:
+        pass
+
+
+def test_a_cancel_that_raises_leaves_the_watcher_running_and_the_call_returning() -> None:
+    deadlines = CallDeadlines(0.1, "weft-pg-deadlines-test")
+    logger = logging.getLogger("weft_sync.storage.postgres.deadline")
+    handler = _RaisingHandler(level=logging.WARNING)
+    logger.addHandler(handler)
+    try:
+        for _ in range(2):  # the second call is bounded by the same watcher thread
+            returned = threading.Event()
+
+            def call(done: threading.Event = returned) -> None:
+                with deadlines.guard(_QuietConn()):
+                    time.sleep(0.4)  # the server answers after the bound
+                done.set()
+
+            caller = threading.Thread(target=call, daemon=True)
+            caller.start()
+            assert returned.wait(5.0), "the guarded call never returned"
+            caller.join(5.0)
+    finally:
+        logger.removeHandler(handler)
+        deadlines.close()

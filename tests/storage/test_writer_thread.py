@@ -127,3 +127,46 @@ def test_an_interrupt_right_after_the_fast_path_took_the_lock_gives_the_lock_bac
         assert store.get("b") is None and store.get("c") == b"3"
     finally:
         store.close(timeout=2)
+
+
+def test_a_baseexception_of_one_decide_is_its_own_and_the_rest_of_its_group_commits(
+    tmp_path: Path,
+) -> None:
+    store = SqliteStorage(tmp_path / "s.db", table="kv")
+    try:
+        holder, release = _hold_a_fast_commit(store, "a")
+        aborter_errors: list[BaseException] = []
+        putter_errors: list[BaseException] = []
+
+        def aborting() -> None:
+            def decide(values: list[bytes | None]) -> None:
+                raise Abort("a decide that aborts")
+
+            try:
+                store.read_then_write(["b"], decide)
+            except BaseException as exc:
+                aborter_errors.append(exc)
+
+        def putting() -> None:
+            try:
+                store.put("unrelated", b"value")
+            except BaseException as exc:
+                putter_errors.append(exc)
+
+        aborter = threading.Thread(target=aborting, daemon=True)
+        aborter.start()
+        wait_until(lambda: store._queue.qsize() == 1, "the aborting request is queued")
+        putter = threading.Thread(target=putting, daemon=True)
+        putter.start()
+        wait_until(lambda: store._queue.qsize() == 2, "the unrelated put is queued")
+        release.set()
+        holder.join(10)
+        aborter.join(10)
+        putter.join(10)
+        assert len(aborter_errors) == 1 and isinstance(aborter_errors[0], Abort)
+        assert putter_errors == [], (
+            f"the unrelated put raised {putter_errors!r}: another thread's decide's BaseException"
+        )
+        assert store.get("unrelated") == b"value"
+    finally:
+        store.close(timeout=2)

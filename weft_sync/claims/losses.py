@@ -198,6 +198,7 @@ class LocalLosses:
         if self._metrics is not None:
             self._metrics.record_claims_lost(cause, len(ids))
         sink_errors: dict[str, Exception] = {}
+        interrupted: BaseException | None = None
         for wid in ids:
             _log.warning(
                 "engine %s lost its claim on workflow %r locally (%s): %s",
@@ -210,6 +211,12 @@ class LocalLosses:
                 self._warn(WorkflowClaimLostWarning(wid, cause))
             except Exception as exc:
                 sink_errors[wid] = exc
+            except BaseException as exc:
+                # Host code behind the sink (SystemExit, ...): the other losses are reported
+                # first, since their claims have already left the table.
+                interrupted = interrupted or exc
+        if interrupted is not None:
+            raise interrupted
         return sink_errors
 
 

@@ -597,6 +597,7 @@ class Renewals:
             # Every claim is lost, including ones renewed in this same pass.
             changed.update((wid, RenewResult(_LOST, wid, STORE_ROLLBACK)) for wid in every)
             changed.update(sink_errors)
+        interrupted: BaseException | None = None
         for wid, _ in lost:
             if wid in changed:
                 continue
@@ -604,6 +605,12 @@ class Renewals:
                 self._report_lost(wid)
             except Exception as exc:
                 changed[wid] = exc
+            except BaseException as exc:
+                # Host code behind the sink (SystemExit, ...): the other losses are reported
+                # first, since their claims have already left the table.
+                interrupted = interrupted or exc
+        if interrupted is not None:
+            raise interrupted
         return changed
 
     def _rolled_back(self, lost: Sequence[Lost]) -> tuple[list[str], str]:

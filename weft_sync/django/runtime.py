@@ -97,8 +97,19 @@ def close_ownership() -> None:
         ownership = _current if _pid == os.getpid() else None
         _current = None
         atexit.unregister(close_ownership)
-    if ownership is not None:
+    if ownership is None:
+        return
+    try:
         ownership.close()
+    except BaseException:
+        if not ownership.closed:
+            # Refused (called from a handler or an on_lost callback) before it changed
+            # anything: still open, so still this process's to close (at exit).
+            with _lock:
+                if _current is None and _pid == os.getpid():
+                    _current = ownership
+                    atexit.register(close_ownership)
+        raise
 
 
 def handlers_from_settings(config: WeftSyncSettings) -> dict[str, WorkflowHandler]:

@@ -92,9 +92,12 @@ class _TimerHandle:
     def _fire(self) -> None:
         try:
             self._callback()
-        except Exception:
+        except BaseException:
+            # Whatever a tick raises (host code runs in it: observers, log handlers), the next
+            # tick comes: ending the chain would stop every renewal of the engine.
             _log.exception("weft_sync: interval callback %r raised", self._callback)
-        self.arm()
+        finally:
+            self.arm()
 
     def cancel(self) -> None:
         with self._lock:

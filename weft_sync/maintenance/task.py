@@ -289,6 +289,9 @@ class RenewalTask:
                     self._between_ticks.discard(kind)
                     continue
                 launched.append((kind, self._new_driver(kind)))
+        # Started before the skip reports: observers and log handlers are host code, and a
+        # driver counted as busy but never started would keep its slot from running again.
+        self._start_drivers(launched)
         for kind, between_ticks in skipped:
             notify_skipped(self._observers, kind.value)
             if between_ticks:
@@ -304,7 +307,6 @@ class RenewalTask:
                 kind.value,
                 self._interval_ms,
             )
-        self._start_drivers(launched)
 
     def request_reclaim(self) -> bool:
         """Run a reclaim sub-pass now rather than at the next tick (interval mode only).

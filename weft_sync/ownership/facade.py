@@ -588,12 +588,19 @@ class Ownership:
                 handle = self._handles.get(wid)
             if handle is not None and claim_is_gone(self._registry, handle):
                 self._mark_lost(handle)
-            self._notify_lost(wid)
+            try:
+                self._notify_lost(wid)
+            finally:
+                self._forward_warning(warning)
+            return
         self._forward_warning(warning)
 
     def _notify_lost(self, workflow_id: str) -> None:
+        """Call every ``on_lost`` callback; an ``Exception`` is logged and ignored, and a
+        ``BaseException`` (``SystemExit``, ...) is raised once every callback has run."""
         with self._lock:
             callbacks = list(self._lost_callbacks)
+        interrupted: BaseException | None = None
         for callback in callbacks:
             try:
                 callback(workflow_id)
@@ -601,6 +608,10 @@ class Ownership:
                 _log.exception(
                     "on_lost callback %r raised for workflow %r; ignored", callback, workflow_id
                 )
+            except BaseException as exc:
+                interrupted = interrupted or exc
+        if interrupted is not None:
+            raise interrupted
 
     # ----------------------------------------------------------------------------------------
     # Lifecycle checks and fork safety

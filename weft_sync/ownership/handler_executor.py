@@ -123,7 +123,26 @@ class HandlerExecutor:
             else:
                 self._cond.notify()
         if thread is not None:
-            thread.start()
+            try:
+                thread.start()
+            except BaseException:
+                # No thread to run it (a thread limit): the thread counts nowhere, so the next
+                # submit starts another, and the run is taken back unless a thread that came
+                # free took it meanwhile.
+                with self._cond:
+                    self._threads.remove(thread)
+                    self._idle -= 1
+                    taken = run not in self._queue
+                    if not taken:
+                        self._queue.remove(run)
+                if not taken:
+                    raise
+                _log.warning(
+                    "could not start a handler thread for workflow %r; it runs on a thread "
+                    "that came free",
+                    workflow_id,
+                    exc_info=True,
+                )
         return run
 
     def is_handler_thread(self) -> bool:

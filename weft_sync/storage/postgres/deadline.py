@@ -200,10 +200,15 @@ class CallDeadlines:
                     lost,
                 )
             for entry in due:
-                if entry.stage == 0:
-                    _cancel(entry.conn, entry.limited)
-                else:
-                    _cut(entry.conn)
+                try:
+                    if entry.stage == 0:
+                        _cancel(entry.conn, entry.limited)
+                    else:
+                        _cut(entry.conn)
+                except BaseException:
+                    # A failed cancel or cut (a socket error, a host log handler that raised)
+                    # must not end this thread: the call's block waits for its entry below.
+                    _log.debug("ending a PostgreSQL call past its deadline failed", exc_info=True)
             if due:
                 with self._cond:
                     for entry in due:

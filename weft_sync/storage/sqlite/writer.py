@@ -596,7 +596,9 @@ class SqliteWriter:
             if decision is None:
                 return [False], None
             conditions, operations = validate_batch(*decision)
-        except Exception as exc:
+        except BaseException as exc:
+            # A BaseException too (SystemExit from host code): it is this request's alone,
+            # raised to its caller by wait(), and the other requests of the group commit.
             return None, exc
         if not isolate:
             with self._translate("write"):
