@@ -190,6 +190,36 @@ MUTANTS: tuple[Mutant, ...] = (
         ),
     ),
     Mutant(
+        "a deposed claim's loss report stops at a host BaseException",
+        "weft_sync/claims/renewals.py",
+        "                interrupted = interrupted or exc",
+        "                raise",
+        (
+            "tests/claims/test_lost_report_interrupted.py::"
+            "test_a_baseexception_from_on_lost_still_lets_the_other_lost_claims_be_reported",
+        ),
+    ),
+    Mutant(
+        "a deadline loss report stops at a host BaseException",
+        "weft_sync/claims/losses.py",
+        "                interrupted = interrupted or exc",
+        "                raise",
+        (
+            "tests/claims/test_lost_report_interrupted.py::"
+            "test_a_baseexception_from_on_lost_at_the_deadline_lets_the_others_be_reported",
+        ),
+    ),
+    Mutant(
+        "the PostgreSQL deadline watcher dies on a failed cancel",
+        "weft_sync/storage/postgres/deadline.py",
+        "                except BaseException:",
+        "                except ZeroDivisionError:",
+        (
+            "tests/storage/test_call_deadlines.py::"
+            "test_a_cancel_that_raises_leaves_the_watcher_running_and_the_call_returning",
+        ),
+    ),
+    Mutant(
         "PostgreSQL call deadlines count the time the process was stopped",
         "weft_sync/storage/postgres/deadline.py",
         "entry.deadline += max(0.0, min(lost, now - entry.began))",
