@@ -44,8 +44,8 @@ def ours():
 """
 
 
-def _run(body: str, tmp_path: Path) -> list[list[object]]:
-    script = _RECORDER + textwrap.dedent(body) + "\nprint(json.dumps(ours()))\n"
+def _python(script: str, tmp_path: Path) -> str:
+    """Run ``script`` in a fresh interpreter that imports this checkout; return its output."""
     done = subprocess.run(
         [sys.executable, "-c", script],
         cwd=tmp_path,
@@ -55,7 +55,12 @@ def _run(body: str, tmp_path: Path) -> list[list[object]]:
         timeout=60,
     )
     assert done.returncode == 0, done.stderr
-    result: list[list[object]] = json.loads(done.stdout.strip().splitlines()[-1])
+    return done.stdout
+
+
+def _run(body: str, tmp_path: Path) -> list[list[object]]:
+    script = _RECORDER + textwrap.dedent(body) + "\nprint(json.dumps(ours()))\n"
+    result: list[list[object]] = json.loads(_python(script, tmp_path).strip().splitlines()[-1])
     return result
 
 
@@ -90,22 +95,12 @@ def test_importing_every_module_registers_no_fork_hook_and_no_atexit_callback(
 def test_importing_weft_sync_loads_no_openssl_so_a_hosts_forks_copy_less(tmp_path: Path) -> None:
     """``import weft_sync`` alone leaves ``hashlib`` (which maps OpenSSL's libcrypto, about
     4 MiB a fork must copy page tables for) unloaded; it is loaded where a hash is needed."""
-    done = subprocess.run(
-        [
-            sys.executable,
-            "-c",
-            "import sys; import weft_sync; "
-            "print(sorted(m for m in ('hashlib', '_hashlib', 'hmac', 'secrets') "
-            "if m in sys.modules))",
-        ],
-        cwd=tmp_path,
-        env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parent.parent)},
-        capture_output=True,
-        text=True,
-        timeout=60,
+    loaded = _python(
+        "import sys; import weft_sync; "
+        "print(sorted(m for m in ('hashlib', '_hashlib', 'hmac', 'secrets') if m in sys.modules))",
+        tmp_path,
     )
-    assert done.returncode == 0, done.stderr
-    assert done.stdout.strip() == "[]"
+    assert loaded.strip() == "[]"
 
 
 def test_the_first_store_registers_one_fork_hook_and_a_fork_after_the_last_close_is_untouched(

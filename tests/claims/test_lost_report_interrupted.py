@@ -42,6 +42,20 @@ class Sink:
                 self.lost.append(warning.workflow_id)
 
 
+def _abort_at_the_first_loss(owner: Ownership) -> list[str]:
+    """Give ``owner`` an ``on_lost`` callback that raises :class:`HostAbort` the first time;
+    return the ids it is called with, as they come."""
+    called: list[str] = []
+
+    @owner.on_lost
+    def on_lost(workflow_id: str) -> None:
+        called.append(workflow_id)
+        if len(called) == 1:
+            raise HostAbort(f"host aborts while handling the loss of {workflow_id}")
+
+    return called
+
+
 @pytest.fixture
 def store(tmp_path: Path) -> Iterator[SqliteStorage]:
     s = SqliteStorage(tmp_path / "s.db", table="kv")
@@ -61,13 +75,7 @@ def test_a_baseexception_from_on_lost_still_lets_the_other_lost_claims_be_report
         store, engine_id="engine-b", options=OPTIONS, clock=clock, background="manual"
     )
     try:
-        called: list[str] = []
-
-        @owner.on_lost
-        def on_lost(workflow_id: str) -> None:
-            called.append(workflow_id)
-            if len(called) == 1:
-                raise HostAbort(f"host aborts while handling the loss of {workflow_id}")
+        called = _abort_at_the_first_loss(owner)
 
         for wid in ("wf-1", "wf-2"):
             assert owner.registry.acquire(wid).status == "acquired"
@@ -111,13 +119,7 @@ def test_a_baseexception_from_on_lost_at_the_deadline_lets_the_others_be_reporte
         gated, engine_id="engine-a", options=OPTIONS, clock=clock, background="manual", warn=sink
     )
     try:
-        called: list[str] = []
-
-        @owner.on_lost
-        def on_lost(workflow_id: str) -> None:
-            called.append(workflow_id)
-            if len(called) == 1:
-                raise HostAbort(f"host aborts while handling the loss of {workflow_id}")
+        called = _abort_at_the_first_loss(owner)
 
         for wid in ("wf-1", "wf-2"):
             assert owner.registry.acquire(wid).status == "acquired"

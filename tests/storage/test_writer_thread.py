@@ -36,6 +36,24 @@ def _hold_a_fast_commit(store: SqliteStorage, key: str) -> tuple[threading.Threa
     return thread, release
 
 
+def _start_aborting(store: SqliteStorage, errors: list[BaseException]) -> threading.Thread:
+    """Start a ``read_then_write`` whose decide raises :class:`Abort`; its error goes to
+    ``errors``."""
+
+    def aborting() -> None:
+        def decide(values: list[bytes | None]) -> None:
+            raise Abort("a decide that aborts")
+
+        try:
+            store.read_then_write(["b"], decide)
+        except BaseException as exc:
+            errors.append(exc)
+
+    aborter = threading.Thread(target=aborting, daemon=True)
+    aborter.start()
+    return aborter
+
+
 def test_a_decide_raising_baseexception_on_the_writer_thread_leaves_it_draining_the_queue(
     tmp_path: Path,
 ) -> None:
@@ -45,18 +63,7 @@ def test_a_decide_raising_baseexception_on_the_writer_thread_leaves_it_draining_
         holder, release = _hold_a_fast_commit(store, "a")
         # 2. ... so this read_then_write is queued for the writer thread; its decide raises.
         errors: list[BaseException] = []
-
-        def aborting() -> None:
-            def decide(values: list[bytes | None]) -> None:
-                raise Abort("a decide that aborts")
-
-            try:
-                store.read_then_write(["b"], decide)
-            except BaseException as exc:
-                errors.append(exc)
-
-        aborter = threading.Thread(target=aborting, daemon=True)
-        aborter.start()
+        aborter = _start_aborting(store, errors)
         wait_until(lambda: store._queue.qsize() == 1, "the aborting request is queued")
         release.set()
         holder.join(10)
@@ -138,23 +145,13 @@ def test_a_baseexception_of_one_decide_is_its_own_and_the_rest_of_its_group_comm
         aborter_errors: list[BaseException] = []
         putter_errors: list[BaseException] = []
 
-        def aborting() -> None:
-            def decide(values: list[bytes | None]) -> None:
-                raise Abort("a decide that aborts")
-
-            try:
-                store.read_then_write(["b"], decide)
-            except BaseException as exc:
-                aborter_errors.append(exc)
-
         def putting() -> None:
             try:
                 store.put("unrelated", b"value")
             except BaseException as exc:
                 putter_errors.append(exc)
 
-        aborter = threading.Thread(target=aborting, daemon=True)
-        aborter.start()
+        aborter = _start_aborting(store, aborter_errors)
         wait_until(lambda: store._queue.qsize() == 1, "the aborting request is queued")
         putter = threading.Thread(target=putting, daemon=True)
         putter.start()
