@@ -125,10 +125,10 @@ class HandlerExecutor:
         if thread is not None:
             try:
                 thread.start()
-            except BaseException:
-                # No thread to run it (a thread limit): the thread counts nowhere, so the next
-                # submit starts another, and the run is taken back unless a thread that came
-                # free took it meanwhile.
+            except RuntimeError:
+                # "can't start new thread" (a thread limit; an interrupt in start() is not this
+                # and goes on as it is): the thread counts nowhere, so the next submit starts
+                # another, and the run is taken back unless a thread that came free took it.
                 with self._cond:
                     self._threads.remove(thread)
                     self._idle -= 1

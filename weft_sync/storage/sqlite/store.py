@@ -222,6 +222,7 @@ class SqliteStorage(SqliteSessionLockMethods):
                             self._connect,
                             self._file_lock,
                             replaces_deleted=replaces_deleted,
+                            busy_timeout_ms=self._busy_timeout_ms,
                         )
                         self._identity.open()
                         with self._file_lock.hold():

@@ -99,7 +99,7 @@ def _gave_up(bound: WaitDeadline, natural: float, timeout_ms: int) -> str:
     return f"timed out after {timeout_ms} ms"
 
 
-def _is_busy(exc: sqlite3.OperationalError) -> bool:
+def is_busy(exc: sqlite3.OperationalError) -> bool:
     """Whether SQLite gave up waiting for another connection's lock (``SQLITE_BUSY``)."""
     code = getattr(exc, "sqlite_errorcode", None)  # Python 3.11+
     if code is not None:
@@ -525,7 +525,7 @@ class SqliteWriter:
                 conn.execute("BEGIN IMMEDIATE")
                 return
             except sqlite3.OperationalError as exc:
-                if not _is_busy(exc):
+                if not is_busy(exc):
                     raise
                 if time.monotonic() < self._bound.limit(natural):
                     continue
