@@ -243,7 +243,15 @@ def test_random_concurrent_operations_never_leave_two_believers(
         seen: Counter[str] = Counter()
         start.wait()
         for _ in range(STRESS_OPERATIONS):
-            result = _random_operation(rng, registries, clock)()
+            try:
+                result = _random_operation(rng, registries, clock)()
+            except StorageError as exc:
+                # A row lock waited for past the store's lock_timeout (at most 1 s) on a loaded
+                # machine fails that one call, as documented; no other error may.
+                if "lock timeout" not in str(exc):
+                    raise
+                seen["lock-timeout"] += 1
+                continue
             for item in result if isinstance(result, list) else [result]:
                 seen[str(getattr(item, "status", "other"))] += 1
         return seen
