@@ -490,10 +490,12 @@ class Ownership:
         wid = validate_workflow_id(workflow_id)
         crash = self._crash
         # Crashes noted when the last attempt began: one noted during it ends the next pause.
+        # Counted only when there can be a pause (a claim without a wait makes one attempt).
         seen = [0]
 
         def attempt() -> ClaimAttempt:
-            seen[0] = crash.death_count()
+            if wait_s:
+                seen[0] = crash.death_count()
             return self._attempt_claim(wid)
 
         result = claim_with_wait(

@@ -58,10 +58,9 @@ def create_schema(
                 _create(path, table, conn, file_lock)
                 return
             except sqlite3.OperationalError as exc:
+                # ensure_store_id rolls back its own transaction before raising.
                 if not is_busy(exc) or time.monotonic() >= deadline:
                     raise
-                if conn.in_transaction:
-                    conn.execute("ROLLBACK")
             time.sleep(_BUSY_RETRY_S)
     finally:
         conn.close()
