@@ -146,6 +146,28 @@ def test_claiming_an_id_this_ownership_already_claims_raises_unavailable(
         handle.assert_held()
 
 
+def test_one_claim_block_entered_twice_refuses_the_second_entry_and_keeps_the_first_claim(
+    make_ownership: MakeOwnership, storage: Storage
+) -> None:
+    ownership = make_ownership("engine-a")
+    block = ownership.claim("wf-1")
+    with block as handle:
+        with pytest.raises(RuntimeError, match=r"'wf-1' was entered twice"):
+            block.__enter__()
+        handle.assert_held()
+        assert holder_engine(storage, "wf-1") == "engine-a"
+    assert storage.get(keys.workflow_owner_holder("wf-1")) is None
+    assert ownership.registry.list_held_workflow_ids() == []
+
+
+def test_claim_checks_its_wait_when_the_block_is_entered(make_ownership: MakeOwnership) -> None:
+    ownership = make_ownership("engine-a")
+    block = ownership.claim("wf-1", wait=-1)  # nothing happens until the with statement
+    with pytest.raises(ValueError, match=r"wait must be a finite number of seconds >= 0"):
+        block.__enter__()
+    assert ownership.registry.list_held_workflow_ids() == []
+
+
 def test_nested_claims_of_different_ids_are_held_together_and_both_released(
     make_ownership: MakeOwnership, storage: Storage
 ) -> None:

@@ -70,6 +70,7 @@ class Acquires:
         """See :meth:`ClaimRegistry.acquire <weft_sync.claims.registry.ClaimRegistry.acquire>`."""
         self._losses.refuse_lost_store()
         holder_key = keys.workflow_owner_holder(wid)
+        epoch_key = keys.workflow_owner_epoch(wid)
         now = self._clock()
         built: list[Fragment] = []
 
@@ -84,7 +85,7 @@ class Acquires:
 
         try:
             (observed_holder, _), committed = storage_read_then_write(
-                self._storage, [holder_key, keys.workflow_owner_epoch(wid)], decide
+                self._storage, [holder_key, epoch_key], decide
             )
         except CorruptEpochError as exc:
             _log.warning("%s", exc)
@@ -94,9 +95,8 @@ class Acquires:
             _log.debug("acquire of workflow %r lost the race (held by %r)", wid, held_by)
             return AcquireResult(AcquireStatus.LOST_RACE, wid, held_by=held_by)
         fragment = built[-1]
-        epoch = self.install(wid, fragment, now)
+        epoch, token = self._install(wid, fragment, now, epoch_key, holder_key)
         _log.info("engine %s acquired workflow %r at epoch %d", self._engine_id, wid, epoch)
-        token = extract_put_value(fragment.operations, keys.workflow_owner_epoch(wid))
         return AcquireResult(AcquireStatus.ACQUIRED, wid, epoch=epoch, token=token)
 
     def prepare(self, wid: str) -> AcquirePreparation:
@@ -133,8 +133,17 @@ class Acquires:
 
         :raises ClosedError: the registry closed meanwhile; the claim was given back.
         """
-        epoch_bytes = extract_put_value(fragment.operations, keys.workflow_owner_epoch(wid))
         holder_key = keys.workflow_owner_holder(wid)
+        epoch, _ = self._install(
+            wid, fragment, claimed_at, keys.workflow_owner_epoch(wid), holder_key
+        )
+        return epoch
+
+    def _install(
+        self, wid: str, fragment: Fragment, claimed_at: int, epoch_key: str, holder_key: str
+    ) -> tuple[int, bytes]:
+        """:meth:`install` with the workflow's keys at hand; also return the token put."""
+        epoch_bytes = extract_put_value(fragment.operations, epoch_key)
         holder_bytes = extract_put_value(fragment.operations, holder_key)
         epoch = decode_epoch(epoch_bytes)
         if epoch is None:
@@ -146,7 +155,7 @@ class Acquires:
                 f"the claim registry of engine {self._engine_id} closed while workflow {wid!r} "
                 f"was being claimed; the claim was released again"
             )
-        return epoch
+        return epoch, epoch_bytes
 
     def _acquire_fragment(self, wid: str, now: int, observed_epoch: bytes | None) -> Fragment:
         """The acquire's batch, by-engine entry included.

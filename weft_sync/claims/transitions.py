@@ -51,12 +51,12 @@ def next_epoch(observed_epoch_bytes: bytes | None, workflow_id: str = "") -> int
 
 
 def _claim_puts(
-    workflow_id: str, engine_id: str, epoch: int, now: int, claim_ttl_ms: int
+    epoch_key: str, holder_key: str, engine_id: str, epoch: int, now: int, claim_ttl_ms: int
 ) -> tuple[Operation, ...]:
     holder = HolderRecord(engine_id, epoch, now + claim_ttl_ms, now)
     return (
-        Put(keys.workflow_owner_epoch(workflow_id), mint_token(epoch)),
-        Put(keys.workflow_owner_holder(workflow_id), encode_holder(holder)),
+        Put(epoch_key, mint_token(epoch)),
+        Put(holder_key, encode_holder(holder)),
     )
 
 
@@ -73,12 +73,11 @@ def build_acquire_transition(
     :raises CorruptEpochError: the observed epoch bytes are present but corrupt.
     """
     epoch = next_epoch(observed_epoch_bytes, workflow_id)
+    epoch_key = keys.workflow_owner_epoch(workflow_id)
+    holder_key = keys.workflow_owner_holder(workflow_id)
     return Fragment(
-        conditions=(
-            Condition(keys.workflow_owner_holder(workflow_id), None),
-            Condition(keys.workflow_owner_epoch(workflow_id), observed_epoch_bytes),
-        ),
-        operations=_claim_puts(workflow_id, engine_id, epoch, now, claim_ttl_ms),
+        conditions=(Condition(holder_key, None), Condition(epoch_key, observed_epoch_bytes)),
+        operations=_claim_puts(epoch_key, holder_key, engine_id, epoch, now, claim_ttl_ms),
     )
 
 
@@ -131,12 +130,14 @@ def build_takeover_transition(
     :raises CorruptEpochError: the observed epoch bytes are corrupt.
     """
     epoch = next_epoch(observed_epoch_bytes, workflow_id)
+    epoch_key = keys.workflow_owner_epoch(workflow_id)
+    holder_key = keys.workflow_owner_holder(workflow_id)
     return Fragment(
         conditions=(
-            Condition(keys.workflow_owner_holder(workflow_id), observed_holder_bytes),
-            Condition(keys.workflow_owner_epoch(workflow_id), observed_epoch_bytes),
+            Condition(holder_key, observed_holder_bytes),
+            Condition(epoch_key, observed_epoch_bytes),
         ),
-        operations=_claim_puts(workflow_id, engine_id, epoch, now, claim_ttl_ms),
+        operations=_claim_puts(epoch_key, holder_key, engine_id, epoch, now, claim_ttl_ms),
     )
 
 

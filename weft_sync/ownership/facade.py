@@ -31,8 +31,8 @@ import logging
 import os
 import threading
 import warnings
-from collections.abc import Callable, Iterator, Mapping
-from contextlib import AbstractContextManager, contextmanager
+from collections.abc import Callable, Mapping
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from types import TracebackType
 from typing import Any, Literal, TypeVar
@@ -428,8 +428,9 @@ class Ownership:
     # Claims
     # ----------------------------------------------------------------------------------------
 
-    @contextmanager
-    def claim(self, workflow_id: str, *, wait: float | None = None) -> Iterator[ClaimHandle]:
+    def claim(
+        self, workflow_id: str, *, wait: float | None = None
+    ) -> AbstractContextManager[ClaimHandle]:
         """Hold ``workflow_id`` for the length of a ``with`` block.
 
         The claim is acquired, or taken over (epoch + 1) when its holder expired more than the
@@ -451,14 +452,7 @@ class Ownership:
         :raises ValueError: ``wait`` is not a finite number of seconds ``>= 0``.
         :raises ClosedError: after ``close()`` or in a forked child.
         """
-        wait_s = validate_wait(wait)
-        handle = self._acquire(workflow_id, wait_s)
-        try:
-            yield handle
-        except BaseException:
-            self._finish(handle, body_failed=True)
-            raise
-        self._finish(handle, body_failed=False)
+        return _ClaimBlock(self, workflow_id, wait)
 
     def fenced(self, workflow_id: str, connection: object) -> AbstractContextManager[Any]:
         """Fence the host's statements on ``connection`` (:func:`~.fencing.fenced_transaction`)."""
@@ -488,22 +482,11 @@ class Ownership:
 
     def _acquire(self, workflow_id: str, wait_s: float | None) -> ClaimHandle:
         wid = validate_workflow_id(workflow_id)
-        crash = self._crash
-        # Crashes noted when the last attempt began: one noted during it ends the next pause.
-        # Counted only when there can be a pause (a claim without a wait makes one attempt).
-        seen = [0]
-
-        def attempt() -> ClaimAttempt:
-            if wait_s:
-                seen[0] = crash.death_count()
-            return self._attempt_claim(wid)
-
-        result = claim_with_wait(
-            attempt,
-            wait_s,
-            lambda: self._require_open("claim()"),
-            sleep=lambda pause: crash.wait_for_death(pause, seen[0]),
-        )
+        if not wait_s:
+            self._require_open("claim()")
+            result = self._attempt_claim(wid)
+        else:
+            result = self._attempt_with_wait(wid, wait_s)
         if result.epoch is None:
             raise WorkflowClaimUnavailableError(wid, result.held_by)
         handle = ClaimHandle(wid, result.epoch, self._verify_held, token=result.token)
@@ -520,6 +503,23 @@ class Ownership:
                     _log.warning("could not release the claim on workflow %r", wid, exc_info=True)
             raise self._closed_error("claim()", state)
         return handle
+
+    def _attempt_with_wait(self, wid: str, wait_s: float) -> ClaimAttempt:
+        crash = self._crash
+        # Crashes noted when the last attempt began: one noted during it ends the next pause.
+        seen = 0
+
+        def attempt() -> ClaimAttempt:
+            nonlocal seen
+            seen = crash.death_count()
+            return self._attempt_claim(wid)
+
+        return claim_with_wait(
+            attempt,
+            wait_s,
+            lambda: self._require_open("claim()"),
+            sleep=lambda pause: crash.wait_for_death(pause, seen),
+        )
 
     def _attempt_claim(self, wid: str) -> ClaimAttempt:
         with self._lock:
@@ -670,6 +670,40 @@ class Ownership:
             f"Ownership(engine_id={self._registry.engine_id!r}, {self._state.value}, "
             f"claims={len(self._handles)})"
         )
+
+
+class _ClaimBlock:
+    """The ``with`` block of :meth:`Ownership.claim` (a class, not a generator: every claim
+    enters one): acquires on entry, releases on exit."""
+
+    __slots__ = ("_handle", "_ownership", "_wait", "_workflow_id")
+
+    def __init__(self, ownership: Ownership, workflow_id: str, wait: float | None) -> None:
+        self._ownership = ownership
+        self._workflow_id = workflow_id
+        self._wait = wait
+        self._handle: ClaimHandle | None = None
+
+    def __enter__(self) -> ClaimHandle:
+        if self._handle is not None:
+            raise RuntimeError(
+                f"the claim() block of workflow {self._workflow_id!r} was entered twice; "
+                f"call claim() once per with statement"
+            )
+        handle = self._ownership._acquire(self._workflow_id, validate_wait(self._wait))
+        self._handle = handle
+        return handle
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        handle = self._handle
+        assert handle is not None, "__exit__ without a successful __enter__"
+        # An exception of the block propagates unchanged (None: not suppressed).
+        self._ownership._finish(handle, body_failed=exc_type is not None)
 
 
 def _warnings_warn(warning: Warning) -> None:
