@@ -20,6 +20,7 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 import itertools
 import sys
 import time
@@ -86,7 +87,7 @@ def bench_cycles(site: Site, backend: str, cycles: int, repeats: int) -> list[li
     with contextlib.closing(spec.open()) as storage:
         registries = {
             "with entry": new_registry(storage),
-            "without entry": new_registry(WithoutEntries(storage)),  # type: ignore[arg-type]
+            "without entry": new_registry(WithoutEntries(storage)),
         }
 
         def run(name: str) -> None:
@@ -95,7 +96,7 @@ def bench_cycles(site: Site, backend: str, cycles: int, repeats: int) -> list[li
                 registry.acquire(wid)
                 registry.release(wid)
 
-        samples = interleave({name: (lambda n=name: run(n)) for name in registries}, repeats)
+        samples = interleave({name: functools.partial(run, name) for name in registries}, repeats)
     with_entry, without = samples["with entry"], samples["without entry"]
     return [
         [

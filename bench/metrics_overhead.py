@@ -19,6 +19,7 @@ Target: metrics cost at most 5 % of the renewal (ratio in one run).
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import sys
 from pathlib import Path
@@ -85,8 +86,12 @@ def measure(spec: StoreSpec, claims: int, repeats: int) -> tuple[dict[str, Sampl
     return samples, list(variants)
 
 
+def _configure(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--claims", type=int, default=10_000, help="held claims per store")
+
+
 def main() -> None:
-    args = parse_args(__doc__, lambda p: p.add_argument("--claims", type=int, default=10_000))
+    args = parse_args(__doc__, _configure)
     repeats = args.repeats or (5 if args.quick else 11)
     print(f"metrics overhead; {machine_note()}; median of {repeats} repeats")
     verdicts = []

@@ -27,18 +27,21 @@ average.
 from __future__ import annotations
 
 import argparse
+import functools
 import math
 import sqlite3
 import sys
 import timeit
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
+from contextlib import AbstractContextManager
 from pathlib import Path
+from unittest import mock
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.common import (
     Samples,
+    StoreSpec,
     bench_site,
     machine_note,
     parse_args,
@@ -56,14 +59,14 @@ from weft_sync.options import OwnershipOptions
 OPTIONS = OwnershipOptions(claim_ttl=60_000, claim_renew_interval=10_000)
 
 
-@contextmanager
-def _minting(old_format: bool) -> Iterator[None]:
-    """Mint the old 8-byte format while the block runs (how every mint wrote before tokens)."""
-    transitions.mint_token = encode_epoch if old_format else mint_token  # type: ignore[assignment]
-    try:
-        yield
-    finally:
-        transitions.mint_token = mint_token
+def _minting(old_format: bool) -> AbstractContextManager[object]:
+    """Mint the old 8-byte format while the block runs (how every mint wrote before tokens).
+
+    Every mint of a claim (acquire, takeover, rotation) calls the ``mint_token`` that
+    ``weft_sync.claims.transitions`` imported from ``weft_sync.codec``, so that is the name
+    replaced; the original is put back when the block exits.
+    """
+    return mock.patch.object(transitions, "mint_token", encode_epoch if old_format else mint_token)
 
 
 def _configure(parser: argparse.ArgumentParser) -> None:
@@ -189,7 +192,7 @@ def _alternating(variants: dict[str, Callable[[], object]], repeats: int) -> dic
 
 
 def _measure(
-    backend: str, spec: object, engines: dict[str, Ownership], ops: int, repeats: int
+    backend: str, spec: StoreSpec, engines: dict[str, Ownership], ops: int, repeats: int
 ) -> Measured:
     renewals: dict[str, Callable[[], object]] = {}
     ledger: dict[str, Callable[[], object]] = {}
@@ -198,17 +201,25 @@ def _measure(
     for fmt, own in engines.items():
         ids = own.registry.list_held_workflow_ids()
         wid = ids[0]
-        renewals[fmt] = lambda own=own, ids=ids: own.registry.renew_many(ids)
-        ledger[fmt] = lambda own=own, wid=wid: [
-            own.workflows.save_checkpoint(wid, b"x") for _ in range(ops)
-        ]
+        renewals[fmt] = functools.partial(own.registry.renew_many, ids)
+
+        def save(own: Ownership = own, wid: str = wid) -> None:
+            for _ in range(ops):
+                own.workflows.save_checkpoint(wid, b"x")
+
+        ledger[fmt] = save
         if backend == "sqlite":
-            conn = spec.raw_sqlite()  # type: ignore[attr-defined]
+            conn = spec.raw_sqlite()
             conns.append(conn)
             conn.execute(f'CREATE TABLE IF NOT EXISTS "host_{fmt}" (id TEXT PRIMARY KEY, v INT)')
             conn.execute(f"INSERT OR REPLACE INTO \"host_{fmt}\" VALUES ('row', 0)")
 
-            def write(own: Ownership = own, wid: str = wid, conn=conn, fmt: str = fmt) -> None:
+            def write(
+                own: Ownership = own,
+                wid: str = wid,
+                conn: sqlite3.Connection = conn,
+                fmt: str = fmt,
+            ) -> None:
                 for i in range(ops):
                     with own.fenced(wid, conn) as c:
                         c.execute(f"UPDATE \"host_{fmt}\" SET v = ? WHERE id = 'row'", (i,))

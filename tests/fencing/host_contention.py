@@ -39,6 +39,7 @@ from tests.integration.procs import (
     wait_ready,
 )
 from weft_sync import Ownership, OwnershipOptions
+from weft_sync.claims import AcquireStatus, TakeoverStatus
 from weft_sync.errors import EngineDeposedError, StorageError, WeftError
 
 TTL_MS = 900
@@ -104,7 +105,7 @@ def _contend(config: ContenderConfig, journal: Journal) -> None:
             epoch = own.registry.current_epoch(wid)
             try:
                 if epoch is None:
-                    status = own.registry.takeover(wid).status
+                    status: AcquireStatus | TakeoverStatus = own.registry.takeover(wid).status
                     if status == "no-claim":
                         status = own.registry.acquire(wid).status
                     counts[f"claim_{status}"] += 1
