@@ -139,40 +139,51 @@ def bench_sqlite(ops: int, rounds: int, chunk: int) -> list[float]:
 def bench_postgres(ops: int, rounds: int, chunk: int, durable: bool = False) -> list[float]:
     with _pg_url(durable) as base:
         suffix = uuid.uuid4().hex[:10]
-        host = f"bench_host_{suffix}"
         sep = "&" if "?" in base else "?"
-        with Ownership.open(f"{base}{sep}table=bench_kv_{suffix}", background="manual") as own:
-            conn: psycopg.Connection[Any] = psycopg.connect(base)
-            try:
-                with conn.transaction():
-                    conn.execute(f"CREATE TABLE {host} (id TEXT PRIMARY KEY, v INTEGER)")
-                    conn.execute(f"INSERT INTO {host} VALUES ('row', 0)")
-                own.registry.acquire(WID)
-                epoch_key = keys.workflow_owner_epoch(WID)
-                sql = f"UPDATE {host} SET v = %s WHERE id = 'row'"
+        try:
+            with Ownership.open(f"{base}{sep}table=bench_kv_{suffix}", background="manual") as own:
+                return _postgres_ways(own, base, suffix, ops, rounds, chunk)
+        finally:
+            # After the store has closed: on the server WEFT_SYNC_TEST_POSTGRES_DSN names, its
+            # table would otherwise stay behind.
+            with psycopg.connect(base, autocommit=True) as admin:
+                admin.execute(f"DROP TABLE IF EXISTS bench_kv_{suffix}")
 
-                def unfenced(i: int) -> None:
-                    with conn.transaction():
-                        conn.execute(sql, [i])
 
-                def fenced(i: int) -> None:
-                    with own.fenced(WID, conn):
-                        conn.execute(sql, [i])
+def _postgres_ways(
+    own: Ownership, base: str, suffix: str, ops: int, rounds: int, chunk: int
+) -> list[float]:
+    """Measure the three ways on a host table of their own, dropped afterwards."""
+    host = f"bench_host_{suffix}"
+    conn: psycopg.Connection[Any] = psycopg.connect(base)
+    try:
+        with conn.transaction():
+            conn.execute(f"CREATE TABLE {host} (id TEXT PRIMARY KEY, v INTEGER)")
+            conn.execute(f"INSERT INTO {host} VALUES ('row', 0)")
+        own.registry.acquire(WID)
+        epoch_key = keys.workflow_owner_epoch(WID)
+        sql = f"UPDATE {host} SET v = %s WHERE id = 'row'"
 
-                lock = f"SELECT value FROM bench_kv_{suffix} WHERE key = %s FOR SHARE"
+        def unfenced(i: int) -> None:
+            with conn.transaction():
+                conn.execute(sql, [i])
 
-                def floor(i: int) -> None:
-                    with conn.transaction():
-                        conn.execute(lock, [epoch_key]).fetchall()
-                        conn.execute(sql, [i])
+        def fenced(i: int) -> None:
+            with own.fenced(WID, conn):
+                conn.execute(sql, [i])
 
-                return _measure(ops, rounds, chunk, unfenced, fenced, floor)
-            finally:
-                with conn.transaction():
-                    conn.execute(f"DROP TABLE IF EXISTS {host}")
-                conn.close()
-        with psycopg.connect(base, autocommit=True) as admin:
-            admin.execute(f"DROP TABLE IF EXISTS bench_kv_{suffix}")
+        lock = f"SELECT value FROM bench_kv_{suffix} WHERE key = %s FOR SHARE"
+
+        def floor(i: int) -> None:
+            with conn.transaction():
+                conn.execute(lock, [epoch_key]).fetchall()
+                conn.execute(sql, [i])
+
+        return _measure(ops, rounds, chunk, unfenced, fenced, floor)
+    finally:
+        with conn.transaction():
+            conn.execute(f"DROP TABLE IF EXISTS {host}")
+        conn.close()
 
 
 def main() -> None:
