@@ -8,10 +8,11 @@ from __future__ import annotations
 
 import pytest
 
-from tests.claims.gated import GatedStorage, Worker, pause_in_cas
+from tests.claims.gated import PAST_GRACE_MS, GatedStorage, Worker, new_registry, pause_in_cas
 from tests.support.waiting import wait_until
 from weft_sync import keys
 from weft_sync.claims.registry import ClaimRegistry
+from weft_sync.clock import ManualClock
 from weft_sync.errors import ClosedError
 from weft_sync.storage import Storage
 
@@ -55,3 +56,21 @@ def test_close_releases_every_claim_and_is_idempotent(reg: ClaimRegistry, storag
     assert storage.scan(keys.workflow_owner_holder("")) == []
     with pytest.raises(ClosedError):
         reg.takeover_many(["wf-1"])
+
+
+def test_a_batched_takeover_that_outlives_the_close_timeout_gives_every_claim_back(
+    reg: ClaimRegistry, gated: GatedStorage, storage: Storage, clock: ManualClock
+) -> None:
+    ids = ["wf-1", "wf-2", "wf-3"]
+    other = new_registry(storage, clock, "engine-b")
+    for wid in ids:
+        assert other.acquire(wid).status == "acquired"
+    clock.advance(PAST_GRACE_MS)
+    gate, taking = pause_in_cas(gated, "wf-1", lambda: reg.takeover_many(ids), "taker")
+    reg.close(timeout=0)
+    gate.open()
+    outcomes = taking.result()
+    assert [type(o) for o in outcomes] == [ClosedError] * 3
+    for wid in ids:
+        assert storage.get(keys.workflow_owner_holder(wid)) is None, wid
+    assert reg.list_held_workflow_ids() == []

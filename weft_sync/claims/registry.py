@@ -158,6 +158,7 @@ class ClaimRegistry:
             storage,
             clock,
             self._acquires.install,
+            self._releases.give_back,
             engine_id=engine_id,
             claim_ttl_ms=self._claim_ttl_ms,
             renew_interval_ms=self._renew_interval_ms,

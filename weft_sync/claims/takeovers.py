@@ -44,6 +44,10 @@ DEFAULT_TAKEOVER_CHUNK_SIZE: Final = 200
 Installer = Callable[[str, Fragment, int], int]
 """``(workflow id, committed fragment, claimed_at) -> epoch``: track a claim just written."""
 
+GiveBack = Callable[[str, bytes, bytes], None]
+"""``(workflow id, epoch bytes, holder bytes) -> None``: delete a holder just written (best
+effort, conditioned on those bytes)."""
+
 TakeoverOutcome = TakeoverResult | Exception
 
 
@@ -54,6 +58,7 @@ class Takeovers:
     :param storage: the shared store.
     :param clock: the registry's clock.
     :param install: tracks a committed takeover and returns its epoch.
+    :param give_back: deletes the holder of a committed takeover that cannot be tracked.
     :param engine_id: written into the new holder records.
     :param claim_ttl_ms: the new holder's ``expires_at`` is the takeover's clock reading plus this.
     :param renew_interval_ms: the takeover grace unit.
@@ -67,6 +72,7 @@ class Takeovers:
         storage: Storage,
         clock: Clock,
         install: Installer,
+        give_back: GiveBack,
         *,
         engine_id: str,
         claim_ttl_ms: int,
@@ -78,6 +84,7 @@ class Takeovers:
         self._storage = storage
         self._clock = clock
         self._install = install
+        self._give_back = give_back
         self._engine_id = engine_id
         self._claim_ttl_ms = claim_ttl_ms
         self._renew_interval_ms = renew_interval_ms
@@ -149,8 +156,9 @@ class Takeovers:
     ) -> None:
         """Read, judge and commit the takeovers of ``chunk``, storing each outcome.
 
-        Raises only before anything was committed, or while reading the holders of lost races
-        (the committed takeovers are installed and stored first).
+        Raises only before anything was committed, while reading the holders of lost races
+        (the committed takeovers are installed and stored first), or a ``BaseException`` from
+        the clock once the committed takeovers were given back.
         """
         holder_keys = [keys.workflow_owner_holder(wid) for wid in chunk]
         values = storage_get_many(
@@ -186,7 +194,12 @@ class Takeovers:
                 # Its row was locked by another session: not judged, so not a lost race.
                 outcomes[wid] = ok
             elif ok and (written := fresh[wid]) is not None:
-                outcomes[wid] = self._acquired(wid, written, stamp, previous, early)
+                try:
+                    outcomes[wid] = self._acquired(wid, written, stamp, previous, early)
+                except Exception as exc:
+                    # Its own outcome (a close gave it back): the claims after it are still
+                    # installed, or given back, each by its own install.
+                    outcomes[wid] = exc
             else:
                 lost.append(wid)
         if lost:
@@ -266,11 +279,28 @@ class Takeovers:
         is read again after the commit and those holders renewed at once from it, in one
         transaction. A holder replaced meanwhile (taken straight back) is ``None``: lost.
         Also returns the time the tracked claims were last written at (their local renew
-        deadline counts from it): ``now``, or the fresh reading once all were renewed.
+        deadline counts from it): ``now``, or the fresh reading once all were renewed. A clock
+        that raises an ``Exception`` keeps them as written; one that raises anything else
+        (``SystemExit``, ...) has them given back, and that goes on.
         """
         if not won:
             return [], now
-        after = self._clock()
+        try:
+            after = self._clock()
+        except Exception:
+            # Committed already: tracked as written, so the renewal pass renews them (or fails
+            # visibly) rather than leaving holders nobody renews or drives.
+            _log.warning(
+                "could not read the clock after a takeover commit of %d claims; kept as written",
+                len(won),
+                exc_info=True,
+            )
+            return [fragment for _, fragment in won], now
+        except BaseException:
+            # Host code behind the clock (SystemExit, ...): no result reaches a driver, so the
+            # holders just written are given back before the exception goes on.
+            self._give_back_all(won)
+            raise
         if after - now <= self._renew_interval_ms:
             return [fragment for _, fragment in won], now
         renewals = [
@@ -308,6 +338,14 @@ class Takeovers:
             else:
                 fresh.append(None)
         return fresh, after if all(ok is True or ok is False for ok in renewed) else now
+
+    def _give_back_all(self, won: list[tuple[str, Fragment]]) -> None:
+        for wid, fragment in won:
+            self._give_back(
+                wid,
+                extract_put_value(fragment.operations, keys.workflow_owner_epoch(wid)),
+                extract_put_value(fragment.operations, keys.workflow_owner_holder(wid)),
+            )
 
     def _commit(self, fragments: list[Fragment]) -> list[Judged]:
         """Commit the fragments in one transaction; one on a row locked elsewhere fails alone."""
