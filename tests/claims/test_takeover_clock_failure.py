@@ -9,36 +9,14 @@ real backends.
 
 from __future__ import annotations
 
-import threading
-
 import pytest
 
 from tests.claims.conftest import Factory
 from tests.claims.gated import PAST_GRACE_MS, GatedStorage, WarningSink, new_registry, watch_log
+from tests.support.clocks import SwitchedClock
 from tests.workflows.helpers import holder_engine
 from weft_sync.claims.registry import ClaimRegistry
 from weft_sync.clock import ManualClock
-
-
-class SwitchedClock:
-    """The test clock, made to raise ``error`` on every read while one is set."""
-
-    def __init__(self, inner: ManualClock) -> None:
-        self._inner = inner
-        # _lock guards _error.
-        self._lock = threading.Lock()
-        self._error: BaseException | None = None
-
-    def fail_with(self, error: BaseException | None) -> None:
-        with self._lock:
-            self._error = error
-
-    def __call__(self) -> int:
-        with self._lock:
-            error = self._error
-        if error is not None:
-            raise error
-        return self._inner()
 
 
 class HostClockExit(SystemExit):

@@ -25,6 +25,7 @@ from tests.claims.gated import (
     touches,
 )
 from tests.maintenance.helpers import claim_attempts, complete_workflow, write_workflow
+from tests.support.clocks import SwitchedClock
 from tests.support.waiting import wait_set
 from tests.workflows.helpers import holder_engine, stored_epoch
 from weft_sync import keys
@@ -699,3 +700,43 @@ def test_skipping_live_holders_leaves_them_out_until_they_expire(
     assert skipping.list_reclaim_candidate_workflow_ids() == ["wf-garbage"]
     clock.advance(1)
     assert skipping.list_reclaim_candidate_workflow_ids() == ["wf-garbage", "wf-live"]
+
+
+@pytest.mark.parametrize("path", ["single", "batched"])
+def test_a_clock_error_after_a_takeover_keeps_the_claim_for_a_redrive(
+    gated: ReadHookStorage,
+    storage: Storage,
+    clock: ManualClock,
+    rival: ClaimRegistry,
+    metrics: ClaimMetrics,
+    sink: WarningSink,
+    path: str,
+) -> None:
+    switched = SwitchedClock(clock)
+    reg = new_registry(gated, switched, "engine-a", sink)
+    drive = Drive(reg)
+    target = create_reclaim_target(reg, gated, metrics, on_reclaimed=drive)
+    write_workflow(storage, "wf-1")
+    assert rival.acquire("wf-1").status == "acquired"
+    clock.advance(PAST_GRACE_MS)
+    failure = RuntimeError("the host clock failed")
+    if path == "single":
+        # From just before the takeover's commit: the takeover keeps its claim as written,
+        # and the target's reading of the takeover delay raises.
+        gated.before_next_cas(lambda: switched.fail_with(failure), match=touches("wf-1"))
+        with pytest.raises(RuntimeError) as caught:
+            target.attempt_workflow_claim_takeover("wf-1")
+    else:
+        (plan,) = target.prepare_workflow_claim_takeovers(["wf-1"])
+        switched.fail_with(failure)
+        with pytest.raises(RuntimeError) as caught:
+            target.complete_workflow_claim_takeover(plan)
+    assert caught.value is failure
+    assert reg.current_epoch("wf-1") == 2
+    assert drive.calls == []
+    assert target.pending_redrive_ids() == ["wf-1"]
+    switched.fail_with(None)
+    assert target.list_reclaim_candidate_workflow_ids() == ["wf-1"]
+    assert target.attempt_workflow_claim_takeover("wf-1") == "reclaimed"
+    assert drive.calls == ["wf-1"]
+    assert drive.epochs == [2]

@@ -6,6 +6,8 @@
   process of its own.
 - :mod:`tests.support.postgres_activity`: whether a PostgreSQL session sits inside a
   transaction (a paused process may hold row locks).
+- :mod:`tests.support.clocks`: a clock wrapper that raises while a test says so (a host clock
+  that fails).
 
 Fixtures stay in the ``conftest.py`` files; helpers that only one folder's tests use stay in
 that folder.

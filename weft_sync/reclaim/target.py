@@ -400,12 +400,14 @@ class ReclaimTargetHandle:
                 result = self._registry.takeover(workflow_id, dead_engines=self.dead_engines())
             status = result.status
             if status == "acquired":
-                self._metrics.record_claim_attempt("takeover")
-                # A holder taken before its expiry (its engine known dead) has no delay.
-                if result.expires_at is not None and not result.before_expiry:
-                    delay_ms = self._registry.clock() - result.expires_at
-                    self._metrics.observe_takeover_delay(delay_ms / 1000)
                 assert result.epoch is not None
+                try:
+                    self._count_takeover(result)
+                except BaseException:
+                    # The host's clock raised, and the claim is held and renewed here already:
+                    # retry its drive as a redrive on a later pass.
+                    self._keep_pending(workflow_id, result.epoch)
+                    raise
                 read = plan if attempt == 0 and plan is not None and plan.confirmed else None
                 return self._after_claim(workflow_id, result.epoch, read)
             if status == "backoff-skipped":
@@ -420,6 +422,13 @@ class ReclaimTargetHandle:
                 continue
             self._metrics.record_claim_attempt("lost_race")
         return _LOST_RACE
+
+    def _count_takeover(self, result: TakeoverResult) -> None:
+        self._metrics.record_claim_attempt("takeover")
+        # A holder taken before its expiry (its engine known dead) has no delay.
+        if result.expires_at is not None and not result.before_expiry:
+            delay_ms = self._registry.clock() - result.expires_at
+            self._metrics.observe_takeover_delay(delay_ms / 1000)
 
     def _ownerless_acquire(self, workflow_id: str) -> ReclaimAttemptResult | None:
         """Acquire a running workflow nobody holds; ``None`` means a lost race (retry)."""
