@@ -27,7 +27,10 @@ class WithoutSessionLocks:
 
 
 class ProbeCounting:
-    """Forwards to a real store; counts lock probes, and can fail probes or puts on demand."""
+    """Forwards to a real store; counts lock probes, and can fail probes or puts on demand.
+
+    A failing probe raises ``probe_error`` (a ``StorageError`` unless a test sets another).
+    """
 
     def __init__(self, inner: Storage) -> None:
         self._inner = inner
@@ -37,6 +40,7 @@ class ProbeCounting:
         self._cond = threading.Condition()  # guards the counters and the failure switches
         self.probes = 0
         self.fail_probes = 0
+        self.probe_error: BaseException = StorageError("injected probe failure")
         self.fail_puts = False
         self.puts = 0
         # When set: a put waits for ``release_puts`` after announcing itself on ``put_waiting``.
@@ -75,7 +79,7 @@ class ProbeCounting:
             if failing:
                 self.fail_probes -= 1
         if failing:
-            raise StorageError("injected probe failure")
+            raise self.probe_error
 
     def held_session_locks(self, names: Collection[str]) -> set[str]:
         self._count_probe()

@@ -50,8 +50,9 @@ class LivenessWatcher:
 
     ``on_dead`` is called on the watcher thread, outside any lock, once per engine per
     disappearance: an engine reported once is reported again only after a survey has seen it
-    ``LIVE`` again (its lock re-taken). An exception from ``on_dead`` is logged; it never stops
-    the thread, and neither does a storage error (logged at most every 30 s); a closed store
+    ``LIVE`` again (its lock re-taken). An exception from ``on_dead`` is logged, even a
+    ``BaseException`` such as ``SystemExit``; it never stops the thread, and neither does a
+    storage error (logged at most every 30 s) or anything else a step raises; a closed store
     ends it.
 
     Thread-safe. ``_lock`` guards ``_thread`` and ``_closed``. Only the watcher thread writes
@@ -181,7 +182,10 @@ class LivenessWatcher:
                 )
                 self._errors = 0
                 self._last_error_log = now
-        except Exception:
+        except BaseException:
+            # Whatever host code behind a step raised (a custom store, the clock, SystemExit
+            # from a callback), the watching goes on: this thread has no caller to hand it to,
+            # and ending it would leave the next crashes undetected.
             _log.exception("liveness watcher of engine %s failed a step", self._engine_id)
 
     def _own_name(self) -> str | None:
@@ -252,5 +256,6 @@ class LivenessWatcher:
             _log.info("engine %s lost its session lock: reported dead", engine)
             try:
                 self._on_dead(engine)
-            except Exception:
+            except BaseException:
+                # SystemExit and the like too: the other engines are still reported.
                 _log.exception("on_dead(%r) of the liveness watcher failed", engine)
