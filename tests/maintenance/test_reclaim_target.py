@@ -740,3 +740,34 @@ def test_a_clock_error_after_a_takeover_keeps_the_claim_for_a_redrive(
     assert target.attempt_workflow_claim_takeover("wf-1") == "reclaimed"
     assert drive.calls == ["wf-1"]
     assert drive.epochs == [2]
+
+
+class HostExit(SystemExit):
+    """What host code behind the store raises (a subclass, so nothing else is mistaken for it)."""
+
+
+def _exit_in_read() -> None:
+    raise HostExit(3)
+
+
+def test_an_exit_in_the_batched_re_check_read_keeps_the_won_claims_for_a_redrive(
+    target: ReclaimTargetHandle,
+    reg: ClaimRegistry,
+    rival: ClaimRegistry,
+    gated: ReadHookStorage,
+    storage: Storage,
+    clock: ManualClock,
+    drive: Drive,
+) -> None:
+    write_workflow(storage, "wf-1")
+    assert rival.acquire("wf-1").status == "acquired"
+    clock.advance(PAST_GRACE_MS)
+    # The re-check read of the claims the batched takeover won raises, so no plan comes back.
+    _after_workflow_read(gated, _exit_in_read, after_claim=True)
+    with pytest.raises(HostExit):
+        target.prepare_workflow_claim_takeovers(["wf-1"])
+    assert reg.current_epoch("wf-1") == 2
+    assert target.pending_redrive_ids() == ["wf-1"]
+    assert target.attempt_workflow_claim_takeover("wf-1") == "reclaimed"
+    assert drive.calls == ["wf-1"]
+    assert drive.epochs == [2]

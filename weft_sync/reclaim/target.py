@@ -325,7 +325,16 @@ class ReclaimTargetHandle:
                 _log.debug("batched takeover of %r failed (%r); attempting alone", wid, outcome)
                 continue
             plans[wid] = ReclaimPlan(wid, first=outcome)
-        self._confirm_won([plans[wid] for wid in eligible])
+        try:
+            self._confirm_won([plans[wid] for wid in eligible])
+        except BaseException:
+            # SystemExit and the like from the store: the claims won are held and renewed here
+            # but their plans are never returned, so each is retried as a redrive.
+            for wid in eligible:
+                first = plans[wid].first
+                if first is not None and first.status == "acquired" and first.epoch is not None:
+                    self._keep_pending(wid, first.epoch)
+            raise
 
     def _confirm_won(self, plans: list[ReclaimPlan]) -> None:
         """Read the records of the claims ``plans`` won, in one ``get_many``, for the re-check.
