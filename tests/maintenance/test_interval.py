@@ -314,6 +314,31 @@ def test_a_raising_renewal_slot_is_logged_and_retried_on_the_next_tick(
     assert result.renewed_count == 1
 
 
+class HostExit(SystemExit):
+    """What host code raises (a subclass, so nothing else is mistaken for it)."""
+
+
+def test_a_slot_ended_by_system_exit_from_host_code_is_logged_and_runs_again(
+    harness: Callable[..., Harness], caplog: pytest.LogCaptureFixture
+) -> None:
+    failures = [HostExit(3)]
+
+    def exit_once() -> None:
+        if failures:
+            raise failures.pop()
+
+    target = FakeRenewalTarget(["a"], on_list=exit_once)
+    h = harness(target=target)
+    h.task.start()
+    with caplog.at_level(logging.ERROR, logger="weft_sync.maintenance.task"):
+        h.fire()
+        assert h.task.wait_idle(10)
+    assert "renewal maintenance sub-pass failed" in caplog.text
+    h.fire()
+    (result,) = h.recorder.wait_for(RENEWAL)
+    assert result.renewed_count == 1
+
+
 def test_a_clock_failure_in_the_reclaim_slot_is_retried_on_the_next_tick(
     harness: Callable[..., Harness], caplog: pytest.LogCaptureFixture
 ) -> None:

@@ -356,7 +356,9 @@ class RenewalTask:
         try:
             result = self._slot_bodies[kind]()
             self._report(result)
-        except Exception:
+        except BaseException:
+            # SystemExit and the like from host code (a drive, on_pass_complete) too: this
+            # thread has no caller to hand it to, and threading drops a SystemExit unsaid.
             _log.exception("weft_sync: the %s maintenance sub-pass failed", kind.value)
         finally:
             self._pass_finished(kind)
