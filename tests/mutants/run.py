@@ -49,6 +49,8 @@ class Mutant:
 
 
 _SHORT = "tests/fencing/test_proven_connection_takeover.py"
+_CLOCK_FAILURE = "tests/claims/test_takeover_clock_failure.py"
+_TARGET = "tests/maintenance/test_reclaim_target.py"
 MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "sqlite3 proven block accepts a newer epoch (>= for ==)",
@@ -237,6 +239,84 @@ MUTANTS: tuple[Mutant, ...] = (
         (
             "tests/storage/test_call_deadlines.py::"
             "test_a_call_block_ends_only_once_its_cancel_is_over",
+        ),
+    ),
+    Mutant(
+        "a clock error after a takeover commit leaves the holders untracked",
+        "weft_sync/claims/takeovers.py",
+        "        except Exception:\n            # Committed already",
+        "        except ZeroDivisionError:\n            # Committed already",
+        (
+            f"{_CLOCK_FAILURE}::test_a_clock_error_after_the_commit_keeps_the_takeover_tracked",
+            f"{_CLOCK_FAILURE}::"
+            "test_a_clock_error_after_a_batched_commit_keeps_every_takeover_tracked",
+        ),
+    ),
+    Mutant(
+        "a clock exit after a takeover commit gives nothing back",
+        "weft_sync/claims/takeovers.py",
+        "            self._give_back_all(won)\n            raise",
+        "            raise",
+        (
+            f"{_CLOCK_FAILURE}::test_a_clock_exit_after_the_commit_gives_the_takeover_back",
+            f"{_CLOCK_FAILURE}::test_a_clock_exit_after_a_batched_commit_gives_every_takeover_back",
+        ),
+    ),
+    Mutant(
+        "a batched takeover's install loop stops at the first claim a close gave back",
+        "weft_sync/claims/takeovers.py",
+        "                except Exception as exc:\n                    # Its own outcome",
+        "                except ZeroDivisionError as exc:\n                    # Its own outcome",
+        (
+            "tests/claims/test_registry_close.py::"
+            "test_a_batched_takeover_that_outlives_the_close_timeout_gives_every_claim_back",
+        ),
+    ),
+    Mutant(
+        "a clock error after a takeover leaves the claim undriven",
+        "weft_sync/reclaim/target.py",
+        "self._keep_pending(workflow_id, result.epoch)\n                    raise",
+        "raise",
+        (f"{_TARGET}::test_a_clock_error_after_a_takeover_keeps_the_claim_for_a_redrive",),
+    ),
+    Mutant(
+        "an exit in the batched re-check read leaves the won claims undriven",
+        "weft_sync/reclaim/target.py",
+        "                    self._keep_pending(wid, first.epoch)",
+        "                    pass",
+        (
+            f"{_TARGET}::"
+            "test_an_exit_in_the_batched_re_check_read_keeps_the_won_claims_for_a_redrive",
+        ),
+    ),
+    Mutant(
+        "the liveness watcher dies on a BaseException from a step",
+        "weft_sync/reclaim/watcher.py",
+        "        except BaseException:\n            # Whatever host code",
+        "        except Exception:\n            # Whatever host code",
+        (
+            "tests/liveness/test_watcher_base_exceptions.py::"
+            "test_a_probe_that_raises_system_exit_is_logged_and_the_watching_goes_on",
+        ),
+    ),
+    Mutant(
+        "the liveness watcher stops reporting at an on_dead that raises SystemExit",
+        "weft_sync/reclaim/watcher.py",
+        "            except BaseException:\n                # SystemExit and the like too",
+        "            except Exception:\n                # SystemExit and the like too",
+        (
+            "tests/liveness/test_watcher_base_exceptions.py::"
+            "test_an_on_dead_that_raises_system_exit_is_logged_and_the_others_are_reported",
+        ),
+    ),
+    Mutant(
+        "a maintenance slot ended by SystemExit says nothing",
+        "weft_sync/maintenance/task.py",
+        "        except BaseException:\n            # SystemExit and the like from host code",
+        "        except Exception:\n            # SystemExit and the like from host code",
+        (
+            "tests/maintenance/test_interval.py::"
+            "test_a_slot_ended_by_system_exit_from_host_code_is_logged_and_runs_again",
         ),
     ),
 )
