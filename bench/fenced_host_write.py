@@ -9,13 +9,18 @@ transactions:
   ``connection.transaction()`` on psycopg);
 - ``fenced``: the same statement inside ``ownership.fenced(workflow_id, connection)``;
 - ``hand-written``: the unfenced transaction plus the one epoch read the fence adds, written by
-  hand (``SELECT … FOR SHARE`` on PostgreSQL), the floor for any fence of this kind.
+  hand (``SELECT … FOR SHARE`` on PostgreSQL), the floor for any fence of this kind. psycopg 3
+  prepares it in the session after ``prepare_threshold`` (5) runs, as it does any query it
+  sees that often;
+- ``unprepared`` (PostgreSQL only): the same with ``prepare=False``, the floor for a fence that
+  may leave no prepared statement in the host's session (the server parses and plans the
+  read in every transaction).
 
-Prints the median per-transaction time of each (over all chunks) and the ratio fenced / unfenced
-measured in this run. The fence adds two statements on SQLite (the re-check of the
-same-database proof, ``PRAGMA database_list``, and the epoch read) and one round trip on
-psycopg 3 (the epoch read, never prepared, between psycopg's ``BEGIN`` and the host's
-``UPDATE``).
+Prints the median per-transaction time of each (over all chunks) and the ratios fenced /
+unfenced, fenced / hand-written and unprepared / unfenced measured in this run. The fence adds
+two statements on SQLite (the re-check of the same-database proof, ``PRAGMA database_list``,
+and the epoch read) and one round trip on psycopg 3 (the epoch read, never prepared, between
+psycopg's ``BEGIN`` and the host's ``UPDATE``).
 ``postgres`` uses ``WEFT_SYNC_TEST_POSTGRES_DSN`` when set, else a throwaway cluster; both the
 test clusters run with ``fsync=off``, where commits are nearly free. ``postgres-durable`` starts
 a throwaway cluster of its own with ``fsync=on`` and ``synchronous_commit=on``, as production
@@ -23,6 +28,8 @@ runs.
 
     python bench/fenced_host_write.py [--ops 200] [--rounds 7] [--chunk 10]
         [--backend sqlite|postgres|postgres-durable]
+
+``--rounds 2`` is a quick look (about 10 s a backend); compare ratios, not times, between runs.
 """
 
 from __future__ import annotations
@@ -139,22 +146,20 @@ def bench_sqlite(ops: int, rounds: int, chunk: int) -> list[float]:
 def bench_postgres(ops: int, rounds: int, chunk: int, durable: bool = False) -> list[float]:
     with _pg_url(durable) as base:
         suffix = uuid.uuid4().hex[:10]
+        host = f"bench_host_{suffix}"
+        store = f"bench_kv_{suffix}"
         sep = "&" if "?" in base else "?"
         try:
-            with Ownership.open(f"{base}{sep}table=bench_kv_{suffix}", background="manual") as own:
-                return _postgres_ways(own, base, suffix, ops, rounds, chunk)
+            with Ownership.open(f"{base}{sep}table={store}", background="manual") as own:
+                return _postgres_ways(own, base, host, store, ops, rounds, chunk)
         finally:
-            # After the store has closed: on the server WEFT_SYNC_TEST_POSTGRES_DSN names, its
-            # table would otherwise stay behind.
             with psycopg.connect(base, autocommit=True) as admin:
-                admin.execute(f"DROP TABLE IF EXISTS bench_kv_{suffix}")
+                admin.execute(f"DROP TABLE IF EXISTS {store}")
 
 
 def _postgres_ways(
-    own: Ownership, base: str, suffix: str, ops: int, rounds: int, chunk: int
+    own: Ownership, base: str, host: str, store: str, ops: int, rounds: int, chunk: int
 ) -> list[float]:
-    """Measure the three ways on a host table of their own, dropped afterwards."""
-    host = f"bench_host_{suffix}"
     conn: psycopg.Connection[Any] = psycopg.connect(base)
     try:
         with conn.transaction():
@@ -163,6 +168,7 @@ def _postgres_ways(
         own.registry.acquire(WID)
         epoch_key = keys.workflow_owner_epoch(WID)
         sql = f"UPDATE {host} SET v = %s WHERE id = 'row'"
+        lock = f"SELECT value FROM {store} WHERE key = %s FOR SHARE"
 
         def unfenced(i: int) -> None:
             with conn.transaction():
@@ -172,14 +178,17 @@ def _postgres_ways(
             with own.fenced(WID, conn):
                 conn.execute(sql, [i])
 
-        lock = f"SELECT value FROM bench_kv_{suffix} WHERE key = %s FOR SHARE"
-
         def floor(i: int) -> None:
             with conn.transaction():
                 conn.execute(lock, [epoch_key]).fetchall()
                 conn.execute(sql, [i])
 
-        return _measure(ops, rounds, chunk, unfenced, fenced, floor)
+        def unprepared(i: int) -> None:
+            with conn.transaction():
+                conn.execute(lock, [epoch_key], prepare=False).fetchall()
+                conn.execute(sql, [i])
+
+        return _measure(ops, rounds, chunk, unfenced, fenced, floor, unprepared)
     finally:
         with conn.transaction():
             conn.execute(f"DROP TABLE IF EXISTS {host}")
@@ -198,15 +207,23 @@ def main() -> None:
     for backend in args.backend or ["sqlite", "postgres", "postgres-durable"]:
         if backend == "sqlite":
             plain, guarded, floor = bench_sqlite(args.ops, args.rounds, args.chunk)
+            unprepared = None
         else:
-            plain, guarded, floor = bench_postgres(
+            plain, guarded, floor, unprepared = bench_postgres(
                 args.ops, args.rounds, args.chunk, backend.endswith("durable")
             )
-        print(
+        line = (
             f"{backend:16s} unfenced {plain * 1e6:7.0f} us  fenced {guarded * 1e6:7.0f} us  "
-            f"hand-written read+update {floor * 1e6:7.0f} us  "
-            f"fenced/unfenced {guarded / plain:.2f}x  fenced/hand-written {guarded / floor:.2f}x"
+            f"hand-written read+update {floor * 1e6:7.0f} us"
         )
+        if unprepared is not None:
+            line += f" (unprepared {unprepared * 1e6:.0f} us)"
+        line += (
+            f"  fenced/unfenced {guarded / plain:.2f}x  fenced/hand-written {guarded / floor:.2f}x"
+        )
+        if unprepared is not None:
+            line += f"  unprepared/unfenced {unprepared / plain:.2f}x"
+        print(line)
 
 
 if __name__ == "__main__":
