@@ -85,9 +85,16 @@ FindBinding = Callable[[object], "FenceBinding | None"]
 
 class SupportsBeginReading(Protocol):
     """A :class:`HostTransaction` that can begin and run the fence's epoch read in one call on
-    a connection proven before (PostgreSQL drivers: ``BEGIN`` and the read in one simple query,
-    one round trip; sqlite3: ``BEGIN IMMEDIATE``, the binding's re-check and the read without
-    the fence's generic steps in between)."""
+    a connection proven before, without the fence's generic steps in between (sqlite3:
+    ``BEGIN IMMEDIATE``, the binding's re-check and the read; psycopg2 in autocommit mode:
+    ``BEGIN`` and the read as one query, one round trip).
+
+    Where the driver begins the transaction itself, ``BEGIN`` goes alone, on a round trip of
+    its own, before the read: psycopg 3 (psycopg's ``connection.transaction()``, kept so that
+    psycopg refuses a host's ``commit()`` inside the block; a proven connection takes
+    :class:`~weft_sync.fencing.psycopg.PsycopgBlock`, not this protocol) and psycopg2 outside
+    autocommit mode (its implicit ``BEGIN``). A proven block there is ``BEGIN``, the read, the
+    host's statements and ``COMMIT``: one round trip more than the block unfenced."""
 
     def begin_reading(
         self, find: FindBinding, params: Sequence[str]
@@ -128,8 +135,16 @@ class FenceContext(Protocol):
         """The epoch read's parameters for ``workflow_id``."""
         ...
 
-    def deposed(self, workflow_id: str) -> NoReturn:
-        """Report the deposition (log, warning) and raise ``EngineDeposedError``."""
+    def proof_for(self, connection_key: object | None) -> FenceBinding | None:
+        """The binding proven for the connection ``connection_key`` stands for (see
+        :attr:`HostTransaction.connection_key`), ``None`` when it was not proven yet."""
+        ...
+
+    def deposed(
+        self, workflow_id: str, expected: bytes | None = None, observed: bytes | None = None
+    ) -> NoReturn:
+        """Report the deposition (log, warning) and raise ``EngineDeposedError``; a block that
+        read the epoch passes the bytes it expected and the ones it ``observed``."""
         ...
 
     def failed(self, workflow_id: str, exc: BaseException) -> StorageError:

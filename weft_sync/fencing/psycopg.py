@@ -1,23 +1,31 @@
 """The fence for a host's psycopg 3 ``Connection``: psycopg's own transaction block.
 
 The block is ``connection.transaction()``: ``BEGIN`` outside a transaction (psycopg's, with the
-connection's isolation level), a savepoint inside one or in pipeline mode; it commits or rolls
-back exactly, and psycopg itself refuses a ``commit()`` or ``rollback()`` of the host inside
-it. The fence's statements run with ``prepare=False``, so that no prepared statement is left in
-the host's session (psycopg prepares a query on its own once it ran ``prepare_threshold``
-times, and a prepared statement breaks behind a transaction-mode pooler); the settings the
-epoch read makes are transaction-local (``set_config(…, true)``). Parameters are bound by
-psycopg.
+connection's isolation level, sent alone), a savepoint inside one or in pipeline mode; it
+commits or rolls back exactly, and psycopg itself refuses a ``commit()`` or ``rollback()`` of
+the host inside it. The fence's statements run with ``prepare=False``, so that no prepared
+statement is left in the host's session (psycopg prepares a query on its own once it ran
+``prepare_threshold`` times, and a prepared statement breaks behind a transaction-mode
+pooler); the settings the epoch read makes are transaction-local (``set_config(…, true)``).
+Parameters are bound by psycopg. A proven block is therefore ``BEGIN``, the read, the host's
+statements and ``COMMIT``: one round trip more than the same block unfenced.
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 from contextlib import AbstractContextManager
+from types import TracebackType
 from typing import Any
 
 import psycopg
 from psycopg.rows import tuple_row
+
+from ..errors import EngineDeposedError
+from .base import FenceContext, as_value
+
+_log = logging.getLogger(__name__)
 
 _PIPELINE_OFF = psycopg.pq.PipelineStatus.OFF
 
@@ -33,15 +41,96 @@ def run_query(
     """
     with conn.cursor(row_factory=tuple_row) as cur:
         cur.execute(sql, params or None, prepare=False)
-        if cur.description is None and conn.pgconn.pipeline_status != _PIPELINE_OFF:
+        if cur.description is None and conn.info.pipeline_status != _PIPELINE_OFF:
             return cur.fetchall()
         return cur.fetchall() if cur.description else []
+
+
+class PsycopgBlock:
+    """The fenced block on a proven psycopg 3 connection, with nothing in between.
+
+    The generic block's steps for a connection proven before, in one frame: psycopg's
+    transaction block, the epoch read (never prepared) and the comparison on entry; the
+    transaction block's commit, or its rollback on an exception, on exit. A connection not
+    proven yet (or whose binding asks for a re-check) is handed to the generic block before
+    anything was sent, which proves it.
+    """
+
+    __slots__ = ("_conn", "_fence", "_generic", "_tx", "_wid")
+
+    def __init__(
+        self, fence: FenceContext, workflow_id: str, connection: psycopg.Connection[Any]
+    ) -> None:
+        self._fence = fence
+        self._wid = workflow_id
+        self._conn = connection
+        self._tx: AbstractContextManager[psycopg.Transaction] | None = None
+        self._generic: AbstractContextManager[object] | None = None
+
+    def __enter__(self) -> psycopg.Connection[Any]:
+        fence, wid, conn = self._fence, self._wid, self._conn
+        binding = fence.proof_for(conn)
+        if binding is None or binding.recheck is not None:
+            generic = self._generic = fence.generic_block(wid, conn)
+            generic.__enter__()
+            return conn
+        expected = fence.epoch_of(wid)  # validates the id
+        if expected is None:
+            fence.deposed(wid)
+        tx = conn.transaction()
+        try:
+            tx.__enter__()
+        except Exception as exc:
+            raise fence.failed(wid, exc) from exc
+        try:
+            with conn.cursor(row_factory=tuple_row) as cur:
+                cur.execute(binding.read_epoch, fence.read_params(wid), prepare=False)
+                row = cur.fetchone()  # in pipeline mode, fetching syncs the pipeline
+        except BaseException as exc:
+            _exit_quietly(tx, exc)
+            if isinstance(exc, Exception):
+                raise fence.failed(wid, exc) from exc
+            raise
+        raw = None if row is None else row[0]
+        observed = raw if raw is None or type(raw) is bytes else as_value(raw)
+        if observed != expected:
+            _exit_quietly(tx, EngineDeposedError(wid))
+            fence.deposed(wid, expected, observed)
+        self._tx = tx
+        return conn
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        generic, self._generic = self._generic, None
+        if generic is not None:
+            generic.__exit__(exc_type, exc, tb)
+            return
+        tx, self._tx = self._tx, None
+        if tx is None:
+            return
+        if exc is None:
+            tx.__exit__(None, None, None)
+        else:
+            _exit_quietly(tx, exc)
+
+
+def _exit_quietly(tx: AbstractContextManager[psycopg.Transaction], error: BaseException) -> None:
+    try:
+        tx.__exit__(type(error), error, error.__traceback__)
+    except Exception:
+        # The error that ended the block is the one the host needs to see.
+        _log.warning("could not roll back a fenced host transaction", exc_info=True)
 
 
 class PsycopgTransaction:
     """A :class:`~weft_sync.fencing.base.HostTransaction` over a psycopg 3 connection."""
 
     family = "postgresql"
+    fast_block = PsycopgBlock
 
     def __init__(self, connection: psycopg.Connection[Any]) -> None:
         self._conn = connection

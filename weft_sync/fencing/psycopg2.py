@@ -2,7 +2,10 @@
 
 A connection with no transaction open begins one (an explicit ``BEGIN`` in autocommit mode,
 psycopg2's implicit one otherwise) and ends it with ``COMMIT`` or ``ROLLBACK``; inside an open
-transaction the block is a savepoint.
+transaction the block is a savepoint. psycopg2 binds parameters itself and sends each
+``execute`` as one simple query, so on a proven connection in autocommit mode the explicit
+``BEGIN`` and the epoch read go together: one round trip. psycopg2's implicit ``BEGIN`` always
+goes alone.
 """
 
 from __future__ import annotations
@@ -12,7 +15,9 @@ from typing import Any
 
 import psycopg2.extensions
 
-from .base import savepoint_name
+from .base import FindBinding, savepoint_name
+
+_IDLE = psycopg2.extensions.TRANSACTION_STATUS_IDLE
 
 
 class Psycopg2Transaction:
@@ -35,7 +40,7 @@ class Psycopg2Transaction:
 
     def begin(self) -> bool:
         status = self._conn.get_transaction_status()
-        if status == psycopg2.extensions.TRANSACTION_STATUS_IDLE:
+        if status == _IDLE:
             if self._conn.autocommit:
                 self._explicit = True
                 self.query("BEGIN", ())
@@ -43,6 +48,20 @@ class Psycopg2Transaction:
             self._savepoint = savepoint_name()
             self.query(f"SAVEPOINT {self._savepoint}", ())
         return True
+
+    def begin_reading(
+        self, find: FindBinding, params: Sequence[str]
+    ) -> list[tuple[Any, ...]] | None:
+        """In autocommit mode outside a transaction, on a proven connection: ``BEGIN`` and the
+        epoch read as one query; ``None`` (nothing sent) otherwise."""
+        conn = self._conn
+        if not conn.autocommit or conn.get_transaction_status() != _IDLE:
+            return None
+        binding = find(conn)
+        if binding is None or binding.recheck is not None:
+            return None
+        self._explicit = True
+        return self.query("BEGIN; " + binding.read_epoch, params)
 
     def query(self, sql: str, params: Sequence[object]) -> list[tuple[Any, ...]]:
         # A plain cursor: the host's cursor_factory (e.g. RealDictCursor) would change the rows.
