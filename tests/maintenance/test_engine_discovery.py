@@ -48,7 +48,7 @@ from weft_sync.reclaim.engine_records import EngineRecord, encode_engine_record
 from weft_sync.reclaim.scan_windows import RotatingWindow
 from weft_sync.reclaim.verdicts import EngineVerdict, survey_engines
 from weft_sync.storage import Put, Storage
-from weft_sync.storage.session_locks import storage_session_locks
+from weft_sync.storage.session_locks import LockState, storage_session_locks
 
 START = 1_000_000
 
@@ -80,10 +80,11 @@ def _start(ownership: Ownership, count: int, prefix: str = "job") -> list[str]:
     return ids
 
 
-def _lock_held(storage: Storage, name: str) -> bool:
+def _lock_proven_free(storage: Storage, published: dict[str, str | None]) -> bool:
+    """Whether the probe a crash verdict rests on proves each published lock's holder dead."""
     locks = storage_session_locks(storage)
     assert locks is not None
-    return name in locks.held_session_locks([name])
+    return set(locks.probe_session_locks(published).values()) == {LockState.FREE}
 
 
 def _survivor(make: MakeOwnership, driven: Driven, engine_id: str = "engine-b") -> Ownership:
@@ -170,12 +171,17 @@ def test_a_sigkilled_engines_claims_are_taken_before_expiry(
         alive = {wid: ("engine-k", epochs[wid]) for wid in ids}
         assert holders(storage, ids) == alive  # its lock is held: untouched
 
+        record = engine_record(storage, "engine-k")
+        assert record is not None and record.lock is not None
+        published = {record.lock: record.lock_id}
         child.proc.kill()
         child.proc.wait()
-        # PostgreSQL ends the dead client's session (and its advisory lock) moments later.
+        # PostgreSQL ends the dead client's sessions moments later. Its lock is free at once,
+        # but a crash verdict needs proof, and the client's backends can stay listed in
+        # pg_stat_activity a moment after their locks are gone (longer on a loaded machine).
         wait_until(
-            lambda: not _lock_held(storage, "engine-k"),
-            "engine-k's lock is gone",
+            lambda: _lock_proven_free(storage, published),
+            "engine-k's lock and sessions are gone",
             timeout_s=WAIT_S,
             poll_s=POLL_S,
         )
