@@ -10,8 +10,10 @@ of each write transaction are timed by wrapping this process's classes (an exper
 attributes, never a configuration). ``--wait`` swaps how a library process waits for the flock:
 ``poll`` is the library's own; ``block`` is a blocking ``flock`` (unbounded, so not something the
 library may do: it shows what an instant kernel hand-off gives); ``sleep:US[:CAP_US]`` polls from
-US doubling up to CAP_US microseconds. The raw floor has no flock: its ``BEGIN IMMEDIATE`` …
-``COMMIT`` windows are timed instead.
+US doubling up to CAP_US microseconds. A ``+in:US`` or ``+out:US`` suffix adds US microseconds of
+busy CPU to every commit, inside the lock window or just before the wait for it: whether work
+moved out of the window pays depends on whether another process fills the window meanwhile. The
+raw floor has no flock: its ``BEGIN IMMEDIATE`` … ``COMMIT`` windows are timed instead.
 
 Printed per run: cycles per second and process CPU per cycle (every thread); per commit the
 wait for the lock and the time holding it, split into ``BEGIN IMMEDIATE``, the requests, the
@@ -26,7 +28,7 @@ printed: cycles per second, the share of windows taken next by the same process,
 cycles of one process over the most.
 
     python bench/lock_window.py [--variant claim,registry,raw] [--processes 4] [--seconds 3]
-        [--wait poll,block,sleep:US[:CAP_US]] [--rounds N] [--dir DIR]
+        [--wait poll,block,sleep:US[:CAP_US][+in:US|+out:US]] [--rounds N] [--dir DIR]
 """
 
 from __future__ import annotations
@@ -85,6 +87,13 @@ def _waiting(how: str) -> Callable[[Any], None]:
     return enter
 
 
+def _spin(us: float) -> None:
+    """Keep the CPU busy for ``us`` microseconds."""
+    until = time.perf_counter() + us / 1e6
+    while time.perf_counter() < until:
+        pass
+
+
 def _instrument(stats: Stats, windows: list[Window], how: str) -> None:
     """Time the flock wait and hold and the transaction's steps in this process."""
     import weft_sync.storage.sqlite.identity as identity_module
@@ -93,6 +102,11 @@ def _instrument(stats: Stats, windows: list[Window], how: str) -> None:
     lock_cls: Any = writer_module.WriterFileLock
     writer_cls: Any = writer_module.SqliteWriter
     identity_cls: Any = identity_module.StoreIdentity
+    # "+in:US" / "+out:US" after the wait: US microseconds of busy CPU per commit, inside the
+    # lock window or just before waiting for the lock.
+    how, _, extra = how.partition("+")
+    inside_us = float(extra[3:]) if extra.startswith("in:") else 0.0
+    outside_us = float(extra[4:]) if extra.startswith("out:") else 0.0
     if how != "poll":
         lock_cls.__enter__ = _waiting(how)
     enter, exit_ = lock_cls.__enter__, lock_cls.__exit__
@@ -101,11 +115,15 @@ def _instrument(stats: Stats, windows: list[Window], how: str) -> None:
     inside = [0.0]  # the timed steps' time in the current window
 
     def timed_enter(self: Any) -> None:
+        if outside_us:
+            _spin(outside_us)
         began = time.monotonic()
         enter(self)
         held_since[0] = time.monotonic()
         inside[0] = 0.0
         stats["wait"].append(held_since[0] - began)
+        if inside_us:
+            _spin(inside_us)
 
     def timed_exit(self: Any, *exc: Any) -> None:
         end = time.monotonic()  # before the unlock: a woken waiter may run before it returns
@@ -297,8 +315,9 @@ def main() -> None:
     parser.add_argument(
         "--wait",
         default="poll",
-        help="how the library's processes wait for the flock: poll, block, sleep:US[:CAP_US]; "
-        "several, comma-separated, run in turn",
+        help="how the library's processes wait for the flock: poll, block, sleep:US[:CAP_US], "
+        "optionally followed by +in:US or +out:US (busy CPU per commit inside the lock window "
+        "or just before the wait); several, comma-separated, run in turn",
     )
     args = parser.parse_args()
     directory = tempfile.mkdtemp(prefix="weft-lock-window-", dir=args.dir)
