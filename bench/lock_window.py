@@ -320,7 +320,12 @@ def main() -> None:
         "or just before the wait); several, comma-separated, run in turn",
     )
     args = parser.parse_args()
-    directory = tempfile.mkdtemp(prefix="weft-lock-window-", dir=args.dir)
+    with tempfile.TemporaryDirectory(prefix="weft-lock-window-", dir=args.dir) as directory:
+        measure(args, directory)
+
+
+def measure(args: argparse.Namespace, directory: str) -> None:
+    """Run every round of every variant on a store in ``directory``; print the medians."""
     path = os.path.join(directory, "store.db")
     spec = StoreSpec("sqlite", f"sqlite:///{path}?table=kv", "kv", path=path)
     resident = open_storage(spec.url)
