@@ -7,6 +7,7 @@ module works whatever else in the run configured Django.
 
 from __future__ import annotations
 
+import contextlib
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -28,11 +29,12 @@ if not settings.configured:
     django.setup()
 
 from django.db import connections, models, transaction
+from django.db.transaction import TransactionManagementError
 from psycopg.conninfo import conninfo_to_dict
 
 from tests.fencing.hosts import PAST_EXPIRY_MS, HostEnv, make_env
 from weft_sync.django.fence import fenced_atomic
-from weft_sync.errors import EngineDeposedError, WorkflowClaimLostWarning
+from weft_sync.errors import EngineDeposedError, StorageError, WorkflowClaimLostWarning
 
 REPORT_TABLE = "fence_report_" + uuid.uuid4().hex[:10]
 
@@ -139,7 +141,7 @@ def test_nested_in_atomic_is_a_savepoint_that_still_checks(dj: DjangoEnv) -> Non
 
 
 @pytest.mark.parametrize("dj", ["postgres"], indirect=True)
-def test_postgres_block_is_begin_the_read_the_host_statements_and_commit(
+def test_postgres_block_is_begin_the_read_the_host_statements_the_check_and_commit(
     dj: DjangoEnv, tmp_path: Path
 ) -> None:
     own = dj.env.ownership()
@@ -159,7 +161,8 @@ def test_postgres_block_is_begin_the_read_the_host_statements_and_commit(
     lines = trace.read_text().splitlines()
     sent = [line.split("\t", 3)[-1].strip() for line in lines if line.startswith("F\t")]
     assert sent[0].startswith('"BEGIN') and "FOR SHARE" in sent[1], sent
-    assert len(sent) == 4, sent  # BEGIN, the read, the UPDATE, COMMIT
+    assert "weft_sync.fenced" in sent[3], sent  # the end check, before atomic's COMMIT
+    assert len(sent) == 5, sent  # BEGIN, the read, the UPDATE, the end check, COMMIT
     assert dj.rows() == {"r1": "2"}
 
 
@@ -182,3 +185,38 @@ def test_complete_inside_fenced_atomic_commits_with_the_model_row(dj: DjangoEnv)
     assert dj.rows() == {"r1": "done"}
     assert own.workflows.get("wf-2").status == "running"  # type: ignore[union-attr]
     assert own.registry.current_epoch("wf-2") == 1
+
+
+def test_a_commit_inside_fenced_atomic_is_refused_by_django(dj: DjangoEnv) -> None:
+    own = dj.env.ownership()
+    own.registry.acquire("wf-1")
+    with (
+        pytest.raises(TransactionManagementError),
+        fenced_atomic("wf-1", using=dj.alias, ownership=own),
+    ):
+        Report.objects.using(dj.alias).create(id="r1", v="fenced")
+        connections[dj.alias].commit()
+    assert dj.rows() == {}
+
+
+def test_a_commit_statement_inside_fenced_atomic_then_a_takeover_is_refused_at_the_end(
+    dj: DjangoEnv,
+) -> None:
+    """A ``COMMIT`` through a raw cursor ends ``atomic``'s transaction behind Django's back.
+    On PostgreSQL the driver begins the next one, which the block's end check refuses to
+    commit; on SQLite Django runs with the driver in autocommit mode, so the next write commits
+    on its own as it runs (no fence can undo that), and the block still raises at its end."""
+    own = dj.env.ownership()
+    own.registry.acquire("wf-1")
+    postgres = dj.env.backend == "postgres"
+    expected = (StorageError, EngineDeposedError)
+    warns = contextlib.nullcontext() if postgres else pytest.warns(WorkflowClaimLostWarning)
+    with warns, pytest.raises(expected), fenced_atomic("wf-1", using=dj.alias, ownership=own):
+        Report.objects.using(dj.alias).create(id="r1", v="before the takeover")
+        with connections[dj.alias].cursor() as cursor:
+            cursor.execute("COMMIT")
+        dj.env.take_over("wf-1")
+        Report.objects.using(dj.alias).create(id="r2", v="deposed")
+    rows = dj.rows()
+    assert rows.get("r1") == "before the takeover", rows
+    assert ("r2" in rows) is not postgres, rows

@@ -78,7 +78,9 @@ def _proven(env: HostEnv, driver: str, **kwargs: Any) -> tuple[Ownership, Any]:
     return own, conn
 
 
-def test_psycopg2_autocommit_proven_block_sends_begin_with_the_read(env: HostEnv) -> None:
+def test_psycopg2_autocommit_proven_block_sends_begin_with_the_read_and_the_check_with_commit(
+    env: HostEnv,
+) -> None:
     own, conn = _proven(env, "psycopg2-autocommit")
     try:
         conn.sent.clear()
@@ -86,7 +88,8 @@ def test_psycopg2_autocommit_proven_block_sends_begin_with_the_read(env: HostEnv
             env.write(conn, "r", "1", driver="psycopg2")
         first, write, end = conn.sent
         assert first.startswith("BEGIN; SELECT") and "FOR SHARE" in first, conn.sent
-        assert "INSERT INTO" in write and end == "COMMIT", conn.sent
+        assert "INSERT INTO" in write, conn.sent
+        assert "weft_sync.fenced" in end and end.endswith("; COMMIT"), conn.sent
         assert _idle(conn)
     finally:
         conn.close()
@@ -101,6 +104,8 @@ def test_psycopg2_proven_block_in_a_transaction_keeps_begin_apart(env: HostEnv) 
         with own.fenced(WID, conn):
             env.write(conn, "r", "1", driver="psycopg2")
         assert conn.sent[0].startswith("SELECT") and "FOR SHARE" in conn.sent[0], conn.sent
+        # psycopg2 ends its implicit transaction with commit(): the end check goes before it.
+        assert "weft_sync.fenced" in conn.sent[-1] and "COMMIT" not in conn.sent[-1], conn.sent
         conn.autocommit = True
         conn.cursor().execute("BEGIN")
         conn.sent.clear()

@@ -63,14 +63,15 @@ def _round_trips(sent: list[str]) -> int:
     return sum(1 for message in sent if message.startswith(("Query", "Sync")))
 
 
-def test_proven_block_is_begin_the_read_and_commit(env: HostEnv, tmp_path: Path) -> None:
+def test_proven_block_is_begin_the_read_the_check_and_commit(env: HostEnv, tmp_path: Path) -> None:
     own = _held(env)
     conn = env.connect()
     with own.fenced(WID, conn):  # the first block proves the connection
         env.write(conn, "r0", "a")
     with _traced(conn, tmp_path) as sent, own.fenced(WID, conn):
         pass
-    assert _round_trips(sent) == 3, sent  # psycopg's BEGIN, the read, psycopg's COMMIT
+    # psycopg's BEGIN, the read, the end check, psycopg's COMMIT
+    assert _round_trips(sent) == 4, sent
     assert "BEGIN" in sent[0] and "COMMIT" in sent[-1], sent
     assert any("FOR SHARE" in message for message in sent), sent
     with own.fenced(WID, conn):
@@ -246,7 +247,7 @@ def test_two_stores_fenced_on_one_connection(env: HostEnv, tmp_path: Path) -> No
             with second.fenced("wf-2", conn):
                 pass
         assert not any("PREPARE" in message for message in sent), sent
-        assert _round_trips(sent) == 6, sent  # each: BEGIN, the read, COMMIT
+        assert _round_trips(sent) == 8, sent  # each: BEGIN, the read, the end check, COMMIT
     finally:
         conn.close()
     assert env.rows() == {"a": "2", "b": "2"}
@@ -286,7 +287,7 @@ def test_sqlalchemy_connection_on_psycopg_runs_the_read_unprepared_in_its_transa
         assert isinstance(raw, psycopg.Connection)
         with _traced(raw, tmp_path) as sent, own.fenced(WID, conn):
             env.write(conn, "r", "2")
-        assert _round_trips(sent) == 4, sent  # BEGIN, the read, the UPDATE, COMMIT
+        assert _round_trips(sent) == 5, sent  # BEGIN, the read, the UPDATE, the check, COMMIT
         assert "BEGIN" in sent[0] and "FOR SHARE" in sent[1], sent
         with conn.begin():  # inside an open transaction: a savepoint, as before
             with own.fenced(WID, conn):
@@ -322,7 +323,7 @@ def test_sqlalchemy_session_on_psycopg_runs_the_read_unprepared_in_its_transacti
         assert isinstance(raw, psycopg.Connection)
         with _traced(raw, tmp_path) as sent, own.fenced(WID, session):
             env.write(session, "r", "2")
-        assert _round_trips(sent) == 4, sent  # BEGIN, the read, the UPDATE, COMMIT
+        assert _round_trips(sent) == 5, sent  # BEGIN, the read, the UPDATE, the check, COMMIT
         assert "BEGIN" in sent[0] and "FOR SHARE" in sent[1], sent
         _rolls_back_then_is_refused(env, own, session, session.in_transaction)
         session.close()

@@ -134,7 +134,7 @@ def test_deserialized_connection_is_refused(
 
 def test_a_proven_block_runs_only_its_own_statements(env: HostEnv) -> None:
     """After the first block, a block is the host's statements plus BEGIN IMMEDIATE, the
-    re-check pragma, the epoch read and COMMIT."""
+    re-check pragma, the epoch read, the epoch read again (the end check) and COMMIT."""
     own = _held(env)
     conn = sqlite3.connect(env.db_url, isolation_level=None)
     statements: list[str] = []
@@ -147,8 +147,9 @@ def test_a_proven_block_runs_only_its_own_statements(env: HostEnv) -> None:
     fence = [sql for sql in statements if "INSERT OR REPLACE" not in sql]
     assert fence[0] == "BEGIN IMMEDIATE" and fence[-1] == "COMMIT"
     assert any(sql.startswith("SELECT value FROM") for sql in fence)
-    assert len(fence) == 4, fence
+    assert len(fence) == 5, fence
     assert fence[1] == "PRAGMA database_list", fence
+    assert fence[2] == fence[3] and fence[3].startswith("SELECT value FROM"), fence
     assert env.rows() == {"row": "2"}
 
 

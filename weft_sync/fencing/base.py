@@ -24,6 +24,21 @@ def savepoint_name() -> str:
     return f"weft_fence_{next(_savepoints)}"
 
 
+ENDED_INSIDE = (
+    "the fenced transaction was ended inside the block (commit(), rollback() or a COMMIT "
+    "statement on the connection); the block rolled back what was open and committed nothing"
+)
+"""What a block whose transaction the host ended inside it says (PostgreSQL, SQLAlchemy)."""
+
+
+def ended_inside(workflow_id: str | None = None) -> StorageError:
+    """The error of a block (for ``workflow_id``, when known) whose transaction was ended
+    inside it."""
+    if workflow_id is None:
+        return StorageError(ENDED_INSIDE)
+    return StorageError(f"{ENDED_INSIDE} (workflow {workflow_id!r})")
+
+
 def as_value(raw: object) -> bytes | None:
     """A stored value as bytes: drivers hand back ``bytes``, ``memoryview`` or ``bytearray``."""
     if raw is None or type(raw) is bytes:
@@ -74,7 +89,25 @@ class HostTransaction(Protocol):
         ...
 
     def end(self, error: BaseException | None) -> None:
-        """Commit what :meth:`begin` began, or roll it back when ``error`` is not ``None``."""
+        """Commit what :meth:`begin` began, or roll it back when ``error`` is not ``None``.
+
+        The fence runs its end check (``FenceBinding.end_check``) through :meth:`query` just
+        before ``end(None)``. ``end(error)`` rolls back whatever transaction is open when the
+        host ended the one :meth:`begin` began inside the block and began another.
+        """
+        ...
+
+
+class SupportsCommitChecked(Protocol):
+    """A :class:`HostTransaction` that can send the fence's end check with its ``COMMIT`` (one
+    round trip): psycopg2 in autocommit mode, which sent the block's ``BEGIN`` itself."""
+
+    def commit_checked(self, binding: FenceBinding, workflow_id: str) -> bool:
+        """Commit with ``binding.commit_checked`` when this block can; ``False`` (nothing sent)
+        when it cannot, and the fence then checks and ends the block itself.
+
+        :raises StorageError: the check failed (:func:`ended_inside`); rolled back.
+        """
         ...
 
 
@@ -145,6 +178,14 @@ class FenceContext(Protocol):
     ) -> NoReturn:
         """Report the deposition (log, warning) and raise ``EngineDeposedError``; a block that
         read the epoch passes the bytes it expected and the ones it ``observed``."""
+        ...
+
+    def end_refused(
+        self, workflow_id: str, expected: bytes | None, observed: bytes | None
+    ) -> NoReturn:
+        """Raise for a block whose end check (``FenceBinding.end_check``) read ``observed``
+        instead of ``expected``, once the block rolled back: the transaction was ended inside
+        the block (``StorageError``), or the engine was deposed (``EngineDeposedError``)."""
         ...
 
     def failed(self, workflow_id: str, exc: BaseException) -> StorageError:

@@ -80,7 +80,7 @@ from ..errors import (
 from ..storage.base import Storage
 from ..storage.fence_proof import FenceBinding, FenceTarget
 from .adapters import FAST_BLOCKS, adapt
-from .base import HostTransaction, as_value
+from .base import HostTransaction, as_value, ended_inside
 
 _log = logging.getLogger(__name__)
 
@@ -342,6 +342,21 @@ class HostFence:
             _deposed(workflow_id, self._warn)
         raise EngineDeposedError(workflow_id, registry.loss_cause(workflow_id) or "deposed")
 
+    def end_refused(
+        self, workflow_id: str, expected: bytes | None, observed: bytes | None
+    ) -> NoReturn:
+        """Raise for a block whose end check read ``observed`` instead of ``expected`` (the
+        block rolled back first): on PostgreSQL no row means the host ended the transaction
+        inside the block (:func:`~weft_sync.fencing.base.ended_inside`); any other epoch is a
+        deposition (:meth:`deposed`).
+
+        :raises StorageError: the transaction was ended inside the block.
+        :raises EngineDeposedError: another epoch is in the store now.
+        """
+        if observed is None and self.target().family == "postgresql":
+            raise ended_inside(workflow_id)
+        self.deposed(workflow_id, expected, observed)
+
     def failed(self, workflow_id: str, exc: BaseException) -> StorageError:
         """The ``StorageError`` for one of the fence's own statements that failed with ``exc``."""
         return _fence_failed(workflow_id, self.target(), exc)
@@ -360,19 +375,27 @@ class HostFence:
 
 
 class _FencedBlock:
-    """One fenced block: checks and begins on entry, commits or rolls back on exit.
+    """One fenced block: checks and begins on entry, checks again and commits, or rolls back,
+    on exit.
 
     A class rather than a generator context manager: the fence is on the path of every host
     write it guards, and a generator's set-up costs more than all of this module's own work.
     """
 
-    __slots__ = ("_connection", "_fence", "_host", "_wid")
+    __slots__ = ("_binding", "_connection", "_expected", "_fence", "_host", "_wid")
 
     def __init__(self, fence: HostFence, workflow_id: str, connection: object) -> None:
         self._fence = fence
         self._wid = workflow_id
         self._connection = connection
         self._host: HostTransaction | None = None
+        self._binding: FenceBinding | None = None
+        self._expected: bytes | None = None
+
+    def _find(self, connection_key: object | None) -> FenceBinding | None:
+        # What begin_reading() looks the binding up with: kept for the end check.
+        binding = self._binding = self._fence.proof_for(connection_key)
+        return binding
 
     def __enter__(self) -> object:
         fence = self._fence
@@ -391,13 +414,13 @@ class _FencedBlock:
         begin_reading = getattr(host, "begin_reading", None)
         if begin_reading is not None:
             try:
-                rows = begin_reading(fence.proof_for, params)
+                rows = begin_reading(self._find, params)
             except Exception as exc:
                 _end_quietly(host, exc)
                 raise _fence_failed(wid, target, exc) from exc
         observed: bytes | None
         if rows is None:
-            observed = _begin_and_read(fence, host, target, params, wid)
+            self._binding, observed = _begin_and_read(fence, host, target, params, wid)
         else:
             raw = rows[0][0] if rows else None
             observed = raw if raw is None or type(raw) is bytes else as_value(raw)
@@ -406,6 +429,7 @@ class _FencedBlock:
             _end_quietly(host, error)
             fence.deposed(wid, expected, observed)
         self._host = host
+        self._expected = expected
         return host.result
 
     def __exit__(
@@ -417,10 +441,37 @@ class _FencedBlock:
         host, self._host = self._host, None
         if host is None:
             return
-        if exc is None:
-            host.end(None)
-        else:
+        if exc is not None:
             _end_quietly(host, exc)
+            return
+        binding = self._binding
+        assert binding is not None
+        commit_checked = getattr(host, "commit_checked", None)
+        if commit_checked is not None and commit_checked(binding, self._wid):
+            return
+        _end_check(self._fence, host, binding, self._wid, self._expected)
+        host.end(None)
+
+
+def _end_check(
+    fence: HostFence, host: HostTransaction, binding: FenceBinding, wid: str, expected: bytes | None
+) -> None:
+    """Check, just before the block commits, that it still may (``binding.end_check``); else
+    roll back and raise (:meth:`HostFence.end_refused`).
+
+    :raises Exception: the driver's error when the check itself failed (an aborted
+        transaction: the host's own error, swallowed); rolled back.
+    """
+    try:
+        rows = host.query(binding.end_check, fence.read_params(wid)[:1])
+    except BaseException as exc:
+        _end_quietly(host, exc)
+        raise
+    raw = rows[0][0] if rows else None
+    observed = raw if raw is None or type(raw) is bytes else as_value(raw)
+    if observed != expected:
+        _end_quietly(host, ended_inside(wid))
+        fence.end_refused(wid, expected, observed)
 
 
 def _begin_and_read(
@@ -429,9 +480,10 @@ def _begin_and_read(
     target: FenceTarget,
     params: tuple[str, ...],
     wid: str,
-) -> bytes | None:
+) -> tuple[FenceBinding, bytes | None]:
     """Begin, prove the connection where its proof is not known to hold, and read the epoch.
 
+    :returns: the binding the read went through, and the epoch it read.
     :raises StorageError: the begin or a statement of the fence failed (rolled back).
     """
     locked = _begin(host, target, wid)
@@ -471,7 +523,7 @@ def _read_epoch(
     wid: str,
     *,
     locked: bool,
-) -> bytes | None:
+) -> tuple[FenceBinding, bytes | None]:
     """Prove the connection, take the lock and read the epoch, inside the begun transaction.
 
     :raises StorageError: a statement of the fence failed (the caller rolls back).
@@ -486,7 +538,7 @@ def _read_epoch(
         raise
     except Exception as exc:
         raise _fence_failed(wid, target, exc) from exc
-    return as_value(rows[0][0]) if rows else None
+    return binding, (as_value(rows[0][0]) if rows else None)
 
 
 def _still_holds(host: HostTransaction, binding: FenceBinding) -> bool:

@@ -7,8 +7,13 @@ the host inside it. The fence's statements run with ``prepare=False``, so that n
 statement is left in the host's session (psycopg prepares a query on its own once it ran
 ``prepare_threshold`` times, and a prepared statement breaks behind a transaction-mode
 pooler); the settings the epoch read makes are transaction-local (``set_config(…, true)``).
-Parameters are bound by psycopg. A proven block is therefore ``BEGIN``, the read, the host's
-statements and ``COMMIT``: one round trip more than the same block unfenced.
+Parameters are bound by psycopg. psycopg does not see a ``COMMIT`` statement the host sends
+inside the block (its next statement begins psycopg's implicit transaction, or runs on its own
+in autocommit mode), so before committing the block checks that the transaction is still the
+one it began (``FenceBinding.end_check``), and rolls back and raises otherwise: a round trip of
+its own, as psycopg commits its block with a ``COMMIT`` of its own. A proven block is therefore
+``BEGIN``, the read, the host's statements, the check and ``COMMIT``: two round trips more than
+the same block unfenced.
 """
 
 from __future__ import annotations
@@ -56,7 +61,7 @@ class PsycopgBlock:
     anything was sent, which proves it.
     """
 
-    __slots__ = ("_conn", "_fence", "_generic", "_tx", "_wid")
+    __slots__ = ("_check", "_conn", "_expected", "_fence", "_generic", "_tx", "_wid")
 
     def __init__(
         self, fence: FenceContext, workflow_id: str, connection: psycopg.Connection[Any]
@@ -66,6 +71,8 @@ class PsycopgBlock:
         self._conn = connection
         self._tx: AbstractContextManager[psycopg.Transaction] | None = None
         self._generic: AbstractContextManager[object] | None = None
+        self._check = ""
+        self._expected: bytes | None = None
 
     def __enter__(self) -> psycopg.Connection[Any]:
         fence, wid, conn = self._fence, self._wid, self._conn
@@ -77,6 +84,7 @@ class PsycopgBlock:
         expected = fence.epoch_of(wid)  # validates the id
         if expected is None:
             fence.deposed(wid)
+        params = fence.read_params(wid)
         tx = conn.transaction()
         try:
             tx.__enter__()
@@ -84,7 +92,7 @@ class PsycopgBlock:
             raise fence.failed(wid, exc) from exc
         try:
             with conn.cursor(row_factory=tuple_row) as cur:
-                cur.execute(binding.read_epoch, fence.read_params(wid), prepare=False)
+                cur.execute(binding.read_epoch, params, prepare=False)
                 row = cur.fetchone()  # in pipeline mode, fetching syncs the pipeline
         except BaseException as exc:
             _exit_quietly(tx, exc)
@@ -97,6 +105,8 @@ class PsycopgBlock:
             _exit_quietly(tx, EngineDeposedError(wid))
             fence.deposed(wid, expected, observed)
         self._tx = tx
+        self._check = binding.end_check
+        self._expected = expected
         return conn
 
     def __exit__(
@@ -112,10 +122,25 @@ class PsycopgBlock:
         tx, self._tx = self._tx, None
         if tx is None:
             return
-        if exc is None:
-            tx.__exit__(None, None, None)
-        else:
+        if exc is not None:
             _exit_quietly(tx, exc)
+            return
+        # psycopg refuses a commit() inside its block, not a COMMIT statement: check that the
+        # transaction is still the one the block began (FenceBinding.end_check).
+        fence, wid = self._fence, self._wid
+        try:
+            with self._conn.cursor(row_factory=tuple_row) as cur:
+                cur.execute(self._check, fence.read_params(wid)[:1], prepare=False)
+                row = cur.fetchone()
+        except BaseException as error:
+            _exit_quietly(tx, error)
+            raise
+        raw = None if row is None else row[0]
+        observed = raw if raw is None or type(raw) is bytes else as_value(raw)
+        if observed != self._expected:
+            _exit_quietly(tx, EngineDeposedError(wid))
+            fence.end_refused(wid, self._expected, observed)
+        tx.__exit__(None, None, None)
 
 
 def _exit_quietly(tx: AbstractContextManager[psycopg.Transaction], error: BaseException) -> None:

@@ -4,18 +4,33 @@ A connection with no transaction open begins one (an explicit ``BEGIN`` in autoc
 psycopg2's implicit one otherwise) and ends it with ``COMMIT`` or ``ROLLBACK``; inside an open
 transaction the block is a savepoint. psycopg2 binds parameters itself and sends each
 ``execute`` as one simple query, so on a proven connection in autocommit mode the explicit
-``BEGIN`` and the epoch read go together: one round trip. psycopg2's implicit ``BEGIN`` always
-goes alone.
+``BEGIN`` and the epoch read go together, and so do the end check and ``COMMIT``
+(``FenceBinding.commit_checked``): a proven block is two round trips plus the host's
+statements. psycopg2's implicit ``BEGIN`` always goes alone, and its transaction must end with
+``connection.commit()`` (psycopg2 keeps its own transaction state), so there the end check is
+a round trip of its own: four.
+
+psycopg2 does not refuse a ``commit()`` inside the block. In autocommit mode its ``commit()``
+does nothing (the block's ``BEGIN`` is the server's, not psycopg2's): the fence still holds.
+Otherwise it ends the block's transaction, and the end check refuses to commit the one the
+host's next statement begins. A ``COMMIT`` statement ends the transaction behind psycopg2's
+back: its next statements run outside any transaction, each committed by the server as it
+runs, which no fence can undo; the block still raises at its end.
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 from typing import Any
 
+import psycopg2.errors
 import psycopg2.extensions
 
-from .base import FindBinding, savepoint_name
+from ..storage.fence_proof import FenceBinding
+from .base import FindBinding, ended_inside, savepoint_name
+
+_log = logging.getLogger(__name__)
 
 _IDLE = psycopg2.extensions.TRANSACTION_STATUS_IDLE
 
@@ -62,6 +77,28 @@ class Psycopg2Transaction:
             return None
         self._explicit = True
         return self.query("BEGIN; " + binding.read_epoch, params)
+
+    def commit_checked(self, binding: FenceBinding, workflow_id: str) -> bool:
+        """After an explicit ``BEGIN``: the end check and ``COMMIT`` as one query; ``False``
+        (nothing sent) otherwise."""
+        if not self._explicit or binding.commit_checked is None:
+            return False
+        try:
+            self.query(binding.commit_checked, ())
+        except psycopg2.errors.DivisionByZero:
+            self._rollback_quietly()
+            raise ended_inside(workflow_id) from None
+        except BaseException:
+            self._rollback_quietly()
+            raise
+        return True
+
+    def _rollback_quietly(self) -> None:
+        try:
+            self.query("ROLLBACK", ())
+        except Exception:
+            # The error that ended the block is the one the host needs to see.
+            _log.warning("could not roll back a fenced host transaction", exc_info=True)
 
     def query(self, sql: str, params: Sequence[object]) -> list[tuple[Any, ...]]:
         # A plain cursor: the host's cursor_factory (e.g. RealDictCursor) would change the rows.

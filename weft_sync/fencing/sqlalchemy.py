@@ -6,6 +6,12 @@ pending ORM changes are flushed inside the fenced transaction. On SQLite the DBA
 gets ``BEGIN IMMEDIATE`` when SQLAlchemy's ``begin()`` did not start a database transaction
 itself (pysqlite's default); otherwise, and in a savepoint, the write lock is taken by the fence
 with a no-op ``UPDATE`` of the epoch row.
+
+A host that ends the block's transaction inside it (``connection.commit()``,
+``session.commit()``, a rollback) leaves SQLAlchemy's transaction object of the block inactive,
+and its next statement begins another transaction. The block never commits that one: the
+fence's end check refuses it on PostgreSQL (the mark is gone) and on SQLite when the epoch
+changed, and the block's end rolls back whatever is open and raises ``StorageError`` otherwise.
 """
 
 from __future__ import annotations
@@ -17,6 +23,7 @@ from sqlalchemy.engine import Connection, RootTransaction
 from sqlalchemy.engine.base import NestedTransaction
 from sqlalchemy.orm import Session, SessionTransaction
 
+from .base import ended_inside
 from .wrapped import as_psycopg
 
 
@@ -86,11 +93,19 @@ class ConnectionTransaction:
         return _query(self._conn, sql, params)
 
     def end(self, error: BaseException | None) -> None:
-        assert self._tx is not None
+        tx = self._tx
+        assert tx is not None
+        if tx.is_active:
+            if error is None:
+                tx.commit()
+            else:
+                tx.rollback()
+            return
+        # Ended inside the block: whatever is open began after that, inside the block.
+        if self._conn.in_transaction():
+            self._conn.rollback()
         if error is None:
-            self._tx.commit()
-        else:
-            self._tx.rollback()
+            raise ended_inside()
 
 
 class SessionTransactionAdapter:
@@ -128,8 +143,16 @@ class SessionTransactionAdapter:
         return _query(self._session.connection(), sql, params)
 
     def end(self, error: BaseException | None) -> None:
-        assert self._tx is not None
+        tx = self._tx
+        assert tx is not None
+        if tx.is_active:
+            if error is None:
+                tx.commit()
+            else:
+                tx.rollback()
+            return
+        # Ended inside the block: whatever is open began after that, inside the block.
+        if self._session.in_transaction():
+            self._session.rollback()
         if error is None:
-            self._tx.commit()
-        else:
-            self._tx.rollback()
+            raise ended_inside()

@@ -11,7 +11,12 @@ Python's transaction attributes decide how the block begins and ends:
   block takes the write lock the same way, and ends with ``commit()`` or ``rollback()`` — which
   also commits or discards what the host ran on the connection since its last commit.
 
-The host must not commit or roll back the connection inside the block.
+The host must not commit or roll back the connection inside the block. A block whose
+transaction the host ended finds no transaction open at its end and raises (``_ended_inside``),
+or finds the one the host's next write began, in which case it re-reads the epoch first (under
+that transaction's write lock, taken by the write) and commits it only while the epoch is still
+this engine's, else rolls back and raises ``EngineDeposedError``. Every block re-reads the epoch
+just before its ``COMMIT`` (``FenceBinding.end_check``): one statement, no round trip.
 """
 
 from __future__ import annotations
@@ -42,7 +47,7 @@ class Sqlite3Block:
     generic block before anything of the block ran, which proves the connection afresh.
     """
 
-    __slots__ = ("_conn", "_cursor", "_fence", "_generic", "_wid")
+    __slots__ = ("_check", "_conn", "_cursor", "_expected", "_fence", "_generic", "_params", "_wid")
 
     def __init__(self, fence: FenceContext, workflow_id: str, connection: sqlite3.Connection):
         self._fence = fence
@@ -50,6 +55,9 @@ class Sqlite3Block:
         self._conn = connection
         self._cursor: sqlite3.Cursor | None = None
         self._generic: AbstractContextManager[object] | None = None
+        self._check = ""
+        self._params: tuple[str, ...] = ()
+        self._expected: bytes | None = None
 
     def __enter__(self) -> sqlite3.Connection:
         fence, wid, conn = self._fence, self._wid, self._conn
@@ -61,6 +69,7 @@ class Sqlite3Block:
         expected = fence.epoch_of(wid)  # validates the id
         if expected is None:
             fence.deposed(wid)
+        params = fence.read_params(wid)
         cursor = conn.cursor()
         try:
             cursor.execute("BEGIN IMMEDIATE")
@@ -68,11 +77,7 @@ class Sqlite3Block:
             raise fence.failed(wid, exc) from exc
         try:
             still = binding.confirm(cursor.execute(binding.recheck).fetchall())
-            row = (
-                cursor.execute(binding.read_epoch, fence.read_params(wid)).fetchone()
-                if still
-                else None
-            )
+            row = cursor.execute(binding.read_epoch, params).fetchone() if still else None
         except Exception as exc:
             _rollback_quietly(conn, cursor)
             raise fence.failed(wid, exc) from exc
@@ -84,6 +89,9 @@ class Sqlite3Block:
             _rollback_quietly(conn, cursor)
             fence.deposed(wid)
         self._cursor = cursor
+        self._check = binding.end_check
+        self._params = params
+        self._expected = expected
         return conn
 
     def _hand_over(self) -> sqlite3.Connection:
@@ -107,10 +115,22 @@ class Sqlite3Block:
         conn = self._conn
         if exc is not None:
             _rollback_quietly(conn, cursor)
-        elif conn.in_transaction:
-            cursor.execute("COMMIT")
-        else:
+            return
+        if not conn.in_transaction:
             raise _ended_inside()
+        # The host may have committed inside the block and begun another transaction: commit
+        # only while the epoch is still this engine's, read under that transaction's write lock.
+        try:
+            row = cursor.execute(self._check, self._params).fetchone()
+        except BaseException:
+            _rollback_quietly(conn, cursor)
+            raise
+        raw = None if row is None else row[0]
+        observed = raw if raw is None or type(raw) is bytes else as_value(raw)
+        if observed != self._expected:
+            _rollback_quietly(conn, cursor)
+            self._fence.end_refused(self._wid, self._expected, observed)
+        cursor.execute("COMMIT")
 
 
 class Sqlite3Transaction:

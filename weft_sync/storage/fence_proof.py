@@ -39,6 +39,15 @@ class FenceBinding:
         file open under the schema ``read_epoch`` names. ``None`` where the proof holds for the
         connection's lifetime (PostgreSQL: a connection never changes its database).
     :param confirm: see ``recheck``.
+    :param end_check: the statement a block runs just before it commits (parameter: the key):
+        its one row holds the epoch bytes the block read on entry only while the block may
+        still commit. On PostgreSQL it reads the epoch only while :data:`PG_FENCE_MARK` is set,
+        that is in the transaction the block began (a host that ended it inside the block
+        gets no row); on SQLite it re-reads the epoch, under the write lock of any transaction
+        that wrote.
+    :param commit_checked: on PostgreSQL, the same check and ``COMMIT`` as one simple query (no
+        parameters) for a driver that sent the block's ``BEGIN`` itself; it fails with a
+        division by zero, committing nothing, when the mark is not set. ``None`` elsewhere.
     :param read_value: put_value: delete_value: read (locking the row where the family has
         row locks), upsert and delete one key of the store's table inside the host's
         transaction (parameters: the key, and the value for ``put_value``); the ledger writes a
@@ -46,9 +55,11 @@ class FenceBinding:
     """
 
     read_epoch: str
+    end_check: str
     write_lock: str | None = None
     recheck: str | None = None
     confirm: Callable[[Sequence[tuple[Any, ...]]], bool] | None = None
+    commit_checked: str | None = None
     read_value: str | None = None
     put_value: str | None = None
     delete_value: str | None = None
@@ -153,6 +164,7 @@ class SqliteFenceTarget:
 
         return FenceBinding(
             read_epoch=f"SELECT value FROM {table} WHERE key = ?",
+            end_check=f"SELECT value FROM {table} WHERE key = ?",
             write_lock=f"UPDATE {table} SET value = value WHERE key = ?",
             recheck="PRAGMA database_list",
             confirm=confirm,
@@ -182,7 +194,20 @@ the session's ``search_path`` resolves it (``NULL`` when not visible)."""
 
 PG_FENCE_MARK = "weft_sync.fenced"
 """A transaction-local setting the epoch read sets to ``'1'``: gone once that transaction ends,
-so the fence can check at its commit that the transaction it began is still the one open."""
+so the fence checks at its commit that the transaction it began is still the one open
+(:data:`PG_END_CHECK`, :data:`PG_COMMIT_CHECKED`)."""
+
+PG_END_CHECK = (
+    f"SELECT value FROM {{table}} WHERE key = %s AND current_setting('{PG_FENCE_MARK}', true) = '1'"
+)
+"""The epoch row, only while :data:`PG_FENCE_MARK` is set: no row once the host ended the
+transaction the block began. (The row itself cannot have changed: the block share-locks it.)"""
+
+PG_COMMIT_CHECKED = (
+    f"SELECT 1 / coalesce((current_setting('{PG_FENCE_MARK}', true) = '1')::int, 0); COMMIT"
+)
+"""The mark's check and ``COMMIT`` in one simple query: without the mark the ``SELECT`` fails
+(division by zero), so the ``COMMIT`` never runs and the server rolls back what was open."""
 
 PG_READ_EPOCH = (
     "SELECT value FROM {table} WHERE key = %s "
@@ -238,6 +263,8 @@ class PostgresFenceTarget:
         table = f"{quote_identifier(ident.schema)}.{quote_identifier(self._table)}"
         return FenceBinding(
             read_epoch=PG_READ_EPOCH.format(table=table),
+            end_check=PG_END_CHECK.format(table=table),
+            commit_checked=PG_COMMIT_CHECKED,
             read_value=f"SELECT value FROM {table} WHERE key = %s FOR UPDATE",
             put_value=(
                 f"INSERT INTO {table} (key, value) VALUES (%s, %s) "
