@@ -49,6 +49,7 @@ class Mutant:
 
 
 _SHORT = "tests/fencing/test_proven_connection_takeover.py"
+_ENDED = "tests/fencing/test_ended_inside.py"
 _CLOCK_FAILURE = "tests/claims/test_takeover_clock_failure.py"
 _TARGET = "tests/maintenance/test_reclaim_target.py"
 MUTANTS: tuple[Mutant, ...] = (
@@ -318,6 +319,37 @@ MUTANTS: tuple[Mutant, ...] = (
             "tests/maintenance/test_interval.py::"
             "test_a_slot_ended_by_system_exit_from_host_code_is_logged_and_runs_again",
         ),
+    ),
+    Mutant(
+        "the generic block commits without its end check (psycopg2, SQLAlchemy, Django)",
+        "weft_sync/fencing/core.py",
+        "        _end_check(self._fence, host, binding, self._wid, self._expected)\n",
+        "",
+        (
+            f"{_ENDED}::test_psycopg2_commit_inside_then_a_takeover_commits_nothing_after_it",
+            f"{_ENDED}::test_sqlalchemy_commit_inside_then_a_takeover_commits_nothing_after_it",
+        ),
+    ),
+    Mutant(
+        "psycopg2 after its explicit BEGIN commits without the end check",
+        "weft_sync/fencing/psycopg2.py",
+        "self.query(binding.commit_checked, ())",
+        'self.query("COMMIT", ())',
+        (f"{_ENDED}::test_psycopg2_commit_statement_inside_is_reported",),
+    ),
+    Mutant(
+        "the psycopg 3 proven block commits without its end check",
+        "weft_sync/fencing/psycopg.py",
+        "        if observed != self._expected:\n            _exit_quietly(",
+        "        if False:\n            _exit_quietly(",
+        (f"{_ENDED}::test_psycopg_commit_statement_inside_then_a_takeover",),
+    ),
+    Mutant(
+        "the sqlite3 proven block commits without its end check",
+        "weft_sync/fencing/sqlite3.py",
+        "        if observed != self._expected:\n            _rollback_quietly(",
+        "        if False:\n            _rollback_quietly(",
+        (f"{_ENDED}::test_sqlite3_commit_inside_then_a_takeover_commits_nothing_after_it",),
     ),
 )
 

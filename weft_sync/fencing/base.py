@@ -127,7 +127,9 @@ class SupportsBeginReading(Protocol):
     psycopg refuses a host's ``commit()`` inside the block; a proven connection takes
     :class:`~weft_sync.fencing.psycopg.PsycopgBlock`, not this protocol) and psycopg2 outside
     autocommit mode (its implicit ``BEGIN``). A proven block there is ``BEGIN``, the read, the
-    host's statements and ``COMMIT``: one round trip more than the block unfenced."""
+    host's statements, the end check (``FenceBinding.end_check``) and ``COMMIT``: two round
+    trips more than the block unfenced (psycopg2 in autocommit mode: ``BEGIN`` with the read,
+    and the check with ``COMMIT``, none more)."""
 
     def begin_reading(
         self, find: FindBinding, params: Sequence[str]

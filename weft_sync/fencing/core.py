@@ -3,8 +3,8 @@
 :func:`fenced_transaction` begins a transaction on the host's connection (a savepoint inside one
 already open), proves that it reaches the store's table (once per connection, or on SQLite by
 re-checking the last proof on every block), checks under a lock that the store's epoch for the
-workflow is exactly the bytes this engine's registry holds, yields, and commits on normal exit or
-rolls back on an exception.
+workflow is exactly the bytes this engine's registry holds, yields, checks that it still may
+commit (below), and commits on normal exit or rolls back on an exception.
 
 **PostgreSQL.** The epoch row is read with ``SELECT … FOR SHARE`` in the host's transaction. Every
 writer of an epoch row — a takeover, an acquire, an external rotation, a release or a ledger
@@ -42,6 +42,24 @@ SQLite's lock and never waits for the flock, so no cycle can form. While the hos
 is open every write to the file waits, this engine's renewals included; a renewal that waits
 longer than the store's busy timeout fails, keeps its claim, and is retried on the next pass, so
 a fenced transaction shorter than ``claim_ttl - claim_renew_interval`` costs no claim.
+
+**The end of the block.** The lock lasts as long as the transaction the block began: a host that
+ends it inside the block (a driver's ``commit()``, a ``COMMIT`` statement) lets a takeover commit,
+and its next statement may begin another transaction. So just before it commits, every block
+runs its end check (``FenceBinding.end_check``) in the transaction about to commit. PostgreSQL:
+the epoch read set a transaction-local mark (:data:`~weft_sync.storage.fence_proof.PG_FENCE_MARK`),
+which only the transaction the block began still has; psycopg2 after the block's explicit
+``BEGIN`` sends the check and ``COMMIT`` as one query, every other driver (psycopg 3, psycopg2's
+implicit transaction, SQLAlchemy, Django) as one more round trip before the driver's own commit.
+SQLite: the epoch row is re-read, under the write lock that any transaction which wrote holds
+(one more statement, no round trip), so a transaction the host began after its commit is
+committed only while the epoch is still this engine's. A failed check rolls back what is open
+and raises ``StorageError`` (the transaction was ended inside the block) or
+:class:`~weft_sync.errors.EngineDeposedError` (the epoch changed); a savepoint block, inside a
+transaction of the host's, checks the same way before its ``RELEASE``. What the host committed
+itself before a takeover stays committed, and a statement its driver ran outside any
+transaction (after a ``COMMIT`` statement in autocommit mode, or on psycopg2, which does not see
+one) committed as it ran: no fence can take those back, and the block still raises.
 
 **Inside the block** write through the connection, not through the store: a ledger write
 (``ownership.workflows``) waits for the block's own lock — SQLite's write lock, or on
@@ -212,9 +230,12 @@ def fenced_transaction(
     :raises StorageCapabilityError: the store cannot fence, or ``connection`` is on another
         database (or SQL family) than the store.
     :raises EngineDeposedError: the claim is not held or the stored epoch is not this engine's;
-        nothing of the block was written (the block did not run).
+        nothing of the block was written (the block did not run). Or, on exit, the end check
+        found another epoch (SQLite, in a transaction the host began inside the block after
+        ending the block's): that transaction was rolled back.
     :raises StorageError: one of the fence's own statements failed (a lock wait timed out, the
-        SQLite file stayed locked); the transaction was rolled back.
+        SQLite file stayed locked), or the host ended the transaction inside the block (its end
+        check failed); the transaction was rolled back.
     """
     fence = HostFence(
         storage,
