@@ -8,6 +8,12 @@ crash probe asking for an immediate reclaim pass. (How fast is measured by
 
 from __future__ import annotations
 
+import contextlib
+import logging
+from collections.abc import Iterator
+
+import pytest
+
 from tests.claims.gated import WarningSink
 from tests.liveness.procs import POLL_S, WAIT_S, holding
 from tests.maintenance.discovery_helpers import JOB, Driven, holders
@@ -22,11 +28,42 @@ from weft_sync.storage import Storage
 OPTIONS = OwnershipOptions(claim_ttl="900s", claim_renew_interval="300s")
 
 
+class _RaisingHandler(logging.Handler):
+    """A host's log handler whose ``emit`` raises on every INFO line, as a broken one may."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if record.levelno == logging.INFO:
+            raise RuntimeError("the host's log handler failed")
+
+
+@contextlib.contextmanager
+def _broken_info_logging(broken: bool) -> Iterator[None]:
+    """With ``broken``, every INFO line of the crash path raises in the caller's thread."""
+    if not broken:
+        yield
+        return
+    handler = _RaisingHandler(logging.INFO)
+    loggers = [
+        logging.getLogger(f"weft_sync.reclaim.{name}") for name in ("crash_detection", "watcher")
+    ]
+    levels = [logger.level for logger in loggers]
+    for logger in loggers:
+        logger.addHandler(handler)
+        logger.setLevel(logging.INFO)
+    try:
+        yield
+    finally:
+        for logger, level in zip(loggers, levels, strict=True):
+            logger.removeHandler(handler)
+            logger.setLevel(level)
+
+
+@pytest.mark.parametrize("broken_logging", [False, True], ids=["logging", "raising-log-handler"])
 def test_a_killed_engines_claims_move_through_the_crash_probe(
-    storage: Storage, storage_url: str
+    storage: Storage, storage_url: str, broken_logging: bool
 ) -> None:
     ids = [f"crash-{n}" for n in range(5)]
-    with holding(storage_url, "engine-k", "engine") as child:
+    with holding(storage_url, "engine-k", "engine") as child, _broken_info_logging(broken_logging):
         registry = ClaimRegistry(
             storage,
             engine_id="engine-k",

@@ -109,3 +109,51 @@ def test_a_probe_that_raises_system_exit_is_logged_and_the_watching_goes_on(
             assert watcher.running
         finally:
             watcher.close()
+
+
+class _RaisingHandler(logging.Handler):
+    """A host's log handler whose ``emit`` raises (no ``handleError``), as a broken one may."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if record.levelno == logging.INFO and "reported dead" in record.getMessage():
+            raise RuntimeError("the host's log handler failed")
+
+
+class _Calls:
+    """An ``on_dead`` that only records."""
+
+    def __init__(self) -> None:
+        # _lock guards calls.
+        self._lock = threading.Lock()
+        self.calls: list[str] = []
+
+    def __call__(self, engine_id: str) -> None:
+        with self._lock:
+            self.calls.append(engine_id)
+
+    def reported(self) -> list[str]:
+        with self._lock:
+            return sorted(self.calls)
+
+
+def test_a_log_handler_that_raises_costs_no_report(storage: Storage) -> None:
+    _crashed(storage, "one")
+    _crashed(storage, "two")
+    calls = _Calls()
+    logger = logging.getLogger("weft_sync.reclaim.watcher")
+    handler = _RaisingHandler(logging.INFO)
+    level = logger.level
+    logger.addHandler(handler)
+    logger.setLevel(logging.INFO)
+    watcher = _watcher(storage, calls)  # type: ignore[arg-type]
+    try:
+        watcher.start()
+        try:
+            # Both engines are found in one survey; each report comes before its log line.
+            wait_until(lambda: calls.reported() == ["one", "two"], "both engines reported")
+            assert watcher.running
+        finally:
+            watcher.close()
+    finally:
+        logger.removeHandler(handler)
+        logger.setLevel(level)

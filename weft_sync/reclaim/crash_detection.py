@@ -165,10 +165,11 @@ def build_crash_detection(
     noted: list[CrashDetection] = []
 
     def on_dead(dead_engine: str) -> None:
-        _log.info("weft_sync: engine %s is gone; reclaiming its claims now", dead_engine)
         for detection in noted:
             detection.note_dead(dead_engine)
         request_reclaim()
+        # Logged last: a host's log handler that raises cannot cost the reclaim.
+        _log.info("weft_sync: engine %s is gone; reclaiming its claims now", dead_engine)
 
     make_watcher = None
     # Only an engine that says it watches runs the probe: others split a crash's claims with

@@ -249,13 +249,20 @@ class LivenessWatcher:
         self._report(dead)
 
     def _report(self, engines: list[str]) -> None:
-        for engine in engines:
-            if engine in self._reported:
-                continue
-            self._reported.add(engine)
-            _log.info("engine %s lost its session lock: reported dead", engine)
+        # Every engine is reported before anything is logged: a host's log handler that raises
+        # cannot cost a report (these engines are no longer watched, so none comes again).
+        fresh = [engine for engine in engines if engine not in self._reported]
+        self._reported.update(fresh)
+        failures: dict[str, BaseException] = {}
+        for engine in fresh:
             try:
                 self._on_dead(engine)
-            except BaseException:
+            except BaseException as exc:
                 # SystemExit and the like too: the other engines are still reported.
-                _log.exception("on_dead(%r) of the liveness watcher failed", engine)
+                failures[engine] = exc
+        for engine in fresh:
+            failure = failures.get(engine)
+            if failure is None:
+                _log.info("engine %s lost its session lock: reported dead", engine)
+            else:
+                _log.error("on_dead(%r) of the liveness watcher failed", engine, exc_info=failure)
