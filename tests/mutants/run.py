@@ -303,11 +303,34 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "the liveness watcher stops reporting at an on_dead that raises SystemExit",
         "weft_sync/reclaim/watcher.py",
-        "            except BaseException:\n                # SystemExit and the like too",
-        "            except Exception:\n                # SystemExit and the like too",
+        "            except BaseException as exc:\n                # SystemExit and the like too",
+        "            except Exception as exc:\n                # SystemExit and the like too",
         (
             "tests/liveness/test_watcher_base_exceptions.py::"
             "test_an_on_dead_that_raises_system_exit_is_logged_and_the_others_are_reported",
+        ),
+    ),
+    Mutant(
+        "the liveness watcher logs a dead engine before reporting it",
+        "weft_sync/reclaim/watcher.py",
+        "        self._reported.update(fresh)\n",
+        "        self._reported.update(fresh)\n"
+        "        for engine in fresh:\n"
+        '            _log.info("engine %s lost its session lock: reported dead", engine)\n',
+        (
+            "tests/liveness/test_watcher_base_exceptions.py::test_a_log_handler_that_raises_costs_no_report",
+        ),
+    ),
+    Mutant(
+        "the crash path logs before it asks for the reclaim",
+        "weft_sync/reclaim/crash_detection.py",
+        "    def on_dead(dead_engine: str) -> None:\n",
+        "    def on_dead(dead_engine: str) -> None:\n"
+        '        _log.info("weft_sync: engine %s is gone; reclaiming its claims now", '
+        "dead_engine)\n",
+        (
+            "tests/test_crash_fast_path.py::"
+            "test_a_killed_engines_claims_move_through_the_crash_probe",
         ),
     ),
     Mutant(
