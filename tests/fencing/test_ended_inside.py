@@ -184,23 +184,31 @@ def test_psycopg2_commit_statement_inside_is_reported(
 @pytest.mark.postgres_only
 @pytest.mark.parametrize("autocommit", [False, True], ids=["implicit", "autocommit"])
 @pytest.mark.parametrize("proven", [False, True], ids=["first", "proven"])
-def test_psycopg_commit_call_inside_is_refused_by_psycopg(
+def test_psycopg_commit_call_inside_is_refused_by_psycopg_or_by_the_block(
     pg_env: HostEnv, proven: bool, autocommit: bool
 ) -> None:
+    """In psycopg's transaction block (a connection's first block, or any in autocommit mode)
+    psycopg refuses the ``commit()``: nothing of the block commits. A proven connection outside
+    autocommit mode runs the block in psycopg's implicit transaction, whose ``commit()`` psycopg
+    allows: what the host wrote after it, after a takeover, is refused at the block's end."""
     env = pg_env
     conn = psycopg.connect(env.db_url, autocommit=autocommit)
     try:
         own = _owner(env, conn, "psycopg", proven)
-        with (
-            pytest.raises(psycopg.ProgrammingError, match=r"Explicit commit\(\) forbidden"),
-            own.fenced(WID, conn),
-        ):
-            env.write(conn, "r1", "fenced", driver="psycopg")
-            conn.commit()
+        if proven and not autocommit:
+            err = _ended_then_deposed(env, own, conn, "psycopg", lambda c: c.commit())
+            _assert_refused(err, env, proven)
+        else:
+            with (
+                pytest.raises(psycopg.ProgrammingError, match=r"Explicit commit\(\) forbidden"),
+                own.fenced(WID, conn),
+            ):
+                env.write(conn, "r1", "fenced", driver="psycopg")
+                conn.commit()
+            assert "r1" not in env.rows()
         assert conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE
     finally:
         conn.close()
-    assert "r1" not in env.rows()
 
 
 @pytest.mark.postgres_only

@@ -1,10 +1,13 @@
-"""psycopg 3: the block is psycopg's own transaction block, and leaves nothing in the session.
+"""psycopg 3: the block is psycopg's own transaction, and leaves nothing in the session.
 
 What the server sees is read from libpq's own protocol trace (``PGconn.trace``): each frontend
-``Query`` or ``Sync`` message is one round trip. The block keeps what psycopg's transaction
-block gives (the connection's isolation level, a refusal of a host that ends the transaction
-inside the block, the savepoint path inside an open transaction or in pipeline mode), a bounded
-lock wait, and never prepares a statement in the host's session.
+``Query`` or ``Sync`` message is one round trip. Outside autocommit mode the block is psycopg's
+implicit transaction, ended by the end check and ``COMMIT`` in one query; in autocommit mode,
+inside an open transaction or in pipeline mode it is psycopg's transaction block (``BEGIN`` or
+a savepoint), which refuses a host's ``commit()`` inside it. Either way the block keeps the
+connection's isolation level, refuses to commit what a host began after ending the block's
+transaction, bounds its lock wait, leaves psycopg's own transaction handling working after it,
+and never prepares a statement in the host's session.
 """
 
 from __future__ import annotations
@@ -63,20 +66,90 @@ def _round_trips(sent: list[str]) -> int:
     return sum(1 for message in sent if message.startswith(("Query", "Sync")))
 
 
-def test_proven_block_is_begin_the_read_the_check_and_commit(env: HostEnv, tmp_path: Path) -> None:
+def test_proven_block_is_begin_the_read_and_the_check_with_commit(
+    env: HostEnv, tmp_path: Path
+) -> None:
     own = _held(env)
     conn = env.connect()
     with own.fenced(WID, conn):  # the first block proves the connection
         env.write(conn, "r0", "a")
     with _traced(conn, tmp_path) as sent, own.fenced(WID, conn):
         pass
-    # psycopg's BEGIN, the read, the end check, psycopg's COMMIT
-    assert _round_trips(sent) == 4, sent
-    assert "BEGIN" in sent[0] and "COMMIT" in sent[-1], sent
-    assert any("FOR SHARE" in message for message in sent), sent
+    # psycopg's implicit BEGIN, the read, the end check with COMMIT (one simple query)
+    assert _round_trips(sent) == 3, sent
+    assert "BEGIN" in sent[0] and "FOR SHARE" in sent[1], sent
+    assert "weft_sync.fenced" in sent[-1] and "COMMIT" in sent[-1], sent
+    assert sent[-1].startswith("Query"), sent  # the simple protocol: two statements, no Parse
+    assert conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE
     with own.fenced(WID, conn):
         env.write(conn, "r1", "b")
     assert env.rows() == {"r0": "a", "r1": "b"}
+
+
+def test_proven_autocommit_block_is_psycopgs_transaction_block(
+    env: HostEnv, tmp_path: Path
+) -> None:
+    own = _held(env)
+    conn = psycopg.connect(env.db_url, autocommit=True)
+    try:
+        with own.fenced(WID, conn):
+            env.write(conn, "r0", "a")
+        with _traced(conn, tmp_path) as sent, own.fenced(WID, conn):
+            pass
+        # psycopg's BEGIN, the read, the end check, psycopg's COMMIT
+        assert _round_trips(sent) == 4, sent
+        assert "BEGIN" in sent[0] and "COMMIT" in sent[-1], sent
+        assert conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE
+    finally:
+        conn.close()
+    assert env.rows() == {"r0": "a"}
+
+
+def test_psycopg_transaction_handling_works_in_and_after_a_proven_block(env: HostEnv) -> None:
+    """The block leaves psycopg nothing stale: inside it a host's ``transaction()`` is a
+    savepoint of the block's transaction; after it ``transaction()``, ``commit()``,
+    ``rollback()`` and a change of ``autocommit`` work as on a connection never fenced."""
+    own = _held(env)
+    conn = env.connect()
+    with own.fenced(WID, conn):
+        env.write(conn, "proof", "1")
+    with own.fenced(WID, conn):
+        with conn.transaction() as inner:
+            assert inner.savepoint_name  # a savepoint of the block's transaction
+            env.write(conn, "inner", "1")
+        with pytest.raises(KeyError), conn.transaction():
+            env.write(conn, "inner-lost", "1")
+            raise KeyError("host")
+    assert conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE
+    with conn.transaction() as tx:
+        assert not tx.savepoint_name  # an outer transaction: psycopg's BEGIN and COMMIT
+        env.write(conn, "after", "1")
+    env.write(conn, "implicit", "1")
+    conn.commit()
+    env.write(conn, "rolled back", "1")
+    conn.rollback()
+    conn.autocommit = True
+    conn.autocommit = False
+    with own.fenced(WID, conn):
+        env.write(conn, "last", "1")
+    assert env.rows() == {"proof": "1", "inner": "1", "after": "1", "implicit": "1", "last": "1"}
+
+
+def test_aborted_proven_block_raises_the_drivers_error_and_rolls_back(env: HostEnv) -> None:
+    """A host that swallowed a failed statement leaves the transaction aborted: the end check
+    and ``COMMIT`` fail with the server's error, and the block rolls back."""
+    own = _held(env)
+    conn = env.connect()
+    with own.fenced(WID, conn):
+        pass
+    with pytest.raises(psycopg.errors.InFailedSqlTransaction), own.fenced(WID, conn):
+        env.write(conn, "r", "lost")
+        with pytest.raises(psycopg.errors.UndefinedTable):
+            conn.execute("SELECT * FROM no_such_table_here")
+    assert conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE
+    with own.fenced(WID, conn):
+        env.write(conn, "after", "1")
+    assert env.rows() == {"after": "1"}
 
 
 def test_connection_isolation_level_is_kept(env: HostEnv) -> None:
@@ -93,10 +166,9 @@ def test_connection_isolation_level_is_kept(env: HostEnv) -> None:
     assert conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE
 
 
-@pytest.mark.parametrize("autocommit", [False, True])
-def test_commit_inside_the_block_is_refused(env: HostEnv, autocommit: bool) -> None:
+def test_commit_inside_an_autocommit_block_is_refused(env: HostEnv) -> None:
     own = _held(env)
-    conn = psycopg.connect(env.db_url, autocommit=autocommit)
+    conn = psycopg.connect(env.db_url, autocommit=True)
     try:
         with own.fenced(WID, conn):
             env.write(conn, "proven", "1")
@@ -112,6 +184,31 @@ def test_commit_inside_the_block_is_refused(env: HostEnv, autocommit: bool) -> N
         conn.close()
     # The refusal ended the block with an exception: the whole block was rolled back.
     assert env.rows() == {"proven": "1"}
+
+
+@pytest.mark.parametrize("how", ["commit", "rollback"])
+def test_commit_inside_a_proven_block_commits_nothing_after_it(env: HostEnv, how: str) -> None:
+    """Outside autocommit mode the block is psycopg's implicit transaction: a host's
+    ``commit()`` (or ``rollback()``) inside it ends it, and the block's exit refuses to
+    commit the transaction the host's next statement began: rolled back, ``StorageError``."""
+    own = _held(env)
+    conn = env.connect()
+    try:
+        with own.fenced(WID, conn):
+            env.write(conn, "proven", "1")
+        with pytest.raises(StorageError, match="ended inside the block"), own.fenced(WID, conn):
+            env.write(conn, "before", "2")
+            getattr(conn, how)()
+            env.write(conn, "after", "3")
+        assert conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE
+        with pytest.raises(StorageError, match="ended inside the block"), own.fenced(WID, conn):
+            getattr(conn, how)()  # nothing open at the block's end: nothing sent, refused
+        assert conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE
+    finally:
+        conn.close()
+    # What the host committed itself, under the block's lock, stays; nothing after it.
+    expected = {"proven": "1", "before": "2"} if how == "commit" else {"proven": "1"}
+    assert env.rows() == expected
 
 
 def test_deposed_on_a_proven_connection_writes_nothing(env: HostEnv) -> None:
@@ -247,7 +344,7 @@ def test_two_stores_fenced_on_one_connection(env: HostEnv, tmp_path: Path) -> No
             with second.fenced("wf-2", conn):
                 pass
         assert not any("PREPARE" in message for message in sent), sent
-        assert _round_trips(sent) == 8, sent  # each: BEGIN, the read, the end check, COMMIT
+        assert _round_trips(sent) == 6, sent  # each: BEGIN, the read, the check with COMMIT
     finally:
         conn.close()
     assert env.rows() == {"a": "2", "b": "2"}

@@ -361,11 +361,30 @@ MUTANTS: tuple[Mutant, ...] = (
         (f"{_ENDED}::test_psycopg2_commit_statement_inside_is_reported",),
     ),
     Mutant(
-        "the psycopg 3 proven block commits without its end check",
+        "the psycopg 3 proven block in psycopg's transaction block commits without its end check",
         "weft_sync/fencing/psycopg.py",
         "        if observed != self._expected:\n            _exit_quietly(",
         "        if False:\n            _exit_quietly(",
         (f"{_ENDED}::test_psycopg_commit_statement_inside_then_a_takeover",),
+    ),
+    Mutant(
+        "the psycopg 3 proven block in its implicit transaction commits without the end check",
+        "weft_sync/fencing/psycopg.py",
+        "cur.execute(self._commit, prepare=False)",
+        'cur.execute("COMMIT", prepare=False)',
+        (
+            f"{_ENDED}::test_psycopg_commit_statement_inside_then_a_takeover",
+            f"{_ENDED}::test_psycopg_commit_call_inside_is_refused_by_psycopg_or_by_the_block",
+        ),
+    ),
+    Mutant(
+        "the psycopg 3 proven block ends quietly when the host ended its implicit transaction",
+        "weft_sync/fencing/psycopg.py",
+        "            raise ended_inside(self._wid)  # the host's",
+        "            return  # the host's",
+        (
+            "tests/fencing/test_psycopg_block.py::test_commit_inside_a_proven_block_commits_nothing_after_it",
+        ),
     ),
     Mutant(
         "the sqlite3 proven block commits without its end check",

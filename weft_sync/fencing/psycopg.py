@@ -28,11 +28,12 @@ import psycopg
 from psycopg.rows import tuple_row
 
 from ..errors import EngineDeposedError
-from .base import FenceContext, as_value
+from .base import FenceContext, as_value, ended_inside
 
 _log = logging.getLogger(__name__)
 
 _PIPELINE_OFF = psycopg.pq.PipelineStatus.OFF
+_IDLE = psycopg.pq.TransactionStatus.IDLE
 
 
 def run_query(
@@ -54,14 +55,26 @@ def run_query(
 class PsycopgBlock:
     """The fenced block on a proven psycopg 3 connection, with nothing in between.
 
-    The generic block's steps for a connection proven before, in one frame: psycopg's
-    transaction block, the epoch read (never prepared) and the comparison on entry; the
-    transaction block's commit, or its rollback on an exception, on exit. A connection not
-    proven yet (or whose binding asks for a re-check) is handed to the generic block before
-    anything was sent, which proves it.
+    The generic block's steps for a connection proven before, in one frame. Outside autocommit
+    mode, with no transaction open and no pipeline: the epoch read (never prepared), which
+    psycopg precedes with its implicit ``BEGIN``, and the comparison on entry; the end check
+    and ``COMMIT`` as one query (``FenceBinding.commit_checked``), or ``rollback()`` on an
+    exception, on exit. Otherwise psycopg's transaction block, with the end check a query of
+    its own before the block's ``COMMIT``. A connection not proven yet (or whose binding asks
+    for a re-check) is handed to the generic block before anything was sent, which proves it.
     """
 
-    __slots__ = ("_check", "_conn", "_expected", "_fence", "_generic", "_tx", "_wid")
+    __slots__ = (
+        "_check",
+        "_commit",
+        "_conn",
+        "_expected",
+        "_fence",
+        "_generic",
+        "_implicit",
+        "_tx",
+        "_wid",
+    )
 
     def __init__(
         self, fence: FenceContext, workflow_id: str, connection: psycopg.Connection[Any]
@@ -71,7 +84,9 @@ class PsycopgBlock:
         self._conn = connection
         self._tx: AbstractContextManager[psycopg.Transaction] | None = None
         self._generic: AbstractContextManager[object] | None = None
+        self._implicit = False  # the block is psycopg's implicit transaction, not tx
         self._check = ""
+        self._commit = ""
         self._expected: bytes | None = None
 
     def __enter__(self) -> psycopg.Connection[Any]:
@@ -85,29 +100,72 @@ class PsycopgBlock:
         if expected is None:
             fence.deposed(wid)
         params = fence.read_params(wid)
+        info = conn.info
+        # psycopg's commit() and rollback() end an explicit BEGIN in autocommit mode, after
+        # which the host's statements commit on their own: there psycopg's transaction block
+        # (which refuses them) stays. Outside it, what such a call begins the end check refuses.
+        if (
+            binding.commit_checked is not None
+            and not conn.autocommit
+            and info.transaction_status == _IDLE
+            and info.pipeline_status == _PIPELINE_OFF
+        ):
+            row = self._begin_reading(binding.read_epoch, params)
+            self._implicit = True
+            self._commit = binding.commit_checked
+        else:
+            row = self._enter_transaction(binding.read_epoch, params)
+        raw = None if row is None else row[0]
+        observed = raw if raw is None or type(raw) is bytes else as_value(raw)
+        if observed != expected:
+            self._abandon(EngineDeposedError(wid))
+            fence.deposed(wid, expected, observed)
+        self._check = binding.end_check
+        self._expected = expected
+        return conn
+
+    def _begin_reading(self, read_epoch: str, params: Sequence[str]) -> tuple[Any, ...] | None:
+        """The epoch read, which psycopg precedes with its implicit ``BEGIN`` (the
+        connection's isolation level, read-only and deferrable, as its transaction block's)."""
+        conn = self._conn
+        try:
+            with conn.cursor(row_factory=tuple_row) as cur:
+                cur.execute(read_epoch, params, prepare=False)
+                return cur.fetchone()
+        except BaseException as exc:
+            _rollback_quietly(conn)
+            if isinstance(exc, Exception):
+                raise self._fence.failed(self._wid, exc) from exc
+            raise
+
+    def _enter_transaction(self, read_epoch: str, params: Sequence[str]) -> tuple[Any, ...] | None:
+        """psycopg's transaction block (``BEGIN`` alone, or a savepoint), then the epoch read."""
+        conn = self._conn
         tx = conn.transaction()
         try:
             tx.__enter__()
         except Exception as exc:
-            raise fence.failed(wid, exc) from exc
+            raise self._fence.failed(self._wid, exc) from exc
         try:
             with conn.cursor(row_factory=tuple_row) as cur:
-                cur.execute(binding.read_epoch, params, prepare=False)
+                cur.execute(read_epoch, params, prepare=False)
                 row = cur.fetchone()  # in pipeline mode, fetching syncs the pipeline
         except BaseException as exc:
             _exit_quietly(tx, exc)
             if isinstance(exc, Exception):
-                raise fence.failed(wid, exc) from exc
+                raise self._fence.failed(self._wid, exc) from exc
             raise
-        raw = None if row is None else row[0]
-        observed = raw if raw is None or type(raw) is bytes else as_value(raw)
-        if observed != expected:
-            _exit_quietly(tx, EngineDeposedError(wid))
-            fence.deposed(wid, expected, observed)
         self._tx = tx
-        self._check = binding.end_check
-        self._expected = expected
-        return conn
+        return row
+
+    def _abandon(self, error: BaseException) -> None:
+        """Roll back what the block began, logging (not raising) a failure to."""
+        tx, self._tx = self._tx, None
+        implicit, self._implicit = self._implicit, False
+        if tx is not None:
+            _exit_quietly(tx, error)
+        elif implicit:
+            _rollback_quietly(self._conn)
 
     def __exit__(
         self,
@@ -119,11 +177,15 @@ class PsycopgBlock:
         if generic is not None:
             generic.__exit__(exc_type, exc, tb)
             return
+        if exc is not None:
+            self._abandon(exc)
+            return
+        if self._implicit:
+            self._implicit = False
+            self._commit_checked()
+            return
         tx, self._tx = self._tx, None
         if tx is None:
-            return
-        if exc is not None:
-            _exit_quietly(tx, exc)
             return
         # psycopg refuses a commit() inside its block, not a COMMIT statement: check that the
         # transaction is still the one the block began (FenceBinding.end_check).
@@ -141,6 +203,35 @@ class PsycopgBlock:
             _exit_quietly(tx, EngineDeposedError(wid))
             fence.end_refused(wid, self._expected, observed)
         tx.__exit__(None, None, None)
+
+    def _commit_checked(self) -> None:
+        """The end check and ``COMMIT`` as one simple query (no parameters): psycopg then sees
+        the connection idle, as after its own ``commit()``.
+
+        :raises StorageError: the host ended the block's transaction inside it; rolled back.
+        :raises Exception: the driver's error when the check or the commit failed (an aborted
+            transaction: the host's own error, swallowed); rolled back.
+        """
+        conn = self._conn
+        if conn.info.transaction_status == _IDLE:
+            raise ended_inside(self._wid)  # the host's commit() or rollback(): nothing is open
+        try:
+            with conn.cursor(row_factory=tuple_row) as cur:
+                cur.execute(self._commit, prepare=False)
+        except psycopg.errors.DivisionByZero:
+            _rollback_quietly(conn)
+            raise ended_inside(self._wid) from None
+        except BaseException:
+            _rollback_quietly(conn)
+            raise
+
+
+def _rollback_quietly(conn: psycopg.Connection[Any]) -> None:
+    try:
+        conn.rollback()
+    except Exception:
+        # The error that ended the block is the one the host needs to see.
+        _log.warning("could not roll back a fenced host transaction", exc_info=True)
 
 
 def _exit_quietly(tx: AbstractContextManager[psycopg.Transaction], error: BaseException) -> None:
