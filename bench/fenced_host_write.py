@@ -18,9 +18,10 @@ transactions:
 
 Prints the median per-transaction time of each (over all chunks) and the ratios fenced /
 unfenced, fenced / hand-written and unprepared / unfenced measured in this run. The fence adds
-two statements on SQLite (the re-check of the same-database proof, ``PRAGMA database_list``,
-and the epoch read) and one round trip on psycopg 3 (the epoch read, never prepared, between
-psycopg's ``BEGIN`` and the host's ``UPDATE``).
+three statements on SQLite (the re-check of the same-database proof, ``PRAGMA database_list``,
+the epoch read, and the end check, which reads the epoch again just before ``COMMIT``) and one
+round trip on psycopg 3 (the epoch read, never prepared, between psycopg's ``BEGIN`` and the
+host's ``UPDATE``; the end check goes with the ``COMMIT``, one simple query).
 ``postgres`` uses ``WEFT_SYNC_TEST_POSTGRES_DSN`` when set, else a throwaway cluster; both the
 test clusters run with ``fsync=off``, where commits are nearly free. ``postgres-durable`` starts
 a throwaway cluster of its own with ``fsync=on`` and ``synchronous_commit=on``, as production

@@ -1,19 +1,34 @@
-"""The fence for a host's psycopg 3 ``Connection``: psycopg's own transaction block.
+"""The fence for a host's psycopg 3 ``Connection``: psycopg's transaction, ended by the fence.
 
-The block is ``connection.transaction()``: ``BEGIN`` outside a transaction (psycopg's, with the
-connection's isolation level, sent alone), a savepoint inside one or in pipeline mode; it
-commits or rolls back exactly, and psycopg itself refuses a ``commit()`` or ``rollback()`` of
-the host inside it. The fence's statements run with ``prepare=False``, so that no prepared
-statement is left in the host's session (psycopg prepares a query on its own once it ran
-``prepare_threshold`` times, and a prepared statement breaks behind a transaction-mode
-pooler); the settings the epoch read makes are transaction-local (``set_config(…, true)``).
-Parameters are bound by psycopg. psycopg does not see a ``COMMIT`` statement the host sends
-inside the block (its next statement begins psycopg's implicit transaction, or runs on its own
-in autocommit mode), so before committing the block checks that the transaction is still the
-one it began (``FenceBinding.end_check``), and rolls back and raises otherwise: a round trip of
-its own, as psycopg commits its block with a ``COMMIT`` of its own. A proven block is therefore
-``BEGIN``, the read, the host's statements, the check and ``COMMIT``: two round trips more than
-the same block unfenced.
+A connection the fence proved before, outside autocommit mode, with no transaction open and no
+pipeline (:class:`PsycopgBlock`), runs the block in psycopg's implicit transaction: the epoch
+read, which psycopg precedes with its ``BEGIN`` (the connection's isolation level, read-only and
+deferrable, as its transaction block's), the host's statements, then the end check and
+``COMMIT`` as one simple query (``FenceBinding.commit_checked``; no parameters, so psycopg sends
+it unprepared with the simple protocol, which takes several statements), or
+``connection.rollback()`` on an exception. psycopg takes the transaction status from libpq (its
+own bookkeeping is only of ``connection.transaction()`` blocks and two-phase transactions,
+neither used here), so afterwards it sees an idle connection, as after its own ``commit()``.
+A proven block is therefore ``BEGIN``, the read, the host's statements and the check with
+``COMMIT``: one round trip more than the same block unfenced. psycopg allows a host's
+``commit()`` or ``rollback()`` there: it ends the block's transaction, and the end check
+refuses to commit the one the host's next statement begins (rolled back, ``StorageError``).
+
+Everywhere else the block is ``connection.transaction()``: in autocommit mode (a ``BEGIN`` of its
+own; there a ``commit()`` ending an explicit ``BEGIN`` would leave the host's later statements to
+commit one by one, out of any fence's reach, and psycopg refuses a ``commit()`` or ``rollback()``
+inside its transaction block), inside an open transaction or in pipeline mode (a savepoint), and
+on the first block of a connection (the generic block, which proves it). psycopg commits that
+block with a ``COMMIT`` of its own, so the end check (``FenceBinding.end_check``) goes before it
+as a round trip of its own: two round trips more than the block unfenced.
+
+psycopg does not see a ``COMMIT`` statement the host sends inside the block (its next statement
+begins psycopg's implicit transaction, or runs on its own in autocommit mode): the end check
+refuses to commit what follows, and cannot take back a statement that ran on its own. The
+fence's statements run with ``prepare=False``, so that no prepared statement is left in the
+host's session (psycopg prepares a query on its own once it ran ``prepare_threshold`` times, and
+a prepared statement breaks behind a transaction-mode pooler); the settings the epoch read makes
+are transaction-local (``set_config(…, true)``). Parameters are bound by psycopg.
 """
 
 from __future__ import annotations
