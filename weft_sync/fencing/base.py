@@ -123,13 +123,15 @@ class SupportsBeginReading(Protocol):
     ``BEGIN`` and the read as one query, one round trip).
 
     Where the driver begins the transaction itself, ``BEGIN`` goes alone, on a round trip of
-    its own, before the read: psycopg 3 (psycopg's ``connection.transaction()``, kept so that
-    psycopg refuses a host's ``commit()`` inside the block; a proven connection takes
+    its own, before the read: psycopg 3 (a proven connection takes
     :class:`~weft_sync.fencing.psycopg.PsycopgBlock`, not this protocol) and psycopg2 outside
-    autocommit mode (its implicit ``BEGIN``). A proven block there is ``BEGIN``, the read, the
-    host's statements, the end check (``FenceBinding.end_check``) and ``COMMIT``: two round
-    trips more than the block unfenced (psycopg2 in autocommit mode: ``BEGIN`` with the read,
-    and the check with ``COMMIT``, none more)."""
+    autocommit mode (its implicit ``BEGIN``). A proven psycopg2 block outside autocommit mode
+    is ``BEGIN``, the read, the host's statements, the end check (``FenceBinding.end_check``)
+    and ``COMMIT``: two round trips more than the block unfenced; in autocommit mode ``BEGIN``
+    goes with the read and the check with ``COMMIT``, none more. A proven psycopg 3 block
+    outside autocommit mode sends the check with its ``COMMIT`` (one more round trip, the
+    read's); in autocommit mode it keeps psycopg's ``connection.transaction()`` and sends the
+    check alone (two more)."""
 
     def begin_reading(
         self, find: FindBinding, params: Sequence[str]

@@ -48,9 +48,12 @@ ends it inside the block (a driver's ``commit()``, a ``COMMIT`` statement) lets 
 and its next statement may begin another transaction. So just before it commits, every block
 runs its end check (``FenceBinding.end_check``) in the transaction about to commit. PostgreSQL:
 the epoch read set a transaction-local mark (:data:`~weft_sync.storage.fence_proof.PG_FENCE_MARK`),
-which only the transaction the block began still has; psycopg2 after the block's explicit
-``BEGIN`` sends the check and ``COMMIT`` as one query, every other driver (psycopg 3, psycopg2's
-implicit transaction, SQLAlchemy, Django) as one more round trip before the driver's own commit.
+which only the transaction the block began still has. The check and ``COMMIT`` go as one query
+where the fence ends the transaction itself (psycopg2 after the block's explicit ``BEGIN``; a
+proven psycopg 3 connection outside autocommit mode, see :mod:`~weft_sync.fencing.psycopg`);
+every other case (psycopg 3 in autocommit mode or in a first block, psycopg2's implicit
+transaction, SQLAlchemy, Django) sends the check as one more round trip before the driver's own
+commit.
 SQLite: the epoch row is re-read, under the write lock that any transaction which wrote holds
 (one more statement, no round trip), so a transaction the host began after its commit is
 committed only while the epoch is still this engine's. A failed check rolls back what is open
