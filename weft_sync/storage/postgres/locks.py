@@ -78,15 +78,20 @@ _PROBE: Final = (
 )
 
 # Which lock and witness keys of the probed names are held, which of the published backends are
-# still connected, and when the server started: one statement.
-_HELD_KEYS: Final = (
-    "ARRAY(SELECT DISTINCT objid::int8 FROM pg_locks WHERE locktype = 'advisory' "
-    "AND database = (SELECT oid FROM pg_database WHERE datname = current_database()) "
-    "AND classid = %s::oid AND objsubid = 2 AND granted AND objid = ANY(%s::oid[]))"
-)
+# still connected, and when the server started: one statement. pg_locks is read once (the CTE,
+# referenced twice, is materialised), and pg_stat_activity only when some probed lock is not
+# held (a one-time filter): its backends matter only for those, and a probe of live engines,
+# the usual one, then reads nothing more.
 _PROOF: Final = (
-    f"SELECT {_START_US}, {_HELD_KEYS}, {_HELD_KEYS}, "
-    "ARRAY(SELECT pid FROM pg_stat_activity WHERE pid = ANY(%s::int4[]))"
+    "WITH held AS (SELECT DISTINCT classid::int8 AS class, objid::int8 AS obj FROM pg_locks "
+    "WHERE locktype = 'advisory' "
+    "AND database = (SELECT oid FROM pg_database WHERE datname = current_database()) "
+    "AND classid = ANY(%s::oid[]) AND objsubid = 2 AND granted AND objid = ANY(%s::oid[])) "
+    f"SELECT {_START_US}, "
+    "ARRAY(SELECT obj FROM held WHERE class = %s), "
+    "ARRAY(SELECT obj FROM held WHERE class = %s), "
+    "ARRAY(SELECT pid FROM pg_stat_activity WHERE pid = ANY(%s::int4[]) "
+    "AND (SELECT count(*) FROM held WHERE class = %s) < %s)"
 )
 
 
@@ -352,7 +357,17 @@ class PostgresSessionLockMethods:
         witness_class = _oid(witness_keys(self._table, "")[0])
         oids = sorted({_oid(_key32(name)) for name in checked})
         ((started, held, witnessed, alive),) = self._read(
-            "session lock probe", _PROOF, [lock_class, oids, witness_class, oids, pids]
+            "session lock probe",
+            _PROOF,
+            [
+                [lock_class, witness_class],
+                oids,
+                lock_class,
+                witness_class,
+                pids,
+                lock_class,
+                len(oids),
+            ],
         )
         held_oids = {int(oid) for oid in held}
         witnessed_oids = {int(oid) for oid in witnessed}
