@@ -17,7 +17,7 @@ changed, and the block's end rolls back whatever is open and raises ``StorageErr
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, Protocol
 
 from sqlalchemy.engine import Connection, RootTransaction
 from sqlalchemy.engine.base import NestedTransaction
@@ -53,6 +53,32 @@ def _refuse_autocommit(connection: Connection) -> None:
             "statements commit one by one, so the fence's lock would not cover them; use a "
             "connection without AUTOCOMMIT (e.g. engine.connect() on a default engine)"
         )
+
+
+class _Transaction(Protocol):
+    """What the block needs of SQLAlchemy's transaction objects (root, nested, session)."""
+
+    @property
+    def is_active(self) -> bool: ...
+
+    def commit(self) -> None: ...
+
+    def rollback(self) -> None: ...
+
+
+def _end(tx: _Transaction, owner: Connection | Session, error: BaseException | None) -> None:
+    """Commit ``tx`` (roll it back on ``error``); when the host ended it inside the block, roll
+    back what ``owner`` (the connection or session) began after that, and refuse the block."""
+    if tx.is_active:
+        if error is None:
+            tx.commit()
+        else:
+            tx.rollback()
+        return
+    if owner.in_transaction():
+        owner.rollback()
+    if error is None:
+        raise ended_inside()
 
 
 def _query(connection: Connection, sql: str, params: Sequence[object]) -> list[tuple[Any, ...]]:
@@ -93,19 +119,8 @@ class ConnectionTransaction:
         return _query(self._conn, sql, params)
 
     def end(self, error: BaseException | None) -> None:
-        tx = self._tx
-        assert tx is not None
-        if tx.is_active:
-            if error is None:
-                tx.commit()
-            else:
-                tx.rollback()
-            return
-        # Ended inside the block: whatever is open began after that, inside the block.
-        if self._conn.in_transaction():
-            self._conn.rollback()
-        if error is None:
-            raise ended_inside()
+        assert self._tx is not None
+        _end(self._tx, self._conn, error)
 
 
 class SessionTransactionAdapter:
@@ -143,16 +158,5 @@ class SessionTransactionAdapter:
         return _query(self._session.connection(), sql, params)
 
     def end(self, error: BaseException | None) -> None:
-        tx = self._tx
-        assert tx is not None
-        if tx.is_active:
-            if error is None:
-                tx.commit()
-            else:
-                tx.rollback()
-            return
-        # Ended inside the block: whatever is open began after that, inside the block.
-        if self._session.in_transaction():
-            self._session.rollback()
-        if error is None:
-            raise ended_inside()
+        assert self._tx is not None
+        _end(self._tx, self._session, error)
