@@ -83,9 +83,10 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "sqlite3 proven block commits between its check and the host's write",
         "weft_sync/fencing/sqlite3.py",
-        "        self._cursor = cursor\n        return conn\n",
+        "        self._expected = expected\n        return conn\n",
+        "        self._expected = expected\n"
         '        cursor.execute("COMMIT")\n        cursor.execute("BEGIN")\n'
-        "        self._cursor = cursor\n        return conn\n",
+        "        return conn\n",
         (
             f"{_SHORT}::test_a_takeover_during_the_window_between_check_and_write_never_"
             "interleaves[sqlite3]",
