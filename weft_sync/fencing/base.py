@@ -50,6 +50,11 @@ def as_value(raw: object) -> bytes | None:
     raise TypeError(f"the epoch row holds a {type(raw).__name__}, not bytes: {raw!r:.80}")
 
 
+def first_value(row: Sequence[object] | None) -> bytes | None:
+    """The epoch value in the first column of ``row`` (a fetched row or ``None``), as bytes."""
+    return None if row is None else as_value(row[0])
+
+
 @runtime_checkable
 class HostTransaction(Protocol):
     """One host connection, adapted for one fenced block.

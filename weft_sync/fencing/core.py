@@ -101,7 +101,7 @@ from ..errors import (
 from ..storage.base import Storage
 from ..storage.fence_proof import FenceBinding, FenceTarget
 from .adapters import FAST_BLOCKS, adapt
-from .base import HostTransaction, as_value, ended_inside
+from .base import HostTransaction, as_value, ended_inside, first_value
 
 _log = logging.getLogger(__name__)
 
@@ -446,8 +446,7 @@ class _FencedBlock:
         if rows is None:
             self._binding, observed = _begin_and_read(fence, host, target, params, wid)
         else:
-            raw = rows[0][0] if rows else None
-            observed = raw if raw is None or type(raw) is bytes else as_value(raw)
+            observed = first_value(rows[0] if rows else None)
         if observed != expected:
             error = EngineDeposedError(wid)
             _end_quietly(host, error)
@@ -491,8 +490,7 @@ def _end_check(
     except BaseException as exc:
         _end_quietly(host, exc)
         raise
-    raw = rows[0][0] if rows else None
-    observed = raw if raw is None or type(raw) is bytes else as_value(raw)
+    observed = first_value(rows[0] if rows else None)
     if observed != expected:
         _end_quietly(host, ended_inside(wid))
         fence.end_refused(wid, expected, observed)

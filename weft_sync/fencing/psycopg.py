@@ -43,7 +43,7 @@ import psycopg
 from psycopg.rows import tuple_row
 
 from ..errors import EngineDeposedError
-from .base import FenceContext, as_value, ended_inside
+from .base import FenceContext, ended_inside, first_value
 
 _log = logging.getLogger(__name__)
 
@@ -130,8 +130,7 @@ class PsycopgBlock:
             self._commit = binding.commit_checked
         else:
             row = self._enter_transaction(binding.read_epoch, params)
-        raw = None if row is None else row[0]
-        observed = raw if raw is None or type(raw) is bytes else as_value(raw)
+        observed = first_value(row)
         if observed != expected:
             self._abandon(EngineDeposedError(wid))
             fence.deposed(wid, expected, observed)
@@ -212,8 +211,7 @@ class PsycopgBlock:
         except BaseException as error:
             _exit_quietly(tx, error)
             raise
-        raw = None if row is None else row[0]
-        observed = raw if raw is None or type(raw) is bytes else as_value(raw)
+        observed = first_value(row)
         if observed != self._expected:
             _exit_quietly(tx, EngineDeposedError(wid))
             fence.end_refused(wid, self._expected, observed)

@@ -28,7 +28,7 @@ from contextlib import AbstractContextManager
 from types import TracebackType
 from typing import Any
 
-from .base import FenceContext, FindBinding, as_value, savepoint_name
+from .base import FenceContext, FindBinding, first_value, savepoint_name
 
 _log = logging.getLogger(__name__)
 
@@ -84,8 +84,7 @@ class Sqlite3Block:
         if not still:
             _rollback_quietly(conn, cursor)
             return self._hand_over()
-        raw = None if row is None else row[0]
-        if (raw if raw is None or type(raw) is bytes else as_value(raw)) != expected:
+        if first_value(row) != expected:
             _rollback_quietly(conn, cursor)
             fence.deposed(wid)
         self._cursor = cursor
@@ -125,8 +124,7 @@ class Sqlite3Block:
         except BaseException:
             _rollback_quietly(conn, cursor)
             raise
-        raw = None if row is None else row[0]
-        observed = raw if raw is None or type(raw) is bytes else as_value(raw)
+        observed = first_value(row)
         if observed != self._expected:
             _rollback_quietly(conn, cursor)
             self._fence.end_refused(self._wid, self._expected, observed)
