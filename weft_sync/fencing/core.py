@@ -560,7 +560,7 @@ def _read_epoch(
         raise
     except Exception as exc:
         raise _fence_failed(wid, target, exc) from exc
-    return binding, (as_value(rows[0][0]) if rows else None)
+    return binding, first_value(rows[0] if rows else None)
 
 
 def _still_holds(host: HostTransaction, binding: FenceBinding) -> bool:
