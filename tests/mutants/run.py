@@ -117,6 +117,13 @@ MUTANTS: tuple[Mutant, ...] = (
         ("tests/storage/test_wait_deadline_bound.py",),
     ),
     Mutant(
+        "SQLite reads a few keys by lookup and keeps only the first one found",
+        "weft_sync/storage/sqlite/writer.py",
+        "point[key] = None if row is None else as_bytes(row[0])",
+        "point.setdefault(key, None if point else as_bytes(row[0]) if row else None)",
+        ("tests/storage/test_contract.py::test_conditions_on_any_number_of_keys_are_each_judged",),
+    ),
+    Mutant(
         "SQLite read_then_write trusts a condition on a key it read",
         "weft_sync/storage/sqlite/writer.py",
         "if any(c.key in known and known[c.key] != c.expected for c in conditions):",

@@ -159,6 +159,24 @@ def test_failed_condition_among_several_writes_nothing(storage: Storage) -> None
     assert storage.scan() == [("a", b"A"), ("b", b"B"), ("d", b"D")]
 
 
+@pytest.mark.parametrize("count", [1, 2, 4, 5, 9])
+def test_conditions_on_any_number_of_keys_are_each_judged(storage: Storage, count: int) -> None:
+    # A few keys and many are read differently on SQLite (a lookup each, or one query): both
+    # judge every condition, on present and absent keys, a key named twice included.
+    present = [f"k{i}" for i in range(count)]
+    storage.batch([Put(key, key.encode()) for key in present])
+    conditions = [Condition(key, key.encode()) for key in present]
+    conditions += [Condition("absent", None), Condition(present[0], present[0].encode())]
+    assert storage.conditional_batch(conditions, [Put("done", b"1")]) is True
+    assert storage.get("done") == b"1"
+    for wrong in range(count):
+        judged = list(conditions)
+        judged[wrong] = Condition(present[wrong], b"other")
+        assert storage.conditional_batch(judged, [Put("done", b"2")]) is False
+    assert storage.conditional_batch([*conditions, Condition("done", None)], []) is False
+    assert storage.get("done") == b"1"
+
+
 @pytest.mark.parametrize(
     ("stored", "expected"),
     [

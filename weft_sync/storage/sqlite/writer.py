@@ -33,6 +33,8 @@ _log = logging.getLogger(__name__)
 
 # Requests committed together in one transaction at most; bounds the work a failure throws away.
 _MAX_GROUP: Final = 256
+# Up to this many keys are read with one lookup each; more with one query (see _read).
+_POINT_READS_MAX: Final = 4
 _LOCK_POLL_MIN_S: Final = 0.0002
 _LOCK_POLL_MAX_S: Final = 0.005
 # SQLite's own busy wait cannot be interrupted (not even by Connection.interrupt()), so the write
@@ -610,8 +612,15 @@ class SqliteWriter:
     def _read(self, conn: sqlite3.Connection, keys: Sequence[str]) -> dict[str, bytes | None]:
         """The stored value of each of ``keys`` (absent ones: ``None``), in one query."""
         wanted = list(dict.fromkeys(keys))
-        if not wanted:
-            return {}
+        if len(wanted) <= _POINT_READS_MAX:
+            # A few keys: one primary-key lookup each costs SQLite less than an IN list, which
+            # builds a temporary index of its values first.
+            get = self._sql_get
+            point: dict[str, bytes | None] = {}
+            for key in wanted:
+                row = conn.execute(get, (key,)).fetchone()
+                point[key] = None if row is None else as_bytes(row[0])
+            return point
         sql = self._sql_get_in + "(" + ",".join("?" * len(wanted)) + ")"
         found: dict[str, bytes | None] = dict.fromkeys(wanted)
         for key, value in conn.execute(sql, wanted):
