@@ -166,6 +166,17 @@ def _attempt(store: Any, move: str, trial: int, index: int) -> bool:
                 [Condition(key, b"start"), Condition(f"none{trial}", None)], [Put(key, me)]
             )
         )
+    if move == "release":
+        # Two conditions expecting bytes, a put and a delete: one statement (no key required
+        # absent); every other racer runs it as a transaction, by requiring a key absent too.
+        key, other = f"a{trial}", f"b{trial}"
+        extra = [Condition(f"none{trial}", None)] if index % 2 else []
+        return bool(
+            store.conditional_batch(
+                [Condition(key, b"start"), Condition(other, b"start"), *extra],
+                [Put(key, me), Delete(other)],
+            )
+        )
     raise AssertionError(f"unknown move {move!r}")
 
 
@@ -340,6 +351,62 @@ def test_fast_path_renewal_races_general_path_takeover_with_one_winner(
         assert len(won) == 1, f"trial {trial}: winners {won}"
         assert store.get(f"r{trial}") == _me(won[0])
     assert store.scan("none") == []
+
+
+def test_one_statement_batches_race_transactional_ones_with_one_winner(
+    postgres_base_url: str, make_store: Callable[..., PostgresStorage], table: str
+) -> None:
+    store = make_store()
+    store.batch([Put(f"{k}{trial}", b"start") for trial in range(100) for k in "ab"])
+    winners = run_race(
+        "real", postgres_base_url, table, "release", trials=100, threads=4, processes=2
+    )
+    for trial, won in winners.items():
+        assert len(won) == 1, f"trial {trial}: winners {won}"
+        assert store.get_many([f"a{trial}", f"b{trial}"]) == [_me(won[0]), None]
+    assert store.scan("none") == []
+
+
+@pytest.mark.parametrize("theirs", [b"start", b"moved"])
+def test_a_one_statement_batch_judges_a_row_it_waited_for_as_committed(
+    postgres_base_url: str,
+    make_store: Callable[..., PostgresStorage],
+    raw: psycopg.Connection[Any],
+    table: str,
+    theirs: bytes,
+) -> None:
+    """A batch whose row another transaction holds waits for it, then judges (and writes) the
+    row as that transaction committed it, never as it stood when the statement began."""
+    store = make_store()
+    store.batch([Put("k", b"old"), Put("e", b"entry")])
+    result: list[bool] = []
+    errors: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            result.append(
+                store.conditional_batch([Condition("k", b"start")], [Put("k", b"w"), Delete("e")])
+            )
+        except BaseException as exc:
+            errors.append(exc)
+
+    with psycopg.connect(postgres_base_url) as writer:
+        writer.execute(f'UPDATE "{table}" SET value = %s WHERE key = %s', [theirs, "k"])
+        worker = threading.Thread(target=run, name="cas-under-test")
+        worker.start()
+        try:
+            _wait_until_blocked_on_a_lock(raw, worker)
+        finally:
+            writer.commit()
+            worker.join(_WAIT_S)
+    for exc in errors:
+        raise exc
+    if theirs == b"start":
+        assert result == [True]
+        assert store.get_many(["k", "e"]) == [b"w", None]
+    else:
+        assert result == [False]
+        assert store.get_many(["k", "e"]) == [b"moved", b"entry"]
 
 
 # -- deterministic interleavings with a concurrent uncommitted insert ------------------------
@@ -658,10 +725,21 @@ def test_a_read_on_a_connection_the_server_dropped_runs_again_on_a_checked_one(
         )
         caplog.clear()
         with caplog.at_level("DEBUG", logger="weft_sync.storage.postgres.store"):
-            # Not renewal-shaped (two puts): it runs in a transaction.
-            assert store.conditional_batch([Condition("k", b"v")], [Put("k", b"w"), Put("j", b"")])
+            # It requires a key absent: it runs in a transaction.
+            assert store.conditional_batch(
+                [Condition("k", b"v"), Condition("j", None)], [Put("k", b"w"), Put("j", b"")]
+            )
         assert any("BEGIN failed on a pooled connection" in m for m in caplog.messages)
         assert store.get("k") == b"w"
+        # One that requires no key absent is one statement, sent on a checked connection: the
+        # check finds the dropped session, and the statement goes out on a fresh one.
+        raw.execute(
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = %s",
+            [app],
+        )
+        assert store.conditional_batch([Condition("k", b"w")], [Put("k", b"v"), Delete("j")])
+        assert store.get_many(["k", "j"]) == [b"v", None]
+        store.put("k", b"w")
         raw.execute(
             "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = %s",
             [app],
