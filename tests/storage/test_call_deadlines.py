@@ -158,3 +158,49 @@ def test_a_cancel_that_raises_leaves_the_watcher_running_and_the_call_returning(
     finally:
         logger.removeHandler(handler)
         deadlines.close()
+
+
+def _watcher_waiting(deadlines: CallDeadlines) -> None:
+    """Wait until the watcher thread sleeps in its wait, not looking at the calls."""
+    until = time.monotonic() + 10.0
+    while deadlines._asleep_until is None:
+        assert time.monotonic() < until, "the watcher never went back to its wait"
+        time.sleep(0.005)
+
+
+def test_a_call_due_before_the_watcher_wakes_wakes_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A new call wakes the watcher only when its deadline comes before the watcher's own wake:
+    with a long tick and a call already in flight, a call due sooner is still cancelled then."""
+    monkeypatch.setattr("weft_sync.storage.postgres.deadline.TICK_S", 30.0)
+    deadlines = CallDeadlines(20.0, "test-deadline")
+    slow, due = _PausingCancel(0.0), _PausingCancel(0.0)
+    try:
+        with deadlines.guard(slow):
+            _watcher_waiting(deadlines)  # a timed wait, about 20 s long
+            started = time.monotonic()
+            with deadlines.guard(due, since=started - 19.8):
+                assert due.began.wait(10.0), "the call due first got no cancel"
+                cancelled_after = time.monotonic() - started
+            assert not slow.began.is_set()
+    finally:
+        deadlines.close()
+    assert cancelled_after < 5.0, cancelled_after
+
+
+def test_calls_due_after_the_watcher_wakes_leave_it_asleep(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Calls that begin while another is in flight, due after the watcher's next wake, do not
+    wake it (no thread switch per call): it stays in the same wait."""
+    monkeypatch.setattr("weft_sync.storage.postgres.deadline.TICK_S", 30.0)
+    deadlines = CallDeadlines(20.0, "test-deadline")
+    try:
+        with deadlines.guard(_PausingCancel(0.0)):
+            _watcher_waiting(deadlines)
+            asleep_until = deadlines._asleep_until
+            for _ in range(20):
+                with deadlines.guard(_PausingCancel(0.0)):
+                    time.sleep(0.01)
+            assert deadlines._asleep_until == asleep_until
+    finally:
+        deadlines.close()

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import math
 import os
 import socket
 import threading
@@ -75,8 +76,9 @@ class _Call:
 class CallDeadlines:
     """The deadlines of one store's calls in flight, and the thread that enforces them.
 
-    Thread-safe: ``_cond`` guards ``_calls``, ``_next_id``, ``_limit``, ``_thread`` and
-    ``_closed``. The cancel and the cut run on the watcher thread outside it.
+    Thread-safe: ``_cond`` guards ``_calls``, ``_next_id``, ``_limit``, ``_thread``,
+    ``_closed`` and ``_asleep_until``. The cancel and the cut run on the watcher thread outside
+    it.
 
     :param bound_s: how long one call may run before it is cancelled.
     :param name: the watcher thread's name.
@@ -85,8 +87,12 @@ class CallDeadlines:
     def __init__(self, bound_s: float, name: str) -> None:
         self._bound_s = bound_s
         self._name = name
-        self._cond = threading.Condition()
+        self._cond = threading.Condition(threading.Lock())
         self._calls: dict[int, _Call] = {}
+        # When the watcher's wait ends by itself (``math.inf``: it waits to be notified), or
+        # ``None`` while it is not waiting: it looks at every call again before it waits. A new
+        # call wakes it only when its deadline comes first.
+        self._asleep_until: float | None = None
         self._next_id = 0
         self._limit: float | None = None
         self._thread: threading.Thread | None = None
@@ -123,7 +129,9 @@ class CallDeadlines:
                 if self._thread is None:
                     self._thread = threading.Thread(target=self._run, name=self._name, daemon=True)
                     self._thread.start()
-                self._cond.notify()
+                asleep_until = self._asleep_until
+                if asleep_until is not None and deadline < asleep_until:
+                    self._cond.notify()
         try:
             yield
         finally:
@@ -191,7 +199,9 @@ class CallDeadlines:
                     if wait is not None:
                         wait = min(wait, TICK_S)
                         woke_by = now + wait
+                    self._asleep_until = math.inf if woke_by is None else woke_by
                     self._cond.wait(wait)
+                    self._asleep_until = None
                     continue
             if lost:
                 _log.info(
