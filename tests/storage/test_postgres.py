@@ -18,6 +18,7 @@ from tests.forking import expected_fork_warning
 from tests.pgcluster import PostgresCluster
 from weft_sync.errors import ClosedError, StorageError
 from weft_sync.storage import Condition, Delete, Operation, Put, open_storage
+from weft_sync.storage.postgres.sql import SCALARS_UP_TO
 from weft_sync.storage.postgres.store import PostgresStorage
 
 _WAIT_S = 30.0
@@ -407,6 +408,43 @@ def test_a_one_statement_batch_judges_a_row_it_waited_for_as_committed(
     else:
         assert result == [False]
         assert store.get_many(["k", "e"]) == [b"moved", b"entry"]
+
+
+@pytest.mark.parametrize("n", [1, SCALARS_UP_TO, SCALARS_UP_TO + 1, 3 * SCALARS_UP_TO])
+def test_batches_send_short_lists_as_scalars_and_long_ones_as_arrays_alike(
+    make_store: Callable[..., PostgresStorage], n: int
+) -> None:
+    """Every batch shape behaves the same whether its lists go out as scalar parameters (up to
+    SCALARS_UP_TO) or as arrays (longer)."""
+    store = make_store()
+    held = [f"h{i:02d}" for i in range(n)]
+    gone = [f"g{i:02d}" for i in range(n)]
+    new = [f"n{i:02d}" for i in range(n)]
+    store.batch([Put(k, k.encode()) for k in held + gone])
+    # One statement: conditions on held keys, puts (to held and new keys) and deletes.
+    conditions = [Condition(k, k.encode()) for k in held]
+    writes: list[Operation] = [Put(k, b"w") for k in held + new]
+    writes += [Delete(k) for k in gone]
+    assert not store.conditional_batch([*conditions[:-1], Condition(held[-1], b"no")], writes)
+    assert store.get_many(held + gone + new) == [k.encode() for k in held + gone] + [None] * n
+    assert store.conditional_batch(conditions, writes)
+    assert store.get_many(held + gone + new) == [b"w"] * n + [None] * n + [b"w"] * n
+    assert store.conditional_batch([Condition(held[0], b"w")], [])
+
+    # A transaction: read, then a batch requiring keys absent, claimed by the upsert.
+    def decide(values: list[bytes | None]) -> tuple[list[Condition], list[Put]]:
+        assert values == [b"w"] * n + [None] * n
+        return [Condition(k, None) for k in gone], [Put(k, b"c") for k in gone + held]
+
+    assert store.read_then_write(held + gone, decide) == ([b"w"] * n + [None] * n, True)
+    assert store.get_many(held + gone) == [b"c"] * (2 * n)
+    # A claim of absent keys and one present key fails and writes nothing.
+    fresh = [f"f{i:02d}" for i in range(n)]
+    claim = [Condition(k, None) for k in [*fresh, held[0]]]
+    assert not store.conditional_batch(claim, [Put(k, b"x") for k in fresh])
+    assert store.get_many(fresh) == [None] * n
+    assert store.conditional_batch(claim[:-1], [Put(k, b"x") for k in fresh])
+    assert store.get_many(fresh) == [b"x"] * n
 
 
 # -- deterministic interleavings with a concurrent uncommitted insert ------------------------

@@ -143,16 +143,7 @@ class ConditionalWrites:
         writes only if they hold, as the transaction of :meth:`_run` does, without its
         ``BEGIN`` and ``COMMIT`` (see ``Queries.judged_writes``).
         """
-        params: list[object] = [
-            plan.lock_keys,
-            [c.key for c in plan.conditions],
-            [c.expected for c in plan.conditions],
-        ]
-        if plan.put_keys:
-            params += [plan.put_keys, plan.put_values]
-        if plan.delete_keys:
-            params.append(plan.delete_keys)
-        statement = self._q.judged_writes[bool(plan.put_keys), bool(plan.delete_keys)]
+        statement, params = self._q.judged_write(plan)
         with self._writing("conditional_batch", atomic=False) as conn:
             row = conn.execute(statement, params, binary=True).fetchone()
         return row is not None and row[0] is True
@@ -161,7 +152,8 @@ class ConditionalWrites:
         """Lock the rows of ``keys`` (sorted) that exist; return their values."""
         if not keys:
             return {}
-        rows = conn.execute(self._q.lock, [keys], binary=True).fetchall()
+        statement, params = self._q.lock_rows(keys)
+        rows = conn.execute(statement, params, binary=True).fetchall()
         return {str(k): bytes(v) for k, v in rows}
 
     def _apply_plan(self, conn: _Conn, plan: Plan, found: dict[str, bytes]) -> bool:
@@ -229,8 +221,7 @@ class ConditionalWrites:
         """
         found: dict[str, bytes] = {}
         if plan.lock_keys:
-            rows = conn.execute(self._q.lock, [plan.lock_keys], binary=True).fetchall()
-            found = {str(k): bytes(v) for k, v in rows}
+            found = self._lock_rows(conn, plan.lock_keys)
             if not plan.holds(found):
                 return False
         if not plan.absent:
@@ -259,7 +250,8 @@ class ConditionalWrites:
         rows = sorted(plan.absent.union(puts))
         values = [puts.get(k, _PLACEHOLDER) for k in rows]
         absent = sorted(plan.absent)
-        returned = conn.execute(self._q.claim_upsert, [rows, values, absent]).fetchall()
+        statement, params = self._q.claim_upsert_rows(rows, values, absent)
+        returned = conn.execute(statement, params).fetchall()
         written = {str(row[0]) for row in returned}
         if not plan.absent <= written:
             raise _Refused

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import functools
 import hashlib
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Final
 
 import psycopg
 from psycopg import sql
@@ -47,6 +48,11 @@ class Plan:
 Statement = bytes | sql.Composed
 """A statement as ``Queries`` keeps it: composed, or rendered to bytes."""
 
+SCALARS_UP_TO: Final = 8
+"""Lists of up to this many keys (or rows) go out as that many scalar parameters, in a statement
+rendered once per shape; longer ones as one array parameter each. An array costs the client
+several microseconds to dump (psycopg's array dumper, in Python), a scalar a fraction of one."""
+
 # The statements of every read and write: rendered to bytes once a connection is at hand
 # (Queries.render), since psycopg renders a composed statement again on every execute.
 _RENDERED = (
@@ -83,19 +89,11 @@ class Queries:
             "INSERT INTO {t} (key, value) SELECT k, v FROM unnest(%b::text[], %b::bytea[]) "
             "AS u(k, v) ON CONFLICT (key) DO UPDATE SET value = EXCLUDED.value"
         ).format(t=t)
-        # Inserts every row and overwrites a present one, except a key of the third array (one
-        # required absent): a conflict there changes nothing and returns no key.
-        self.claim_upsert: Statement = sql.SQL(
-            "INSERT INTO {t} (key, value) SELECT k, v FROM unnest(%b::text[], %b::bytea[]) "
-            "AS u(k, v) ON CONFLICT (key) DO UPDATE SET value = EXCLUDED.value "
-            "WHERE NOT ({t}.key = ANY(%b::text[])) RETURNING key"
-        ).format(t=t)
+        self.claim_upsert: Statement = sql.SQL(_claim_upsert(None, None)).format(t=t)
         self.delete_many: Statement = sql.SQL("DELETE FROM {t} WHERE key = ANY(%b::text[])").format(
             t=t
         )
-        self.lock: Statement = sql.SQL(
-            "SELECT key, value FROM {t} WHERE key = ANY(%b::text[]) ORDER BY key FOR UPDATE"
-        ).format(t=t)
+        self.lock: Statement = sql.SQL(_lock(None)).format(t=t)
         self.renew: Statement = sql.SQL(
             "UPDATE {t} SET value = u.v "
             "FROM unnest(%b::text[], %b::bytea[], %b::bytea[]) AS u(k, e, v) "
@@ -105,12 +103,15 @@ class Queries:
         # lock the rows it names in key order, judge its conditions (all expecting bytes) on
         # them, and write only when they hold. The writes are gated on the judgement (a one-time
         # filter, evaluated before they scan anything), so they run after the locks are held.
-        # One per shape: (puts, deletes).
+        # With arrays, one per shape: (puts, deletes).
         self.judged_writes: dict[tuple[bool, bool], Statement] = {
-            (puts, deletes): _judged_write(t, puts=puts, deletes=deletes)
+            (puts, deletes): sql.SQL(
+                _judged_write(None, None, None if puts else 0, None if deletes else 0)
+            ).format(t=t)
             for puts in (False, True)
             for deletes in (False, True)
         }
+        self._rendered_table: bytes | None = None
         self.scan = sql.SQL("SELECT key, value FROM {t}").format(t=t)
         self.table = t
         # The rows another session holds locked are skipped, not waited for: each comes back
@@ -153,29 +154,123 @@ class Queries:
         for shape, statement in self.judged_writes.items():
             if isinstance(statement, sql.Composable):
                 self.judged_writes[shape] = statement.as_bytes(conn)
+        self._rendered_table = self.table.as_bytes(conn)
+
+    def lock_rows(self, keys: list[str]) -> tuple[Statement, list[object]]:
+        """``SELECT … ORDER BY key FOR UPDATE`` of ``keys`` (not empty), and its parameters."""
+        table = self._rendered_table
+        if table is None or len(keys) > SCALARS_UP_TO:
+            return self.lock, [keys]
+        return _scalar_statement(table, "lock", (len(keys),)), list(keys)
+
+    def claim_upsert_rows(
+        self, keys: list[str], values: list[bytes], absent: list[str]
+    ) -> tuple[Statement, list[object]]:
+        """The claim upsert of ``keys``/``values`` sparing the ``absent`` keys (not empty, among
+        ``keys``), and its parameters."""
+        table = self._rendered_table
+        if table is None or len(keys) > SCALARS_UP_TO or not absent:
+            return self.claim_upsert, [keys, values, absent]
+        statement = _scalar_statement(table, "claim_upsert", (len(keys), len(absent)))
+        return statement, [*_pairs(keys, values), *absent]
+
+    def judged_write(self, plan: Plan) -> tuple[Statement, list[object]]:
+        """The one statement of ``plan`` (conditions, none requiring a key absent), and its
+        parameters (see :func:`_judged_write`)."""
+        conditions = plan.conditions
+        table = self._rendered_table
+        counts = (len(plan.lock_keys), len(conditions), len(plan.put_keys), len(plan.delete_keys))
+        if table is None or max(counts) > SCALARS_UP_TO:
+            params: list[object] = [
+                plan.lock_keys,
+                [c.key for c in conditions],
+                [c.expected for c in conditions],
+            ]
+            if plan.put_keys:
+                params += [plan.put_keys, plan.put_values]
+            if plan.delete_keys:
+                params.append(plan.delete_keys)
+            return self.judged_writes[bool(plan.put_keys), bool(plan.delete_keys)], params
+        params = list(plan.lock_keys)
+        for c in conditions:
+            params += (c.key, c.expected)
+        params += _pairs(plan.put_keys, plan.put_values)
+        params += plan.delete_keys
+        return _scalar_statement(table, "judged_write", counts), params
 
 
-def _judged_write(t: sql.Identifier, *, puts: bool, deletes: bool) -> sql.Composed:
-    """The statement of :attr:`Queries.judged_writes` for a batch with (or without) puts and
-    deletes. Parameters: the keys to lock (sorted), the condition keys and their expected
-    values, then the put keys and values (sorted) if ``puts``, the delete keys if ``deletes``.
+def _pairs(keys: list[str], values: list[bytes]) -> list[object]:
+    """``keys`` and ``values`` interleaved: the scalars of ``(key, value)`` rows."""
+    pairs: list[object] = []
+    for key, value in zip(keys, values, strict=True):
+        pairs += (key, value)
+    return pairs
+
+
+def _keys_in(n: int | None) -> str:
+    """Where a key is one of a list: one array (``None``) or ``n`` scalar parameters."""
+    if n is None:
+        return "= ANY(%b::text[])"
+    return "IN (" + ", ".join(["%b"] * n) + ")"
+
+
+def _rows_from(n: int | None) -> str:
+    """``(key, value)`` rows ``u(k, v)`` from two arrays (``None``) or ``n`` pairs of scalars."""
+    if n is None:
+        return "unnest(%b::text[], %b::bytea[]) AS u(k, v)"
+    return "(VALUES " + ", ".join(["(%b::text, %b::bytea)"] * n) + ") AS u(k, v)"
+
+
+def _lock(n: int | None) -> str:
+    return "SELECT key, value FROM {t} WHERE key " + _keys_in(n) + " ORDER BY key FOR UPDATE"
+
+
+def _claim_upsert(rows: int | None, absent: int | None) -> str:
+    # Inserts every row and overwrites a present one, except a key of the absent list (one
+    # required absent): a conflict there changes nothing and returns no key.
+    return (
+        "INSERT INTO {t} (key, value) SELECT k, v FROM " + _rows_from(rows) + " "
+        "ON CONFLICT (key) DO UPDATE SET value = EXCLUDED.value "
+        "WHERE NOT ({t}.key " + _keys_in(absent) + ") RETURNING key"
+    )
+
+
+def _judged_write(
+    lock: int | None, conditions: int | None, puts: int | None, deletes: int | None
+) -> str:
+    """The one statement of a conditional batch that requires no key absent (see
+    ``Queries.judged_write``); ``0`` puts or deletes: none. Parameters: the keys to lock
+    (sorted), the condition rows (key, expected value), the put rows (sorted), the delete keys.
     It returns one row: whether every condition held (then the writes were applied)."""
     parts = [
-        "WITH l AS MATERIALIZED (SELECT key, value FROM {t} WHERE key = ANY(%b::text[]) "
-        "ORDER BY key FOR UPDATE), "
+        "WITH l AS MATERIALIZED (" + _lock(lock) + "), "
         "c AS MATERIALIZED (SELECT bool_and(l.value IS NOT DISTINCT FROM u.v) AS ok "
-        "FROM unnest(%b::text[], %b::bytea[]) AS u(k, v) LEFT JOIN l ON l.key = u.k)"
+        "FROM " + _rows_from(conditions) + " LEFT JOIN l ON l.key = u.k)"
     ]
-    if puts:
+    if puts != 0:
         parts.append(
-            ", p AS (INSERT INTO {t} (key, value) SELECT k, v "
-            "FROM unnest(%b::text[], %b::bytea[]) AS u(k, v) WHERE (SELECT ok FROM c) "
-            "ON CONFLICT (key) DO UPDATE SET value = EXCLUDED.value)"
+            ", p AS (INSERT INTO {t} (key, value) SELECT k, v FROM " + _rows_from(puts) + " "
+            "WHERE (SELECT ok FROM c) ON CONFLICT (key) DO UPDATE SET value = EXCLUDED.value)"
         )
-    if deletes:
-        parts.append(", d AS (DELETE FROM {t} WHERE key = ANY(%b::text[]) AND (SELECT ok FROM c))")
+    if deletes != 0:
+        parts.append(
+            ", d AS (DELETE FROM {t} WHERE key " + _keys_in(deletes) + " AND (SELECT ok FROM c))"
+        )
     parts.append(" SELECT ok FROM c")
-    return sql.SQL("".join(parts)).format(t=t)
+    return "".join(parts)
+
+
+@functools.lru_cache(maxsize=1024)
+def _scalar_statement(table: bytes, kind: str, counts: tuple[int, ...]) -> bytes:
+    """The statement ``kind`` for lists of ``counts`` scalars each, on the rendered ``table``
+    (``functools.lru_cache`` is thread-safe: a shape may be rendered twice, never wrongly)."""
+    if kind == "lock":
+        text = _lock(*counts)
+    elif kind == "claim_upsert":
+        text = _claim_upsert(*counts)
+    else:
+        text = _judged_write(*counts)
+    return text.replace("{t}", table.decode("ascii")).encode("ascii")
 
 
 def advisory_key(table: str) -> int:
