@@ -1,7 +1,9 @@
 """Where an acquire + release cycle spends its client CPU, layer by layer, on PostgreSQL.
 
 Thread CPU time (``time.thread_time``) per cycle, so the round trips' wait is left out and a
-busy machine changes the figures little. Three ways of doing the same cycle on ids of its own
+busy machine changes the figures little; the median of the rounds is printed, with the ratio to
+the raw floor, and the process CPU (``time.process_time``: the store's other threads, such as
+its deadline watcher, included). Three ways of doing the same cycle on ids of its own
 per variant, measured round by round in one process against one table:
 
 - ``registry``: ``ClaimRegistry.acquire`` + ``release`` over ``PostgresStorage``;
@@ -12,9 +14,10 @@ per variant, measured round by round in one process against one table:
 - ``raw``: the benchmark floor of ``bench/acquire_release.py`` (plain psycopg, one autocommit
   connection, the same rows).
 
-It also counts the statements one cycle of each sends (``BEGIN`` and ``COMMIT`` included), from
-libpq's trace of the connection the variant runs on (an experiment on the private pool of this
-process's stores, each of which has one connection open, as a single caller leaves it).
+It also counts the statements one cycle of each sends (``BEGIN``, ``COMMIT`` and the pool's
+empty liveness query included: each is a round trip), from libpq's trace of the connection the
+variant runs on (an experiment on the private pool of this process's stores, each of which has
+one connection open, as a single caller leaves it).
 
 The server is a throwaway cluster (``tests/pgcluster.py``), restarted with durable commits as
 ``bench/acquire_release.py`` runs it, unless ``WEFT_SYNC_TEST_POSTGRES_DSN`` names one.
@@ -82,12 +85,15 @@ def storage_cycle(store: PostgresStorage, engine_id: str) -> Cycle:
     return cycle
 
 
-def cpu_per_cycle(cycle: Cycle, cycles: int) -> float:
-    """Thread CPU per cycle over ``cycles`` cycles, in microseconds."""
-    began = time.thread_time()
+def cpu_per_cycle(cycle: Cycle, cycles: int) -> tuple[float, float]:
+    """Thread and process CPU per cycle over ``cycles`` cycles, in microseconds."""
+    thread, process = time.thread_time(), time.process_time()
     for _ in range(cycles):
         cycle()
-    return (time.thread_time() - began) / cycles * 1e6
+    return (
+        (time.thread_time() - thread) / cycles * 1e6,
+        (time.process_time() - process) / cycles * 1e6,
+    )
 
 
 def statements_per_cycle(conn: Any, cycle: Cycle, trace: Path, cycles: int = 20) -> float:
@@ -153,15 +159,22 @@ def main() -> None:
                 name: statements_per_cycle(conns[name], cycle, trace)
                 for name, cycle in variants.items()
             }
-            results: dict[str, list[float]] = {name: [] for name in variants}
+            results: dict[str, list[tuple[float, float]]] = {name: [] for name in variants}
             for _ in range(args.rounds):
                 for name, cycle in variants.items():
                     results[name].append(cpu_per_cycle(cycle, args.cycles))
-            floor = statistics.median(results["raw"])
-            print(f"{'variant':10s} {'CPU us/cycle':>13s} {'/ raw':>7s} {'statements':>11s}")
+            floor = statistics.median(thread for thread, _ in results["raw"])
+            print(
+                f"{'variant':10s} {'CPU us/cycle':>13s} {'/ raw':>7s} {'process CPU':>12s} "
+                f"{'statements':>11s}"
+            )
             for name, samples in results.items():
-                value = statistics.median(samples)
-                print(f"{name:10s} {value:13.1f} {value / floor:6.2f}x {sent[name]:11.1f}")
+                value = statistics.median(thread for thread, _ in samples)
+                process = statistics.median(process for _, process in samples)
+                print(
+                    f"{name:10s} {value:13.1f} {value / floor:6.2f}x {process:12.1f} "
+                    f"{sent[name]:11.1f}"
+                )
         finally:
             registry.close()
             raw.close()
