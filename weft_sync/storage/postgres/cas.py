@@ -2,8 +2,7 @@
 
 Internal to :mod:`weft_sync.storage.postgres.store`, whose class docstring states the contract (one
 READ COMMITTED transaction per call, row locks taken in key order, ``INSERT … ON CONFLICT DO
-NOTHING`` for keys required absent, a SAVEPOINT per batch that could fail after writing; a
-``conditional_batch`` that requires no key absent is one statement doing the same):
+NOTHING`` for keys required absent, a SAVEPOINT per batch that could fail after writing):
 :class:`ConditionalWrites` holds ``PostgresStorage``'s ``conditional_batch``,
 ``conditional_batches`` and ``compare_and_set_many`` and the statements behind them, decided by a
 :class:`~weft_sync.storage.postgres.sql.Plan`. No Python lock is taken here: each call runs on a
@@ -63,8 +62,6 @@ class ConditionalWrites:
             self._check_open()
             return True
         plan = Plan.build(conds, ops)
-        if plan.conditions and not plan.absent:
-            return self._judge_and_write(plan)
         try:
             with self._write_transaction("conditional_batch") as conn:
                 return self._run(conn, plan, savepoint=False)
@@ -135,18 +132,6 @@ class ConditionalWrites:
                 return values, self._apply_plan(conn, plan, found)
         except _Refused:
             return values, False
-
-    def _judge_and_write(self, plan: Plan) -> bool:
-        """Apply ``plan`` (conditions, none requiring a key absent) with one statement.
-
-        It locks the rows of ``plan.lock_keys`` in key order, judges the conditions on them and
-        writes only if they hold, as the transaction of :meth:`_run` does, without its
-        ``BEGIN`` and ``COMMIT`` (see ``Queries.judged_writes``).
-        """
-        statement, params = self._q.judged_write(plan)
-        with self._writing("conditional_batch", atomic=False) as conn:
-            row = conn.execute(statement, params, binary=True).fetchone()
-        return row is not None and row[0] is True
 
     def _lock_rows(self, conn: _Conn, keys: list[str]) -> dict[str, bytes]:
         """Lock the rows of ``keys`` (sorted) that exist; return their values."""
@@ -257,12 +242,12 @@ class ConditionalWrites:
             raise _Refused
         placeholders = [k for k in absent if k not in puts]
         if plan.delete_keys or placeholders:
-            conn.execute(self._q.delete_many, [sorted(set(plan.delete_keys).union(placeholders))])
+            conn.execute(*self._q.delete_rows(sorted(set(plan.delete_keys).union(placeholders))))
 
     def _write(
         self, conn: _Conn, put_keys: list[str], put_values: list[bytes], delete_keys: list[str]
     ) -> None:
         if put_keys:
-            conn.execute(self._q.upsert_many, [put_keys, put_values])
+            conn.execute(*self._q.upsert_rows(put_keys, put_values))
         if delete_keys:
-            conn.execute(self._q.delete_many, [delete_keys])
+            conn.execute(*self._q.delete_rows(delete_keys))

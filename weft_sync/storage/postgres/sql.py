@@ -85,32 +85,15 @@ class Queries:
             "ON CONFLICT (key) DO UPDATE SET value = EXCLUDED.value"
         ).format(t=t)
         self.delete: Statement = sql.SQL("DELETE FROM {t} WHERE key = %s").format(t=t)
-        self.upsert_many: Statement = sql.SQL(
-            "INSERT INTO {t} (key, value) SELECT k, v FROM unnest(%b::text[], %b::bytea[]) "
-            "AS u(k, v) ON CONFLICT (key) DO UPDATE SET value = EXCLUDED.value"
-        ).format(t=t)
+        self.upsert_many: Statement = sql.SQL(_upsert(None)).format(t=t)
         self.claim_upsert: Statement = sql.SQL(_claim_upsert(None, None)).format(t=t)
-        self.delete_many: Statement = sql.SQL("DELETE FROM {t} WHERE key = ANY(%b::text[])").format(
-            t=t
-        )
+        self.delete_many: Statement = sql.SQL(_delete(None)).format(t=t)
         self.lock: Statement = sql.SQL(_lock(None)).format(t=t)
         self.renew: Statement = sql.SQL(
             "UPDATE {t} SET value = u.v "
             "FROM unnest(%b::text[], %b::bytea[], %b::bytea[]) AS u(k, e, v) "
             "WHERE {t}.key = u.k AND {t}.value = u.e RETURNING {t}.key"
         ).format(t=t)
-        # A conditional batch that requires no key absent, as one statement (atomic by itself):
-        # lock the rows it names in key order, judge its conditions (all expecting bytes) on
-        # them, and write only when they hold. The writes are gated on the judgement (a one-time
-        # filter, evaluated before they scan anything), so they run after the locks are held.
-        # With arrays, one per shape: (puts, deletes).
-        self.judged_writes: dict[tuple[bool, bool], Statement] = {
-            (puts, deletes): sql.SQL(
-                _judged_write(None, None, None if puts else 0, None if deletes else 0)
-            ).format(t=t)
-            for puts in (False, True)
-            for deletes in (False, True)
-        }
         self._rendered_table: bytes | None = None
         self.scan = sql.SQL("SELECT key, value FROM {t}").format(t=t)
         self.table = t
@@ -151,9 +134,6 @@ class Queries:
             statement = getattr(self, name)
             if isinstance(statement, sql.Composable):
                 setattr(self, name, statement.as_bytes(conn))
-        for shape, statement in self.judged_writes.items():
-            if isinstance(statement, sql.Composable):
-                self.judged_writes[shape] = statement.as_bytes(conn)
         self._rendered_table = self.table.as_bytes(conn)
 
     def lock_rows(self, keys: list[str]) -> tuple[Statement, list[object]]:
@@ -174,29 +154,19 @@ class Queries:
         statement = _scalar_statement(table, "claim_upsert", (len(keys), len(absent)))
         return statement, [*_pairs(keys, values), *absent]
 
-    def judged_write(self, plan: Plan) -> tuple[Statement, list[object]]:
-        """The one statement of ``plan`` (conditions, none requiring a key absent), and its
-        parameters (see :func:`_judged_write`)."""
-        conditions = plan.conditions
+    def upsert_rows(self, keys: list[str], values: list[bytes]) -> tuple[Statement, list[object]]:
+        """The upsert of ``keys``/``values`` (not empty), and its parameters."""
         table = self._rendered_table
-        counts = (len(plan.lock_keys), len(conditions), len(plan.put_keys), len(plan.delete_keys))
-        if table is None or max(counts) > SCALARS_UP_TO:
-            params: list[object] = [
-                plan.lock_keys,
-                [c.key for c in conditions],
-                [c.expected for c in conditions],
-            ]
-            if plan.put_keys:
-                params += [plan.put_keys, plan.put_values]
-            if plan.delete_keys:
-                params.append(plan.delete_keys)
-            return self.judged_writes[bool(plan.put_keys), bool(plan.delete_keys)], params
-        params = list(plan.lock_keys)
-        for c in conditions:
-            params += (c.key, c.expected)
-        params += _pairs(plan.put_keys, plan.put_values)
-        params += plan.delete_keys
-        return _scalar_statement(table, "judged_write", counts), params
+        if table is None or len(keys) > SCALARS_UP_TO:
+            return self.upsert_many, [keys, values]
+        return _scalar_statement(table, "upsert", (len(keys),)), _pairs(keys, values)
+
+    def delete_rows(self, keys: list[str]) -> tuple[Statement, list[object]]:
+        """The delete of ``keys`` (not empty), and its parameters."""
+        table = self._rendered_table
+        if table is None or len(keys) > SCALARS_UP_TO:
+            return self.delete_many, [keys]
+        return _scalar_statement(table, "delete", (len(keys),)), list(keys)
 
 
 def _pairs(keys: list[str], values: list[bytes]) -> list[object]:
@@ -225,6 +195,17 @@ def _lock(n: int | None) -> str:
     return "SELECT key, value FROM {t} WHERE key " + _keys_in(n) + " ORDER BY key FOR UPDATE"
 
 
+def _upsert(rows: int | None) -> str:
+    return (
+        "INSERT INTO {t} (key, value) SELECT k, v FROM " + _rows_from(rows) + " "
+        "ON CONFLICT (key) DO UPDATE SET value = EXCLUDED.value"
+    )
+
+
+def _delete(n: int | None) -> str:
+    return "DELETE FROM {t} WHERE key " + _keys_in(n)
+
+
 def _claim_upsert(rows: int | None, absent: int | None) -> str:
     # Inserts every row and overwrites a present one, except a key of the absent list (one
     # required absent): a conflict there changes nothing and returns no key.
@@ -235,31 +216,6 @@ def _claim_upsert(rows: int | None, absent: int | None) -> str:
     )
 
 
-def _judged_write(
-    lock: int | None, conditions: int | None, puts: int | None, deletes: int | None
-) -> str:
-    """The one statement of a conditional batch that requires no key absent (see
-    ``Queries.judged_write``); ``0`` puts or deletes: none. Parameters: the keys to lock
-    (sorted), the condition rows (key, expected value), the put rows (sorted), the delete keys.
-    It returns one row: whether every condition held (then the writes were applied)."""
-    parts = [
-        "WITH l AS MATERIALIZED (" + _lock(lock) + "), "
-        "c AS MATERIALIZED (SELECT bool_and(l.value IS NOT DISTINCT FROM u.v) AS ok "
-        "FROM " + _rows_from(conditions) + " LEFT JOIN l ON l.key = u.k)"
-    ]
-    if puts != 0:
-        parts.append(
-            ", p AS (INSERT INTO {t} (key, value) SELECT k, v FROM " + _rows_from(puts) + " "
-            "WHERE (SELECT ok FROM c) ON CONFLICT (key) DO UPDATE SET value = EXCLUDED.value)"
-        )
-    if deletes != 0:
-        parts.append(
-            ", d AS (DELETE FROM {t} WHERE key " + _keys_in(deletes) + " AND (SELECT ok FROM c))"
-        )
-    parts.append(" SELECT ok FROM c")
-    return "".join(parts)
-
-
 @functools.lru_cache(maxsize=1024)
 def _scalar_statement(table: bytes, kind: str, counts: tuple[int, ...]) -> bytes:
     """The statement ``kind`` for lists of ``counts`` scalars each, on the rendered ``table``
@@ -268,8 +224,10 @@ def _scalar_statement(table: bytes, kind: str, counts: tuple[int, ...]) -> bytes
         text = _lock(*counts)
     elif kind == "claim_upsert":
         text = _claim_upsert(*counts)
+    elif kind == "upsert":
+        text = _upsert(*counts)
     else:
-        text = _judged_write(*counts)
+        text = _delete(*counts)
     return text.replace("{t}", table.decode("ascii")).encode("ascii")
 
 
