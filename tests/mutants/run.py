@@ -56,8 +56,8 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "sqlite3 proven block accepts a newer epoch (>= for ==)",
         "weft_sync/fencing/sqlite3.py",
-        "else as_value(raw)) != expected:",
-        "else as_value(raw)) < expected:",
+        "if first_value(row) != expected:",
+        "if first_value(row) < expected:",
         (
             f"{_SHORT}::test_a_deposed_owners_write_on_its_proven_connection_is_refused_and_"
             "nothing_commits[sqlite-sqlite3]",
@@ -136,8 +136,8 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "PostgreSQL read_then_write reads without locking the rows",
         "weft_sync/storage/postgres/cas.py",
-        "rows = conn.execute(self._q.lock, [keys], binary=True).fetchall()",
-        "rows = conn.execute(self._q.get_many, [keys], binary=True).fetchall()",
+        "statement, params = self._q.lock_rows(keys)",
+        "statement, params = self._q.get_many, [keys]",
         (
             "tests/storage/test_read_then_write.py::"
             "test_postgres_decide_runs_with_the_rows_read_locked",
