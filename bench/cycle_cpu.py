@@ -35,7 +35,7 @@ import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
@@ -43,7 +43,8 @@ from bench.acquire_release import RawSqliteContext, RegistryContext, _ids
 from bench.common import StoreSpec, machine_note
 from weft_sync import Ownership, OwnershipOptions, keys
 from weft_sync.codec import HolderRecord, encode_epoch, encode_holder, mint_token
-from weft_sync.storage import Condition, Delete, Put, open_storage
+from weft_sync.storage import Condition, Delete, Put, Storage, open_storage
+from weft_sync.storage.read_then_write import SupportsReadThenWrite
 from weft_sync.storage.sqlite.identity import DIR_STAMP_MARGIN_NS
 from weft_sync.storage.sqlite.store import SqliteStorage
 
@@ -60,7 +61,13 @@ def claim_cycle(ownership: Ownership, worker: int) -> Cycle:
     return cycle
 
 
-def storage_cycle(store: SqliteStorage, engine_id: str) -> Cycle:
+class CycleStore(Storage, SupportsReadThenWrite, Protocol):
+    """A store the storage cycle runs on: SQLite's or PostgreSQL's."""
+
+
+def storage_cycle(store: CycleStore, engine_id: str) -> Cycle:
+    """The registry's two transactions by hand: a ``read_then_write`` acquire (holder and
+    epoch read, the holder required absent, three puts) and a ``conditional_batch`` release."""
     ids = itertools.cycle([f"s-{n}" for n in range(8)])
 
     def cycle() -> None:
@@ -71,7 +78,9 @@ def storage_cycle(store: SqliteStorage, engine_id: str) -> Cycle:
         written: dict[str, bytes] = {}
 
         def decide(values: list[bytes | None]) -> Any:
-            _, stored = values
+            held, stored = values
+            if held is not None:
+                return None
             epoch = 1 if stored is None else int.from_bytes(stored[:8], "big") + 1
             now = time.time_ns() // 1_000_000
             written["token"] = mint_token(epoch)

@@ -28,7 +28,6 @@ The server is a throwaway cluster (``tests/pgcluster.py``), restarted with durab
 from __future__ import annotations
 
 import argparse
-import itertools
 import statistics
 import sys
 import time
@@ -40,49 +39,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.acquire_release import RawPostgresContext, RegistryContext
 from bench.common import bench_site, machine_note, postgres_settings
-from weft_sync import keys
-from weft_sync.codec import HolderRecord, encode_epoch, encode_holder, mint_token
-from weft_sync.storage import Condition, Delete, Put
+from bench.cycle_cpu import storage_cycle
 from weft_sync.storage.postgres import PostgresStorage
 
 Cycle = Callable[[], None]
-
-
-def storage_cycle(store: PostgresStorage, engine_id: str) -> Cycle:
-    ids = itertools.cycle([f"s-{n}" for n in range(8)])
-
-    def cycle() -> None:
-        wid = next(ids)
-        epoch_key = keys.workflow_owner_epoch(wid)
-        holder_key = keys.workflow_owner_holder(wid)
-        entry_key = keys.workflow_owner_by_engine(engine_id, wid)
-        written: dict[str, bytes] = {}
-
-        def decide(values: list[bytes | None]) -> Any:
-            held, stored = values
-            if held is not None:
-                return None
-            epoch = 1 if stored is None else int.from_bytes(stored[:8], "big") + 1
-            now = time.time_ns() // 1_000_000
-            written["token"] = mint_token(epoch)
-            written["holder"] = encode_holder(HolderRecord(engine_id, epoch, now + 30_000, now))
-            conditions = [Condition(holder_key, None), Condition(epoch_key, stored)]
-            puts = [
-                Put(epoch_key, written["token"]),
-                Put(holder_key, written["holder"]),
-                Put(entry_key, encode_epoch(epoch)),
-            ]
-            return conditions, puts
-
-        _, acquired = store.read_then_write([holder_key, epoch_key], decide)
-        released = store.conditional_batch(
-            [Condition(epoch_key, written["token"]), Condition(holder_key, written["holder"])],
-            [Delete(holder_key), Delete(entry_key)],
-        )
-        if not (acquired and released):
-            raise RuntimeError(f"the storage cycle of {wid} failed: {acquired=} {released=}")
-
-    return cycle
 
 
 def cpu_per_cycle(cycle: Cycle, cycles: int) -> tuple[float, float]:
