@@ -159,6 +159,23 @@ def test_failed_condition_among_several_writes_nothing(storage: Storage) -> None
     assert storage.scan() == [("a", b"A"), ("b", b"B"), ("d", b"D")]
 
 
+@pytest.mark.parametrize("wrong", ["k", "e", "missing"])
+def test_a_failed_condition_on_present_keys_writes_nothing(storage: Storage, wrong: str) -> None:
+    # Every condition expects bytes (none requires a key absent): a release's shape, which
+    # PostgreSQL sends as one statement.
+    storage.batch([Put("k", b"K"), Put("e", b"E"), Put("gone", b"G")])
+    conditions = [Condition("k", b"K"), Condition("e", b"E")]
+    conditions = [c if c.key != wrong else Condition(wrong, b"other") for c in conditions]
+    if wrong == "missing":
+        conditions.append(Condition("missing", b"M"))
+    writes = [Put("k", b"K2"), Put("new", b"N"), Delete("gone")]
+    assert storage.conditional_batch(conditions, writes) is False
+    assert storage.scan() == [("e", b"E"), ("gone", b"G"), ("k", b"K")]
+    right = [Condition("k", b"K"), Condition("e", b"E")]
+    assert storage.conditional_batch(right, writes) is True
+    assert storage.scan() == [("e", b"E"), ("k", b"K2"), ("new", b"N")]
+
+
 @pytest.mark.parametrize("count", [1, 2, 4, 5, 9])
 def test_conditions_on_any_number_of_keys_are_each_judged(storage: Storage, count: int) -> None:
     # A few keys and many are read differently on SQLite (a lookup each, or one query): both
