@@ -117,20 +117,6 @@ MUTANTS: tuple[Mutant, ...] = (
         ("tests/storage/test_wait_deadline_bound.py",),
     ),
     Mutant(
-        "PostgreSQL one-statement batch deletes without its judgement",
-        "weft_sync/storage/postgres/sql.py",
-        'WHERE key = ANY(%b::text[]) AND (SELECT ok FROM c))")',
-        'WHERE key = ANY(%b::text[]))")',
-        ("tests/storage/test_contract.py::test_a_failed_condition_on_present_keys_writes_nothing",),
-    ),
-    Mutant(
-        "PostgreSQL one-statement batch puts without its judgement",
-        "weft_sync/storage/postgres/sql.py",
-        "AS u(k, v) WHERE (SELECT ok FROM c) ",
-        "AS u(k, v) WHERE true ",
-        ("tests/storage/test_contract.py::test_a_failed_condition_on_present_keys_writes_nothing",),
-    ),
-    Mutant(
         "SQLite reads a few keys by lookup and keeps only the first one found",
         "weft_sync/storage/sqlite/writer.py",
         "point[key] = None if row is None else as_bytes(row[0])",

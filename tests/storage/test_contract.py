@@ -161,8 +161,7 @@ def test_failed_condition_among_several_writes_nothing(storage: Storage) -> None
 
 @pytest.mark.parametrize("wrong", ["k", "e", "missing"])
 def test_a_failed_condition_on_present_keys_writes_nothing(storage: Storage, wrong: str) -> None:
-    # Every condition expects bytes (none requires a key absent): a release's shape, which
-    # PostgreSQL sends as one statement.
+    # Every condition expects bytes (none requires a key absent): a release's shape.
     storage.batch([Put("k", b"K"), Put("e", b"E"), Put("gone", b"G")])
     conditions = [Condition("k", b"K"), Condition("e", b"E")]
     conditions = [c if c.key != wrong else Condition(wrong, b"other") for c in conditions]

@@ -168,8 +168,8 @@ def _attempt(store: Any, move: str, trial: int, index: int) -> bool:
             )
         )
     if move == "release":
-        # Two conditions expecting bytes, a put and a delete: one statement (no key required
-        # absent); every other racer runs it as a transaction, by requiring a key absent too.
+        # Two conditions expecting bytes, a put and a delete; every other racer requires a key
+        # absent too (its claim upsert writes that key, then deletes it).
         key, other = f"a{trial}", f"b{trial}"
         extra = [Condition(f"none{trial}", None)] if index % 2 else []
         return bool(
@@ -354,7 +354,7 @@ def test_fast_path_renewal_races_general_path_takeover_with_one_winner(
     assert store.scan("none") == []
 
 
-def test_one_statement_batches_race_transactional_ones_with_one_winner(
+def test_batches_on_rows_that_exist_race_with_one_winner(
     postgres_base_url: str, make_store: Callable[..., PostgresStorage], table: str
 ) -> None:
     store = make_store()
@@ -369,7 +369,7 @@ def test_one_statement_batches_race_transactional_ones_with_one_winner(
 
 
 @pytest.mark.parametrize("theirs", [b"start", b"moved"])
-def test_a_one_statement_batch_judges_a_row_it_waited_for_as_committed(
+def test_a_batch_judges_a_row_it_waited_for_as_committed(
     postgres_base_url: str,
     make_store: Callable[..., PostgresStorage],
     raw: psycopg.Connection[Any],
@@ -377,7 +377,7 @@ def test_a_one_statement_batch_judges_a_row_it_waited_for_as_committed(
     theirs: bytes,
 ) -> None:
     """A batch whose row another transaction holds waits for it, then judges (and writes) the
-    row as that transaction committed it, never as it stood when the statement began."""
+    row as that transaction committed it, never as it stood when the call began."""
     store = make_store()
     store.batch([Put("k", b"old"), Put("e", b"entry")])
     result: list[bool] = []
@@ -766,21 +766,10 @@ def test_a_read_on_a_connection_the_server_dropped_runs_again_on_a_checked_one(
         )
         caplog.clear()
         with caplog.at_level("DEBUG", logger="weft_sync.storage.postgres.store"):
-            # It requires a key absent: it runs in a transaction.
-            assert store.conditional_batch(
-                [Condition("k", b"v"), Condition("j", None)], [Put("k", b"w"), Put("j", b"")]
-            )
+            # Not renewal-shaped (two puts): it runs in a transaction.
+            assert store.conditional_batch([Condition("k", b"v")], [Put("k", b"w"), Put("j", b"")])
         assert any("BEGIN failed on a pooled connection" in m for m in caplog.messages)
         assert store.get("k") == b"w"
-        # One that requires no key absent is one statement, sent on a checked connection: the
-        # check finds the dropped session, and the statement goes out on a fresh one.
-        raw.execute(
-            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = %s",
-            [app],
-        )
-        assert store.conditional_batch([Condition("k", b"w")], [Put("k", b"v"), Delete("j")])
-        assert store.get_many(["k", "j"]) == [b"v", None]
-        store.put("k", b"w")
         raw.execute(
             "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = %s",
             [app],

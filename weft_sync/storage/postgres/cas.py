@@ -2,8 +2,7 @@
 
 Internal to :mod:`weft_sync.storage.postgres.store`, whose class docstring states the contract (one
 READ COMMITTED transaction per call, row locks taken in key order, ``INSERT … ON CONFLICT DO
-NOTHING`` for keys required absent, a SAVEPOINT per batch that could fail after writing; a
-``conditional_batch`` that requires no key absent is one statement doing the same):
+NOTHING`` for keys required absent, a SAVEPOINT per batch that could fail after writing):
 :class:`ConditionalWrites` holds ``PostgresStorage``'s ``conditional_batch``,
 ``conditional_batches`` and ``compare_and_set_many`` and the statements behind them, decided by a
 :class:`~weft_sync.storage.postgres.sql.Plan`. No Python lock is taken here: each call runs on a
@@ -63,8 +62,6 @@ class ConditionalWrites:
             self._check_open()
             return True
         plan = Plan.build(conds, ops)
-        if plan.conditions and not plan.absent:
-            return self._judge_and_write(plan)
         try:
             with self._write_transaction("conditional_batch") as conn:
                 return self._run(conn, plan, savepoint=False)
@@ -135,27 +132,6 @@ class ConditionalWrites:
                 return values, self._apply_plan(conn, plan, found)
         except _Refused:
             return values, False
-
-    def _judge_and_write(self, plan: Plan) -> bool:
-        """Apply ``plan`` (conditions, none requiring a key absent) with one statement.
-
-        It locks the rows of ``plan.lock_keys`` in key order, judges the conditions on them and
-        writes only if they hold, as the transaction of :meth:`_run` does, without its
-        ``BEGIN`` and ``COMMIT`` (see ``Queries.judged_writes``).
-        """
-        params: list[object] = [
-            plan.lock_keys,
-            [c.key for c in plan.conditions],
-            [c.expected for c in plan.conditions],
-        ]
-        if plan.put_keys:
-            params += [plan.put_keys, plan.put_values]
-        if plan.delete_keys:
-            params.append(plan.delete_keys)
-        statement = self._q.judged_writes[bool(plan.put_keys), bool(plan.delete_keys)]
-        with self._writing("conditional_batch", atomic=False) as conn:
-            row = conn.execute(statement, params, binary=True).fetchone()
-        return row is not None and row[0] is True
 
     def _lock_rows(self, conn: _Conn, keys: list[str]) -> dict[str, bytes]:
         """Lock the rows of ``keys`` (sorted) that exist; return their values."""

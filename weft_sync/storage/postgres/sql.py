@@ -95,16 +95,6 @@ class Queries:
             "WHERE {t}.key = u.k AND {t}.value = u.e RETURNING {t}.key"
         ).format(t=t)
         self._rendered_table: bytes | None = None
-        # A conditional batch that requires no key absent, as one statement (atomic by itself):
-        # lock the rows it names in key order, judge its conditions (all expecting bytes) on
-        # them, and write only when they hold. The writes are gated on the judgement (a one-time
-        # filter, evaluated before they scan anything), so they run after the locks are held.
-        # One per shape: (puts, deletes).
-        self.judged_writes: dict[tuple[bool, bool], Statement] = {
-            (puts, deletes): _judged_write(t, puts=puts, deletes=deletes)
-            for puts in (False, True)
-            for deletes in (False, True)
-        }
         self.scan = sql.SQL("SELECT key, value FROM {t}").format(t=t)
         self.table = t
         # The rows another session holds locked are skipped, not waited for: each comes back
@@ -145,9 +135,6 @@ class Queries:
             if isinstance(statement, sql.Composable):
                 setattr(self, name, statement.as_bytes(conn))
         self._rendered_table = self.table.as_bytes(conn)
-        for shape, statement in self.judged_writes.items():
-            if isinstance(statement, sql.Composable):
-                self.judged_writes[shape] = statement.as_bytes(conn)
 
     def lock_rows(self, keys: list[str]) -> tuple[Statement, list[object]]:
         """``SELECT … ORDER BY key FOR UPDATE`` of ``keys`` (not empty), and its parameters."""
@@ -242,29 +229,6 @@ def _scalar_statement(table: bytes, kind: str, counts: tuple[int, ...]) -> bytes
     else:
         text = _delete(*counts)
     return text.replace("{t}", table.decode("ascii")).encode("ascii")
-
-
-def _judged_write(t: sql.Identifier, *, puts: bool, deletes: bool) -> sql.Composed:
-    """The statement of :attr:`Queries.judged_writes` for a batch with (or without) puts and
-    deletes. Parameters: the keys to lock (sorted), the condition keys and their expected
-    values, then the put keys and values (sorted) if ``puts``, the delete keys if ``deletes``.
-    It returns one row: whether every condition held (then the writes were applied)."""
-    parts = [
-        "WITH l AS MATERIALIZED (SELECT key, value FROM {t} WHERE key = ANY(%b::text[]) "
-        "ORDER BY key FOR UPDATE), "
-        "c AS MATERIALIZED (SELECT bool_and(l.value IS NOT DISTINCT FROM u.v) AS ok "
-        "FROM unnest(%b::text[], %b::bytea[]) AS u(k, v) LEFT JOIN l ON l.key = u.k)"
-    ]
-    if puts:
-        parts.append(
-            ", p AS (INSERT INTO {t} (key, value) SELECT k, v "
-            "FROM unnest(%b::text[], %b::bytea[]) AS u(k, v) WHERE (SELECT ok FROM c) "
-            "ON CONFLICT (key) DO UPDATE SET value = EXCLUDED.value)"
-        )
-    if deletes:
-        parts.append(", d AS (DELETE FROM {t} WHERE key = ANY(%b::text[]) AND (SELECT ok FROM c))")
-    parts.append(" SELECT ok FROM c")
-    return sql.SQL("".join(parts)).format(t=t)
 
 
 def advisory_key(table: str) -> int:

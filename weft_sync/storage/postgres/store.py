@@ -98,10 +98,6 @@ class PostgresStorage(ConditionalWrites, IsolatedBatches, PostgresSessionLockMet
     on a conflict (one ``INSERT … ON CONFLICT DO UPDATE … WHERE`` writes those keys and the
     batch's puts together) and the keys it returns are checked: the uncommitted row holds the
     key's unique-index entry, and a concurrent writer of that key waits for this transaction.
-    A ``conditional_batch`` whose conditions all expect bytes is that transaction as one
-    statement, on a checked connection: its writes are gated on the judgement of the rows it
-    locked (in the same key order), so they run only after the locks are held and only if every
-    condition held; no ``BEGIN`` or ``COMMIT`` is sent.
     ``read_then_write`` locks the keys it reads the same way, before its batch is decided; keys
     that batch only writes are locked by the write. ``conditional_batches`` runs
     all batches in one transaction and gives a batch a SAVEPOINT when it could fail after writing;
