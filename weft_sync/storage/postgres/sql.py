@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import functools
 import hashlib
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Final
 
@@ -141,7 +141,7 @@ class Queries:
         table = self._rendered_table
         if table is None or len(keys) > SCALARS_UP_TO:
             return self.lock, [keys]
-        return _scalar_statement(table, "lock", (len(keys),)), list(keys)
+        return _scalar_statement(table, _lock, (len(keys),)), list(keys)
 
     def claim_upsert_rows(
         self, keys: list[str], values: list[bytes], absent: list[str]
@@ -151,7 +151,7 @@ class Queries:
         table = self._rendered_table
         if table is None or len(keys) > SCALARS_UP_TO or not absent:
             return self.claim_upsert, [keys, values, absent]
-        statement = _scalar_statement(table, "claim_upsert", (len(keys), len(absent)))
+        statement = _scalar_statement(table, _claim_upsert, (len(keys), len(absent)))
         return statement, [*_pairs(keys, values), *absent]
 
     def upsert_rows(self, keys: list[str], values: list[bytes]) -> tuple[Statement, list[object]]:
@@ -159,14 +159,14 @@ class Queries:
         table = self._rendered_table
         if table is None or len(keys) > SCALARS_UP_TO:
             return self.upsert_many, [keys, values]
-        return _scalar_statement(table, "upsert", (len(keys),)), _pairs(keys, values)
+        return _scalar_statement(table, _upsert, (len(keys),)), _pairs(keys, values)
 
     def delete_rows(self, keys: list[str]) -> tuple[Statement, list[object]]:
         """The delete of ``keys`` (not empty), and its parameters."""
         table = self._rendered_table
         if table is None or len(keys) > SCALARS_UP_TO:
             return self.delete_many, [keys]
-        return _scalar_statement(table, "delete", (len(keys),)), list(keys)
+        return _scalar_statement(table, _delete, (len(keys),)), list(keys)
 
 
 def _pairs(keys: list[str], values: list[bytes]) -> list[object]:
@@ -217,18 +217,11 @@ def _claim_upsert(rows: int | None, absent: int | None) -> str:
 
 
 @functools.lru_cache(maxsize=1024)
-def _scalar_statement(table: bytes, kind: str, counts: tuple[int, ...]) -> bytes:
-    """The statement ``kind`` for lists of ``counts`` scalars each, on the rendered ``table``
-    (``functools.lru_cache`` is thread-safe: a shape may be rendered twice, never wrongly)."""
-    if kind == "lock":
-        text = _lock(*counts)
-    elif kind == "claim_upsert":
-        text = _claim_upsert(*counts)
-    elif kind == "upsert":
-        text = _upsert(*counts)
-    else:
-        text = _delete(*counts)
-    return text.replace("{t}", table.decode("ascii")).encode("ascii")
+def _scalar_statement(table: bytes, build: Callable[..., str], counts: tuple[int, ...]) -> bytes:
+    """The statement ``build`` makes for lists of ``counts`` scalars each, on the rendered
+    ``table`` (``functools.lru_cache`` is thread-safe: a shape may be rendered twice, never
+    wrongly)."""
+    return build(*counts).replace("{t}", table.decode("ascii")).encode("ascii")
 
 
 def advisory_key(table: str) -> int:

@@ -610,7 +610,8 @@ class SqliteWriter:
         )
 
     def _read(self, conn: sqlite3.Connection, keys: Sequence[str]) -> dict[str, bytes | None]:
-        """The stored value of each of ``keys`` (absent ones: ``None``), in one query."""
+        """The stored value of each of ``keys`` (absent ones: ``None``): a lookup each for up to
+        ``_POINT_READS_MAX`` keys, one query for more."""
         wanted = list(dict.fromkeys(keys))
         if len(wanted) <= _POINT_READS_MAX:
             # A few keys: one primary-key lookup each costs SQLite less than an IN list, which
@@ -667,13 +668,7 @@ class SqliteWriter:
             if any(c.key in known and known[c.key] != c.expected for c in conditions):
                 return False
             conditions = [c for c in conditions if c.key not in known]
-        if len(conditions) == 1:
-            cond = conditions[0]
-            row = conn.execute(self._sql_get, (cond.key,)).fetchone()
-            if (None if row is None else as_bytes(row[0])) != cond.expected:
-                return False
-        elif conditions:
-            # One query reads every condition's key (one statement, not one per condition).
+        if conditions:
             stored = self._read(conn, [cond.key for cond in conditions])
             if any(stored[cond.key] != cond.expected for cond in conditions):
                 return False
