@@ -3,9 +3,9 @@
 Each work item is a weft_sync workflow of type ``work-item``. Any number of copies may run at
 once, on one host (SQLite) or many (PostgreSQL). A copy registers one handler for the type and
 lets its background maintenance do the rest: every renew interval its reclaim pass claims running
-items nobody holds (freshly seeded ones, or those of a worker that died, once its claim expired)
-up to ``--concurrency`` at a time, and calls the handler with a ``ReclaimedWorkflow`` on a
-maintenance thread. The handler resumes from the item's checkpoint, writes each step as a fenced
+items nobody holds (freshly seeded ones, or those of a worker that died) up to ``--concurrency``
+at a time, and calls the handler with a ``ReclaimedWorkflow`` on one of the engine's handler
+threads. The handler resumes from the item's checkpoint, writes each step as a fenced
 checkpoint (refused by the store if another copy took the item over) and completes the item.
 Only one copy holds an item at a time, so every item is completed exactly once::
 
@@ -14,8 +14,10 @@ Only one copy holds an item at a time, so every item is completed exactly once::
     python examples/cli_worker.py --url sqlite:///items.db work --name b &
 
 A worker exits 0 once no item is left running, 1 if items stay held by others for longer than
-``--idle-timeout``. If a worker is killed mid-item, another copy takes that item over once the
-dead worker's claim expired (TTL plus two renew intervals) and finishes it from its checkpoint.
+``--idle-timeout``. If a worker is killed mid-item, another running copy sees the crash through
+the dead worker's session lock and takes that item over at once; a worker that is frozen
+(SIGSTOP) loses its items once their claims expired (TTL plus two renew intervals). The new
+owner finishes each item from its checkpoint.
 
 Without a subcommand it runs the whole thing in a temporary SQLite store (or ``--url``): seeds 8
 items, runs two worker copies as subprocesses and checks that each item was completed once::
@@ -38,7 +40,7 @@ from weft_sync import Ownership, OwnershipOptions, ReclaimedWorkflow, WorkflowHa
 
 ITEM_TYPE = "work-item"
 
-# Handlers run on several maintenance threads at once; one line is printed at a time.
+# Handlers run on several handler threads at once; one line is printed at a time.
 _print_lock = threading.Lock()
 
 
@@ -63,7 +65,7 @@ def make_handler(name: str, step_s: float) -> WorkflowHandler:
     """The handler of ``work-item``: resume from the checkpoint, one fenced write per step."""
 
     def process_item(ctx: ReclaimedWorkflow) -> None:
-        # Runs on a maintenance thread of this worker, which holds the item's claim at ctx.epoch.
+        # Runs on a handler thread of this worker, which holds the item's claim at ctx.epoch.
         item_id, workflows = ctx.workflow_id, ctx.workflows
         job = ctx.record.input if isinstance(ctx.record.input, dict) else {}
         steps = int(job.get("steps", 1))

@@ -6,9 +6,11 @@ Run it from cron next to the processes that start workflows, e.g. every minute::
 
 Each run opens the store with ``background="manual"`` and one handler per workflow type it can
 resume, runs exactly one maintenance pass, prints a summary and exits: 0 when the pass went
-through, 1 when reclaim discovery failed (the store could not be scanned) or a handler raised. A
-workflow counts as abandoned once its owner stopped renewing its claim for longer than the claim
-TTL plus two renew intervals; the pass then takes the claim over (minting a new epoch, so the old
+through, 1 when reclaim discovery failed (the store could not be scanned), a candidate failed or
+a handler raised. A workflow counts as abandoned once its owner is seen dead (the pass probes the
+engines' session locks: a killed process's claims are taken at once), or once its owner stopped
+renewing its claim for longer than the claim TTL plus two renew intervals (a frozen or
+partitioned process); the pass then takes the claim over (minting a new epoch, so the old
 owner's late writes are refused by the store) and calls the handler for its type with a
 ``ReclaimedWorkflow``, which resumes it from its last checkpoint. Workflows of types without a
 handler are left alone.
@@ -37,10 +39,11 @@ INVOICE_BATCH = "invoice-batch"
 def resume_invoice_batch(ctx: ReclaimedWorkflow) -> None:
     """Send the invoices not sent yet, checkpointing after each one, then complete.
 
-    Runs on the maintenance thread of the pass that took the workflow over, as its new owner
-    (``ctx.epoch``). The checkpoint holds how many invoices were sent. Every checkpoint is a
-    fenced write: if another process took this workflow over meanwhile, it raises
-    ``EngineDeposedError`` and nothing more is written from here.
+    Runs on a handler thread of the engine whose pass took the workflow over, as its new owner
+    (``ctx.epoch``); ``run_maintenance()`` returns once it has finished. The checkpoint holds
+    how many invoices were sent. Every checkpoint is a fenced write: if another process took
+    this workflow over meanwhile, it raises ``EngineDeposedError`` and nothing more is written
+    from here.
     """
     job = ctx.record.input if isinstance(ctx.record.input, dict) else {}
     total = int(job.get("invoices", 0))

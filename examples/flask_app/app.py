@@ -24,12 +24,15 @@ the request, in one write) and a thread of that worker drives it inside
 ``workflows.drive()``, one step at a time; each step is a fenced checkpoint write that appends
 ``[step, pid, epoch]`` to the job's history. If the job thread fails (a store glitch, a bug),
 leaving ``drive()`` releases the claim at once and a handler resumes the job. When a worker
-dies, its claims expire (or its crash is seen) and another worker's ``Ownership`` takes the jobs
-over and calls :func:`resume_job` (the handler registered for the job type) on one of its
-handler threads, which continues each from its last checkpoint.
+dies, its crash is seen (or, for a frozen worker, its claims expire) and another worker's
+``Ownership`` takes the jobs over and calls :func:`resume_job` (the handler registered for the
+job type) on one of its handler threads, which continues each from its last checkpoint. A
+worker's ``Ownership`` opens at its first request that uses the store (``/worker`` and
+``/healthz`` do not), so only workers that have served such a request take jobs over.
 
 Pools: on PostgreSQL give the store's pool (``?max_size=`` in the URL) at least one connection
-per job thread that may write at once, plus ``handler_workers`` (4) and a few for maintenance.
+per job thread that may write at once, plus ``handler_workers`` (32 in this app,
+:data:`JOB_HANDLER_WORKERS`) and 4 for maintenance.
 
 A worker that was only paused and wakes up after the
 takeover has its next write refused by the store (``EngineDeposedError``) and drops the job.

@@ -86,6 +86,7 @@ DATABASES = {
 }
 
 REPORT_THREADS = int(os.environ.get("WEFTSITE_REPORT_THREADS", "8"))
+"""Report jobs one process drives at once (more wait in its queue, already claimed)."""
 # A reclaimed report runs whole on a handler thread, so this bounds how many taken-over reports
 # one worker runs at once. With the library's default of 4, a worker that took over a crashed
 # worker's reports while still running the reports of an earlier crash queues them (held and
@@ -110,7 +111,6 @@ WEFT_SYNC = {
 
 REPORT_STEP_SECONDS = float(os.environ.get("WEFTSITE_STEP_SECONDS", "0.5"))
 """How long rendering one page of a report takes."""
-"""Report jobs one process drives at once (more wait in its queue, already claimed)."""
 
 LOGGING = {
     "version": 1,
