@@ -154,6 +154,7 @@ PUBLIC_SURFACE: dict[str, tuple[str, ...]] = {
         "EXTENSION_KEY",
         "WeftSync",
         "close_all",
+        "gunicorn_post_worker_init",
         "gunicorn_worker_exit",
     ),
     "weft_sync.keys": (

@@ -28,9 +28,12 @@ the app is being created either: under ``gunicorn --preload`` that runs in the m
 would then reclaim and drive workflows itself). ``weft.ownership`` opens the ``Ownership``
 in the process that first uses it, so a pre-forking server (gunicorn, with or without
 ``--preload``) gives every worker its own engine; a forked child that inherited an open one
-opens a fresh one on first use. Each process closes what it opened at interpreter exit; under
-gunicorn also set ``worker_exit = weft_sync.flask.gunicorn_worker_exit`` in the config file so a
-worker releases its claims before it exits. Closing is idempotent.
+opens a fresh one on first use. Each process closes what it opened at interpreter exit. Under
+gunicorn also set, in the config file, ``post_worker_init =
+weft_sync.flask.gunicorn_post_worker_init``, so that each worker opens its ``Ownership`` as it
+boots (and takes a dead worker's workflows over without waiting for a request of its own), and
+``worker_exit = weft_sync.flask.gunicorn_worker_exit``, so that it releases its claims before it
+exits. Closing is idempotent.
 
 Threading: each app's state has one lock guarding its ``Ownership`` slot; the ``Ownership`` is
 opened outside that lock (storage I/O) by the first caller while concurrent callers wait on an
@@ -65,7 +68,13 @@ from .options import BACKGROUND_MODES, OwnershipOptions
 from .ownership.facade import Ownership, ReclaimedWorkflow, WorkflowHandler
 from .redaction import redact_url
 
-__all__ = ["EXTENSION_KEY", "WeftSync", "close_all", "gunicorn_worker_exit"]
+__all__ = [
+    "EXTENSION_KEY",
+    "WeftSync",
+    "close_all",
+    "gunicorn_post_worker_init",
+    "gunicorn_worker_exit",
+]
 
 _log = logging.getLogger(__name__)
 
@@ -534,6 +543,35 @@ def close_all() -> None:
 def gunicorn_worker_exit(server: object, worker: object) -> None:
     """A gunicorn ``worker_exit`` hook: release this worker's claims before it exits."""
     close_all()
+
+
+def gunicorn_post_worker_init(worker: object) -> None:
+    """A gunicorn ``post_worker_init`` hook: open the worker's ``Ownership`` as it boots.
+
+    The worker then renews, watches for crashed workers and takes their workflows over before it
+    serves a request, instead of from its first request that uses the store. ``worker.wsgi``
+    must be the Flask app a :class:`WeftSync` initialised (for an app wrapped in middleware,
+    call ``weft.get_ownership(app)`` from a hook of your own). A store that cannot be opened
+    now does not stop the worker from booting: the error is logged and the next use of
+    :attr:`WeftSync.ownership` tries again.
+
+    :raises RuntimeError: ``worker.wsgi`` is not a Flask app initialised by a ``WeftSync``.
+    """
+    app = getattr(worker, "wsgi", None)
+    if not isinstance(app, Flask) or not isinstance(app.extensions.get(EXTENSION_KEY), _AppState):
+        raise RuntimeError(
+            f"gunicorn_post_worker_init needs worker.wsgi to be a Flask app initialised by "
+            f"WeftSync, got {type(app).__name__} {app!r:.80}; for a wrapped app call "
+            f"weft.get_ownership(app) from your own post_worker_init"
+        )
+    try:
+        _state_of(app).ownership()
+    except Exception:
+        _log.exception(
+            "could not open the ownership of app %r as worker %d booted; its next use tries again",
+            app.name,
+            os.getpid(),
+        )
 
 
 def _forget_open_in_child() -> None:

@@ -26,13 +26,14 @@ the request, in one write) and a thread of that worker drives it inside
 leaving ``drive()`` releases the claim at once and a handler resumes the job. When a worker
 dies, its crash is seen (or, for a frozen worker, its claims expire) and another worker's
 ``Ownership`` takes the jobs over and calls :func:`resume_job` (the handler registered for the
-job type) on one of its handler threads, which continues each from its last checkpoint. A
-worker's ``Ownership`` opens at its first request that uses the store (``/worker`` and
-``/healthz`` do not), so only workers that have served such a request take jobs over.
+job type) on one of its handler threads, which continues each from its last checkpoint. Under
+gunicorn with ``gunicorn.conf.py`` every worker opens its ``Ownership`` as it boots; elsewhere
+(``flask run``) it opens at the first request that uses the store (``/worker`` and ``/healthz``
+do not), and only an open one takes jobs over.
 
 Pools: on PostgreSQL give the store's pool (``?max_size=`` in the URL) at least one connection
 per job thread that may write at once, plus ``handler_workers`` (32 in this app,
-:data:`JOB_HANDLER_WORKERS`) and 4 for maintenance.
+:data:`JOB_HANDLER_WORKERS`) and a few for maintenance.
 
 A worker that was only paused and wakes up after the
 takeover has its next write refused by the store (``EngineDeposedError``) and drops the job.

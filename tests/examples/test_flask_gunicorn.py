@@ -306,3 +306,42 @@ def test_gunicorn_workers_release_their_claims_when_stopped_gracefully(
 def _holder_engine(storage: Storage, job: str) -> str | None:
     holder = decode_holder(storage.get(workflow_owner_holder(job)))
     return None if holder is None else holder.engine_id
+
+
+def test_a_worker_that_served_no_store_request_takes_a_killed_workers_job_over(
+    sqlite_storage_url: str, tmp_path: Path
+) -> None:
+    # One request reaches the store: the job's POST. The other worker has answered nothing but
+    # /healthz, so only the config's post_worker_init hook has opened its Ownership.
+    events_dir = tmp_path / "events"
+    events_dir.mkdir()
+    env = {
+        "FLASK_WEFT_SYNC_URL": sqlite_storage_url,
+        "FLASK_WEFT_SYNC_OPTIONS": json.dumps(OPTIONS),
+        "FLASK_JOBS_STEP_MS": "200",
+        "FLASK_JOBS_EVENTS_DIR": str(events_dir),
+    }
+    with open_storage(sqlite_storage_url) as storage:
+        with run_gunicorn(
+            APP_SPEC,
+            log_path=tmp_path / "gunicorn.log",
+            workers=2,
+            env=env,
+            extra_args=["-c", CONFIG],
+        ) as server:
+            accepted = _start_jobs(server, count=1, steps=8)
+            [(job, killed)] = accepted.items()
+            first_engine = _holder_engine(storage, job)
+            [survivor] = [pid for pid in server.worker_pids() if pid != killed]
+            server.signal(killed, signal.SIGKILL)
+            wait_until_taken_over(storage, accepted, killed, str(first_engine))
+            stranded = wait_until_finished(Workflows(storage), accepted)
+            log = server.log()
+        resumed_by = {e["pid"] for e in read_events(events_dir) if e["event"] == "resumed"}
+        outcome = Workflows(storage).get_outcome(job)
+
+    assert first_engine is not None
+    assert stranded == []
+    assert resumed_by == {survivor}
+    assert outcome is not None and outcome.result["pid"] == survivor
+    assert _unexpected_tracebacks(log) == [], log

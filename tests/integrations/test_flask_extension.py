@@ -23,6 +23,7 @@ from weft_sync.flask import (
     EXTENSION_KEY,
     WeftSync,
     close_all,
+    gunicorn_post_worker_init,
     gunicorn_worker_exit,
 )
 from weft_sync.storage import Storage
@@ -213,6 +214,58 @@ def test_close_is_idempotent_and_releases_claims(
     assert ownership.closed
     assert holder_engine(storage, "job-1") is None
     assert Workflows(storage).get("job-1").status == "running"  # type: ignore[union-attr]
+
+
+class _Worker:
+    """What gunicorn_post_worker_init reads of a gunicorn worker: its loaded app."""
+
+    def __init__(self, wsgi: object) -> None:
+        self.wsgi = wsgi
+
+
+def test_the_post_worker_init_hook_opens_the_workers_ownership_at_boot(
+    weft: WeftSync, storage_url: str, storage: Storage
+) -> None:
+    app = make_app(storage_url, WEFT_SYNC_OPTIONS=FAST)
+    weft.init_app(app)
+
+    gunicorn_post_worker_init(_Worker(app))
+
+    ownership = weft.get_ownership(app)
+    assert not ownership.closed
+    # The same one the first request gets: the hook opened it, the request reuses it.
+    with app.test_request_context():
+        assert weft.ownership is ownership
+    ownership.workflows.start("job-1", "report")
+    assert holder_engine(storage, "job-1") == ownership.engine_id
+
+
+def test_the_post_worker_init_hook_refuses_a_worker_without_a_weft_app(weft: WeftSync) -> None:
+    with pytest.raises(RuntimeError, match=r"worker.wsgi to be a Flask app .* got dict"):
+        gunicorn_post_worker_init(_Worker({"not": "an app"}))
+    with pytest.raises(RuntimeError, match=r"initialised by WeftSync, got Flask"):
+        gunicorn_post_worker_init(_Worker(make_app("sqlite:///unused.db", name="no_weft")))
+
+
+def test_a_store_that_cannot_open_at_boot_is_logged_and_tried_again_on_use(
+    weft: WeftSync, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    blocker = tmp_path / "not-a-directory"
+    blocker.write_text("a file where the store's directory should be")
+    url = f"sqlite:///{blocker / 'store.db'}"
+    app = make_app(url, name="weft_boot_failure")
+    weft.init_app(app)
+
+    with caplog.at_level("ERROR", logger="weft_sync.flask"):
+        gunicorn_post_worker_init(_Worker(app))  # the worker still boots
+
+    [record] = [r for r in caplog.records if r.name == "weft_sync.flask"]
+    assert "could not open the ownership of app 'weft_boot_failure'" in record.getMessage()
+    assert record.exc_info is not None
+    blocker.unlink()
+    blocker.mkdir()
+    ownership = weft.get_ownership(app)  # the next use opens it
+    assert not ownership.closed
 
 
 def test_handlers_are_validated_when_registered(weft: WeftSync) -> None:
