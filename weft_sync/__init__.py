@@ -25,8 +25,10 @@ from .storage import Condition, Delete, Put, SqliteStorage, open_storage
 if TYPE_CHECKING:
     from .storage.postgres.store import PostgresStorage
 
-__version__ = "0.2.0"
-"""This release; the package metadata reads it (``setup.cfg``: ``attr: weft_sync.__version__``)."""
+__version__ = "0.3.0.dev0"
+"""The version: a release's number, or the next one's with ``.devN`` between releases (the
+changes listed as unreleased in ``CHANGELOG.md``); the package metadata reads it (``setup.cfg``:
+``attr: weft_sync.__version__``)."""
 
 __all__ = [
     "ClaimHandle",

@@ -15,19 +15,10 @@ from sphinx.util.docutils import SphinxDirective
 
 
 def build_cli_parser() -> argparse.ArgumentParser:
-    """The ``weft-sync`` program's own argument parser (wherever the command line's module is)."""
-    import importlib
+    """The ``weft-sync`` program's own argument parser."""
+    from weft_sync.cli.app import _build_parser
 
-    for name in ("weft_sync.cli.app", "weft_sync.cli.app"):
-        try:
-            module = importlib.import_module(name)
-        except ImportError:
-            continue
-        build = getattr(module, "_build_parser", None)
-        if build is not None:
-            parser: argparse.ArgumentParser = build()
-            return parser
-    raise RuntimeError("the weft-sync argument parser was not found")
+    return _build_parser()
 
 
 def _subcommands(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:

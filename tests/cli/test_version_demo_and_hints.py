@@ -21,7 +21,7 @@ from weft_sync.cli.app import main
 def test_version_prints_the_package_version(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["--version"]) == 0
     assert capsys.readouterr().out == f"weft-sync {weft_sync.__version__}\n"
-    assert weft_sync.__version__ == "0.2.0"
+    assert weft_sync.__version__ == "0.3.0.dev0"
 
 
 @pytest.mark.slow
