@@ -15,9 +15,15 @@ transactions:
 - ``unprepared`` (PostgreSQL only): the same with ``prepare=False``, the floor for a fence that
   may leave no prepared statement in the host's session (the server parses and plans the
   read in every transaction).
+- ``by hand`` (PostgreSQL only): the fence's own statements written out, unprepared: its epoch
+  read (which also sets the transaction's ``lock_timeout``, idle timeout and mark) in
+  psycopg's implicit transaction, the ``UPDATE``, then the mark's check with the ``COMMIT``
+  in one simple query. Its ratio to ``unfenced`` is what this fence's design costs before
+  any of the library's Python runs; fenced / by hand is that Python.
 
 Prints the median per-transaction time of each (over all chunks) and the ratios fenced /
-unfenced, fenced / hand-written and unprepared / unfenced measured in this run. The fence adds
+unfenced, fenced / hand-written, unprepared / unfenced, by hand / unfenced and fenced / by hand
+measured in this run. The fence adds
 three statements on SQLite (the re-check of the same-database proof, ``PRAGMA database_list``,
 the epoch read, and the end check, which reads the epoch again just before ``COMMIT``) and one
 round trip on psycopg 3 (the epoch read, never prepared, between psycopg's ``BEGIN`` and the
@@ -55,6 +61,7 @@ import psycopg
 
 from tests.pgcluster import PostgresCluster, start_cluster
 from weft_sync import Ownership, keys
+from weft_sync.storage.fence_proof import PG_COMMIT_CHECKED, PG_READ_EPOCH
 
 WID = "bench-fenced"
 
@@ -189,7 +196,17 @@ def _postgres_ways(
                 conn.execute(lock, [epoch_key], prepare=False).fetchall()
                 conn.execute(sql, [i])
 
-        return _measure(ops, rounds, chunk, unfenced, fenced, floor, unprepared)
+        # The fence's own statements, by hand: its epoch read (with its transaction's settings)
+        # in psycopg's implicit transaction, the host's UPDATE, the check with the COMMIT.
+        read = PG_READ_EPOCH.format(table=store)
+        settings = ["5000ms", "10000ms"]
+
+        def by_hand(i: int) -> None:
+            conn.execute(read, [epoch_key, *settings], prepare=False).fetchall()
+            conn.execute(sql, [i])
+            conn.execute(PG_COMMIT_CHECKED)
+
+        return _measure(ops, rounds, chunk, unfenced, fenced, floor, unprepared, by_hand)
     finally:
         with conn.transaction():
             conn.execute(f"DROP TABLE IF EXISTS {host}")
@@ -206,11 +223,11 @@ def main() -> None:
     )
     args = parser.parse_args()
     for backend in args.backend or ["sqlite", "postgres", "postgres-durable"]:
+        unprepared = by_hand = None
         if backend == "sqlite":
             plain, guarded, floor = bench_sqlite(args.ops, args.rounds, args.chunk)
-            unprepared = None
         else:
-            plain, guarded, floor, unprepared = bench_postgres(
+            plain, guarded, floor, unprepared, by_hand = bench_postgres(
                 args.ops, args.rounds, args.chunk, backend.endswith("durable")
             )
         line = (
@@ -224,6 +241,11 @@ def main() -> None:
         )
         if unprepared is not None:
             line += f"  unprepared/unfenced {unprepared / plain:.2f}x"
+        if by_hand is not None:
+            line += (
+                f"  the fence's statements by hand/unfenced {by_hand / plain:.2f}x"
+                f"  fenced/by hand {guarded / by_hand:.2f}x"
+            )
         print(line)
 
 
