@@ -21,6 +21,7 @@ import time
 import uuid
 from collections import Counter
 from collections.abc import Callable
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -87,14 +88,7 @@ def test_jobs_survive_a_killed_and_a_paused_gunicorn_worker(
         "FLASK_JOBS_EVENTS_DIR": str(events_dir),
     }
     busy = busy_probe(backend, storage_url)
-    with run_gunicorn(
-        APP_SPEC,
-        log_path=tmp_path / "gunicorn.log",
-        workers=WORKERS,
-        env=env,
-        preload=preload,
-        extra_args=["-c", CONFIG],
-    ) as server:
+    with _serve(tmp_path, env, preload=preload) as server:
         run = _kill_pause_and_finish(server, storage, events_dir, busy)
         log = server.log()
         processes = [server.master_pid, *server.worker_pids()]
@@ -117,6 +111,20 @@ _ENDED_SESSION = re.compile(
     r"(?:Error|Timeout): .*(?:terminating connection due to idle-in-transaction timeout"
     r"|server closed the connection unexpectedly)"
 )
+
+
+def _serve(
+    tmp_path: Path, env: dict[str, str], *, workers: int = WORKERS, preload: bool = False
+) -> AbstractContextManager[GunicornServer]:
+    """gunicorn serving the example with its config file, logging to ``tmp_path``."""
+    return run_gunicorn(
+        APP_SPEC,
+        log_path=tmp_path / "gunicorn.log",
+        workers=workers,
+        env=env,
+        preload=preload,
+        extra_args=["-c", CONFIG],
+    )
 
 
 def _unexpected_tracebacks(log: str) -> list[str]:
@@ -235,13 +243,7 @@ def test_a_worker_paused_inside_a_sqlite_write_stalls_writers_but_strands_no_job
     }
     with (
         open_storage(sqlite_storage_url) as storage,
-        run_gunicorn(
-            APP_SPEC,
-            log_path=tmp_path / "gunicorn.log",
-            workers=WORKERS,
-            env=env,
-            extra_args=["-c", CONFIG],
-        ) as server,
+        _serve(tmp_path, env) as server,
     ):
         # Longer jobs than the other runs, so the worker keeps writing while it is caught.
         accepted = _start_jobs(server, steps=2 * STEPS)
@@ -283,13 +285,7 @@ def test_gunicorn_workers_release_their_claims_when_stopped_gracefully(
 ) -> None:
     env = {"FLASK_WEFT_SYNC_URL": sqlite_storage_url, "FLASK_JOBS_STEP_MS": "1000"}
     with open_storage(sqlite_storage_url) as storage:
-        with run_gunicorn(
-            APP_SPEC,
-            log_path=tmp_path / "gunicorn.log",
-            workers=2,
-            env=env,
-            extra_args=["-c", CONFIG],
-        ) as server:
+        with _serve(tmp_path, env, workers=2) as server:
             accepted = _start_jobs(server, count=8, steps=100)
             held = {job: _holder_engine(storage, job) for job in accepted}
         log = server.log()
@@ -322,13 +318,7 @@ def test_a_worker_that_served_no_store_request_takes_a_killed_workers_job_over(
         "FLASK_JOBS_EVENTS_DIR": str(events_dir),
     }
     with open_storage(sqlite_storage_url) as storage:
-        with run_gunicorn(
-            APP_SPEC,
-            log_path=tmp_path / "gunicorn.log",
-            workers=2,
-            env=env,
-            extra_args=["-c", CONFIG],
-        ) as server:
+        with _serve(tmp_path, env, workers=2) as server:
             accepted = _start_jobs(server, count=1, steps=8)
             [(job, killed)] = accepted.items()
             first_engine = _holder_engine(storage, job)
