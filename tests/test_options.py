@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from datetime import timedelta
+
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -45,6 +47,29 @@ def test_durations_parse() -> None:
     assert parse_duration("1h") == 3_600_000
     assert parse_duration("1.5s") == 1_500
     assert parse_duration(250) == 250
+
+
+def test_timedelta_durations_parse_to_whole_milliseconds() -> None:
+    assert parse_duration(timedelta(seconds=30)) == 30_000
+    assert parse_duration(timedelta(minutes=2, milliseconds=5)) == 120_005
+    assert parse_duration(timedelta(0)) == 0
+    options = OwnershipOptions(
+        claim_ttl=timedelta(seconds=45), claim_renew_interval=timedelta(seconds=7)
+    )
+    assert (options.claim_ttl_ms, options.claim_renew_interval_ms) == (45_000, 7_000)
+
+
+@pytest.mark.parametrize(
+    ("bad", "message"),
+    [
+        (timedelta(microseconds=1500), "not a whole number of milliseconds"),
+        (timedelta(seconds=-1), "cannot be negative"),
+    ],
+)
+def test_bad_timedelta_durations_are_named(bad: timedelta, message: str) -> None:
+    with pytest.raises(ValueError, match=message) as info:
+        parse_duration(bad)
+    assert repr(bad) in str(info.value)
 
 
 @pytest.mark.parametrize("bad", ["", "5", "5 sec", "-1s", "0.5ms", "1e3ms", "s"])

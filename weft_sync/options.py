@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
+from datetime import timedelta
 from typing import Final, Literal
 
 DEFAULT_CLAIM_TTL_MS: Final = 30_000
@@ -18,7 +19,7 @@ TIME_SOURCES: Final = ("local", "store")
 RECLAIM_DISCOVERIES: Final = ("auto", "scan")
 BACKGROUND_MODES: Final = ("thread", "manual")
 
-Duration = int | str
+Duration = int | str | timedelta
 
 _UNITS: Final = {"ms": 1, "s": 1_000, "m": 60_000, "h": 3_600_000}
 _DURATION = re.compile(r"^\s*([0-9]{1,15}(?:\.[0-9]{1,9})?)\s*(ms|s|m|h)\s*$")
@@ -28,21 +29,23 @@ MAX_CLAIM_TTL_MS: Final = 365 * 24 * 3_600_000
 def parse_duration(value: Duration) -> int:
     """Return a duration in whole milliseconds.
 
-    Accepts an ``int`` (milliseconds) or a string of a number and a unit: ``"500ms"``, ``"30s"``,
-    ``"1.5s"``, ``"2m"``, ``"1h"``.
+    Accepts an ``int`` (milliseconds), a :class:`datetime.timedelta`, or a string of a number
+    and a unit: ``"500ms"``, ``"30s"``, ``"1.5s"``, ``"2m"``, ``"1h"``.
 
     :raises ValueError: negative, unitless, fractional milliseconds, or unparseable.
-    :raises TypeError: neither an ``int`` nor a ``str``.
+    :raises TypeError: neither an ``int``, a ``timedelta`` nor a ``str``.
     """
-    if isinstance(value, bool) or not isinstance(value, (int, str)):
+    if isinstance(value, bool) or not isinstance(value, (int, str, timedelta)):
         raise TypeError(
-            f"a duration must be int milliseconds or a string like '30s', got "
-            f"{type(value).__name__} {value!r}"
+            f"a duration must be int milliseconds, a datetime.timedelta or a string like "
+            f"'30s', got {type(value).__name__} {value!r}"
         )
     if isinstance(value, int):
         if value < 0:
             raise ValueError(f"a duration cannot be negative, got {value}ms")
         return value
+    if isinstance(value, timedelta):
+        return _timedelta_ms(value)
     match = _DURATION.match(value)
     if match is None:
         raise ValueError(
@@ -54,6 +57,15 @@ def parse_duration(value: Duration) -> int:
     if scaled is None:
         raise ValueError(f"invalid duration {value!r}: it is not a whole number of milliseconds")
     return scaled
+
+
+def _timedelta_ms(value: timedelta) -> int:
+    micros = (value.days * 86_400 + value.seconds) * 1_000_000 + value.microseconds
+    if micros < 0:
+        raise ValueError(f"a duration cannot be negative, got {value!r}")
+    if micros % 1_000:
+        raise ValueError(f"invalid duration {value!r}: it is not a whole number of milliseconds")
+    return micros // 1_000
 
 
 def _scale(number: str, factor: int) -> int | None:
@@ -96,7 +108,9 @@ def _validate_claim_timing(ttl_ms: int, renew_ms: int) -> None:
 class OwnershipOptions:
     """Claim timing, validated on construction.
 
-    :param claim_ttl: how long a claim lives without renewal (``int`` ms or ``"30s"``).
+    :param claim_ttl: how long a claim lives without renewal: ``int`` ms, a
+        :class:`datetime.timedelta`, or a string such as ``"30s"`` (every duration here takes
+        the same three forms; see :func:`parse_duration`).
     :param claim_renew_interval: how often held claims are renewed; at most a third of the TTL.
     :param time_source: the clock holder expiry is written and judged on: ``"store"`` (the
         database server's clock, sampled with round-trip bounds, so host clock skew cannot make

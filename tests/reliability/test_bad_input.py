@@ -11,6 +11,7 @@ import os
 import re
 import sqlite3
 from collections.abc import Callable, Iterator
+from datetime import timedelta
 from fractions import Fraction
 from pathlib import Path
 from typing import Any
@@ -234,6 +235,7 @@ durations = st.one_of(
     well_formed_durations,
     st.text(max_size=12),
     st.integers(-(10**15), 10**15),
+    st.timedeltas(min_value=timedelta(days=-2), max_value=timedelta(days=2)),
     st.sampled_from([None, True, 1.5, b"30s", "30", "1e3s", "-5s", "+5s", "5 sec", "∞s"]),
 )
 
@@ -260,6 +262,8 @@ def test_parse_duration_returns_non_negative_ms_or_refuses(value: Any) -> None:
         assert str(exc)
         return
     assert type(parsed) is int and parsed >= 0
+    if isinstance(value, timedelta):
+        assert timedelta(milliseconds=parsed) == value
 
 
 @FUZZ
