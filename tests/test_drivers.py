@@ -27,6 +27,7 @@ from weft_sync.ownership.facade import ReclaimedWorkflow
 from weft_sync.reclaim.engine_records import UndrivenClaims, decode_engine_record
 from weft_sync.storage import Storage
 from weft_sync.storage.base import Batch, Delete
+from weft_sync.workflows import WorkflowNotFoundError
 
 TTL_MS = 3_000
 RENEW_MS = 1_000
@@ -152,7 +153,7 @@ def test_a_second_thread_cannot_drive_a_workflow_already_driven(
 # -- claims with no live driver ------------------------------------------------------------------
 
 
-def test_a_started_workflow_nobody_drives_is_released_after_one_renew_interval_and_redriven(
+def test_a_started_workflow_nobody_drives_goes_to_its_handler_after_one_renew_interval(
     make_ownership: MakeOwnership,
     storage: Storage,
     clock: ManualClock,
@@ -163,7 +164,46 @@ def test_a_started_workflow_nobody_drives_is_released_after_one_renew_interval_a
     engine.workflows.start("job-1", "job")
     engine.run_maintenance()
     assert holder_engine(storage, "job-1") == "engine-a", "released within its grace"
+    assert seen == []
 
+    clock.advance(RENEW_MS + 1)
+    with caplog.at_level(logging.WARNING):
+        engine.run_maintenance()
+    # Handed to this engine's handler at its epoch: no release, no attempt, no warning.
+    assert len(seen) == 1
+    assert engine.workflows.get("job-1").status == "completed"  # type: ignore[union-attr]
+    assert stored_epoch(storage, "job-1") == 1
+    assert engine.drivers.attempts("job-1") == 0
+    assert [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING] == []
+    assert engine.metrics.snapshot().claims_without_driver == 0
+
+
+def test_the_handler_gets_a_started_workflow_even_when_one_attempt_is_allowed(
+    storage: Storage, clock: ManualClock
+) -> None:
+    seen: list[str] = []
+    options = OwnershipOptions(
+        claim_ttl=OPTIONS.claim_ttl_ms,
+        claim_renew_interval=OPTIONS.claim_renew_interval_ms,
+        handler_max_attempts=1,
+    )
+    with opened_engines(storage, clock, options) as make:
+        engine = make("engine-a", handlers={"job": _completing(seen)})
+        engine.workflows.start("job-1", "job")
+        clock.advance(RENEW_MS + 1)
+        engine.run_maintenance()
+        assert len(seen) == 1
+        assert engine.workflows.get("job-1").status == "completed"  # type: ignore[union-attr]
+
+
+def test_a_started_workflow_with_no_handler_here_is_released_after_one_renew_interval(
+    make_ownership: MakeOwnership,
+    storage: Storage,
+    clock: ManualClock,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    engine = make_ownership("engine-a", handlers={"other": _completing([])})
+    engine.workflows.start("job-1", "job")
     clock.advance(RENEW_MS + 1)
     with caplog.at_level(logging.WARNING):
         engine.run_maintenance()
@@ -174,10 +214,36 @@ def test_a_started_workflow_nobody_drives_is_released_after_one_renew_interval_a
     assert "(nothing drove it)" in released[0].getMessage()
     text = serialize_prometheus(engine.metrics.snapshot())
     assert "weft_workflow_claims_without_driver 1" in text.splitlines()
+    assert holder_engine(storage, "job-1") is None
+    assert engine.drivers.attempts("job-1") == 1
 
-    engine.run_maintenance()
-    assert engine.workflows.get("job-1").status == "completed"  # type: ignore[union-attr]
-    assert len(seen) == 1
+
+def test_a_handler_that_returns_without_finishing_is_not_given_the_claim_again_by_the_check(
+    make_ownership: MakeOwnership, storage: Storage, clock: ManualClock
+) -> None:
+    calls: list[int] = []
+    engine = make_ownership("engine-a", handlers={"job": lambda ctx: calls.append(ctx.epoch)})
+    engine.workflows.start("job-1", "job")
+    clock.advance(RENEW_MS + 1)
+    engine.run_maintenance()  # handed to the handler, which hands the claim on
+    assert calls == [1]
+    clock.advance(RENEW_MS + 1)
+    engine.run_maintenance()  # nobody drove it after the handler: released, one attempt
+    assert calls == [1]
+    assert holder_engine(storage, "job-1") is None
+    assert engine.drivers.attempts("job-1") == 1
+
+
+def test_drive_refuses_an_id_held_only_by_a_bare_claim_and_keeps_that_claim(
+    make_ownership: MakeOwnership, storage: Storage
+) -> None:
+    engine = make_ownership("engine-a")
+    with engine.claim("job") as handle:
+        with pytest.raises(WorkflowNotFoundError), engine.workflows.drive("job"):
+            pass
+        assert not handle.lost.is_set()
+        assert holder_engine(storage, "job") == "engine-a"
+        handle.assert_held()
 
 
 def test_a_driver_thread_that_is_gone_leaves_its_claim_to_a_redrive(

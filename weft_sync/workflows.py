@@ -79,7 +79,7 @@ from .ledger.records import (
     validate_status,
 )
 from .ledger.signals import SignalBuffer
-from .ledger.starting import Starts
+from .ledger.starting import RESUMABLE_STATUSES, Starts
 from .ledger.updates import UpdateHandler, UpdateQueue, WorkflowUpdate
 from .maintenance.targets import ParkedSignalWait
 from .metrics import ClaimMetrics
@@ -454,6 +454,14 @@ class Workflows:
         epoch = registry.current_epoch(wid)
         if epoch is None:
             epoch = self._claim_to_drive(registry, wid)
+        else:
+            # Held already: by this ledger's start() or resume(), a handler, or a bare claim()
+            # block, which has no record to drive (and whose claim a drive must not give back).
+            record = self.get(wid)
+            if record is None:
+                raise WorkflowNotFoundError(wid)
+            if record.status not in RESUMABLE_STATUSES:
+                raise WorkflowStateError(wid, record.status, "drive", RESUMABLE_STATUSES)
         drivers = self._current_drivers()
         context = DriveContext(wid, epoch, self)
         if drivers is None:

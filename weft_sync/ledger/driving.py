@@ -17,8 +17,11 @@ claim is gone). A handler that *returns* without finishing hands the claim on: i
 driver again for one renew interval (host code it passed the id to enters ``drive()`` once the
 handler returned; while a handler runs, a ``drive()`` on another thread is refused). A drive
 whose thread is no longer alive ends unfinished at the next check, and so does a claim awaiting
-a driver past its grace. Each of these is counted as an attempt
-of that workflow on this engine; below ``max_attempts`` the claim is released (epoch kept), so
+a driver past its grace, except once: a claim taken by ``start()``/``resume()`` that nobody drove
+within its grace is first handed to this engine's handler for its type, if it has one
+(:meth:`DriverTracker.bind_offer`), without counting an attempt. Each of the others is counted
+as an attempt of that workflow on this engine; below ``max_attempts`` the claim is released
+(epoch kept), so
 the next reclaim pass of any engine with a handler for its type acquires it and drives it
 again, after a backoff of ``(attempts - 1)`` renew intervals on this engine. At
 ``max_attempts`` this engine fails the workflow with the last error instead (one write, release
@@ -63,8 +66,14 @@ from ..reclaim.engine_records import UndrivenClaims
 
 _log = logging.getLogger(__name__)
 
+_NOTHING_DROVE_IT = "nothing drove it"
+
 DisposeCallback = Callable[[str, dict[str, Any]], object]
 """``(workflow_id, error) -> None``: end a workflow no driver could finish (``Workflows.fail``)."""
+
+OfferCallback = Callable[[str], bool]
+"""``(workflow_id) -> queued``: queue this engine's handler for a claim nobody drove within its
+grace (``HandlerTable.offer``); ``False`` when the workflow's type has no handler here."""
 
 
 @dataclass(eq=False, slots=True)
@@ -86,6 +95,7 @@ class _Tracked:
     since: int
     driver: Driver | None = None
     queued: bool = False  # a handler run waits for a free handler thread: driven by then
+    offered: bool = False  # a handler of this engine was (or is being) given the claim
 
 
 class DriverTracker:
@@ -121,9 +131,15 @@ class DriverTracker:
         self._left_to_expire: dict[str, int] = {}
         # Undriven claims check() is releasing now: a drive entering meanwhile is refused.
         self._releasing: set[str] = set()
+        self._offer: OfferCallback | None = None  # set once by bind_offer(), before any check()
         # Per thread: workflow id -> the epochs of the drives the thread is inside, innermost
         # last (a handler's own drive() block nests in the handler's drive).
         self._here = threading.local()
+
+    def bind_offer(self, offer: OfferCallback) -> None:
+        """Hand claims nobody drove within their grace to ``offer`` (this engine's handlers)
+        before giving them back; called once, while the engine is built."""
+        self._offer = offer
 
     # -- claims and drivers ------------------------------------------------------------------
 
@@ -138,9 +154,10 @@ class DriverTracker:
             self._left_to_expire.pop(workflow_id, None)
             current = self._tracked.get(workflow_id)
             if current is None or current.epoch != epoch:
-                self._tracked[workflow_id] = _Tracked(epoch, now, queued=queued)
+                self._tracked[workflow_id] = _Tracked(epoch, now, queued=queued, offered=queued)
             elif current.driver is None:
                 current.since, current.queued = now, queued
+                current.offered = current.offered or queued
 
     @contextmanager
     def driving(
@@ -337,6 +354,7 @@ class DriverTracker:
         with self._lock:
             tracked = list(self._tracked.items())
         undriven: list[tuple[str, int, str]] = []
+        offers: list[tuple[str, _Tracked]] = []
         for wid, entry in tracked:
             if self._registry.current_epoch(wid) != entry.epoch:
                 with self._lock:
@@ -347,6 +365,20 @@ class DriverTracker:
                 # Judged and claimed for release in one step: a driver entering from now on is
                 # refused until the release is done (see enter()), and one that entered since
                 # the snapshot keeps its claim.
+                reason = self._undriven_reason(wid, entry, now)
+                offer = reason == _NOTHING_DROVE_IT and not entry.offered
+                if offer:
+                    entry.offered = True  # one offer per claim: a handler that hands it on
+                elif reason is not None:
+                    self._releasing.add(wid)
+            if offer:
+                offers.append((wid, entry))
+            elif reason is not None:
+                undriven.append((wid, entry.epoch, reason))
+        for wid, entry in offers:
+            if self._offered(wid):
+                continue
+            with self._lock:
                 reason = self._undriven_reason(wid, entry, now)
                 if reason is not None:
                     self._releasing.add(wid)
@@ -375,7 +407,24 @@ class DriverTracker:
         driver = entry.driver
         if driver is not None:
             return None if driver.thread.is_alive() else f"its {driver.kind} thread ended"
-        return "nothing drove it" if now - entry.since > self._grace_ms else None
+        return _NOTHING_DROVE_IT if now - entry.since > self._grace_ms else None
+
+    def _offered(self, wid: str) -> bool:
+        """Whether a handler of this engine took ``wid`` (queued to run); never raises."""
+        offer = self._offer
+        if offer is None:
+            return False
+        try:
+            queued = offer(wid)
+        except Exception as exc:  # the engine is closing, or the record could not be read
+            _log.debug("workflow %r could not be handed to a handler here: %r", wid, exc)
+            return False
+        if queued:
+            _log.debug(
+                "workflow %r, started and not driven within its grace, is handed to its handler",
+                wid,
+            )
+        return queued
 
     # -- outcomes ------------------------------------------------------------------------------
 

@@ -107,6 +107,7 @@ def build_engine(storage: Storage, settings: EngineSettings, warn: WarnSink) -> 
     )
     workflows.bind_drivers(drivers)
     table.bind_runtime(drivers, executor)
+    drivers.bind_offer(table.offer)
     boot.reclaim_target.set_deferral(drivers.deferred)
     crash = build_crash_detection(
         storage,

@@ -213,7 +213,7 @@ class HandlerTable:
             bound = self._bound
         if bound is None:
             raise RuntimeError("the handler table is not bound to an Ownership yet")
-        context, workflows, registry = bound
+        _context, workflows, registry = bound
         epoch = registry.current_epoch(workflow_id)
         if record is None:
             record = workflows.get(workflow_id)
@@ -222,19 +222,61 @@ class HandlerTable:
                 "reclaimed workflow %r is no longer ours or running; not driven", workflow_id
             )
             return
-        drivers, executor = self._runtime()
+        drivers, _ = self._runtime()
         handler = self.get(record.type)
         if handler is None and self._on_reclaimed is None:
             drivers.expect(workflow_id, epoch)
             return
+        self._queue(workflow_id, epoch, record, handler, reclaimed=True)
+
+    def offer(self, workflow_id: str) -> bool:
+        """Queue the handler for a workflow this engine claimed with ``start()``/``resume()``
+        and nobody drove within the grace (the driver check calls it); return at once.
+
+        :returns: whether a handler run was queued: ``False`` when the claim or the running
+            record is gone, or the workflow's type has no handler here.
+        :raises ClosedError: the engine is closing.
+        """
+        with self._lock:
+            bound = self._bound
+        if bound is None:
+            return False
+        _context, workflows, registry = bound
+        epoch = registry.current_epoch(workflow_id)
+        record = None if epoch is None else workflows.get(workflow_id)
+        if epoch is None or record is None or record.status != "running":
+            return False
+        handler = self.get(record.type)
+        if handler is None:
+            return False
+        self._queue(workflow_id, epoch, record, handler, reclaimed=False)
+        return True
+
+    def _queue(
+        self,
+        workflow_id: str,
+        epoch: int,
+        record: WorkflowRecord,
+        handler: Handler | None,
+        *,
+        reclaimed: bool,
+    ) -> None:
+        """Queue one drive of the claim at ``epoch`` on the handler executor; ``reclaimed``:
+        the reclaim target took it (counted as reclaimed), else this engine started it."""
+        with self._lock:
+            bound = self._bound
+        assert bound is not None
+        context, _workflows, registry = bound
+        drivers, executor = self._runtime()
         drivers.expect(workflow_id, epoch, queued=True)
-        self._count_start(workflow_id, record.type, epoch)
-        reclaimed = context(workflow_id, record.type, epoch, record)
+        if reclaimed:
+            self._count_start(workflow_id, record.type, epoch)
+        ctx = context(workflow_id, record.type, epoch, record)
         wtype = record.type
         executor.submit(
             workflow_id,
             wtype,
-            lambda: self._run(workflow_id, wtype, epoch, registry, reclaimed, handler),
+            lambda: self._run(workflow_id, wtype, epoch, registry, ctx, handler),
         )
 
     def bind_runtime(self, drivers: DriverTracker, executor: HandlerExecutor) -> None:
