@@ -171,6 +171,35 @@ def test_a_file_overwritten_in_place_by_another_store_is_found_by_its_store_id(
             store.put("k", b"again")
 
 
+def _overwrite_header(db_path: Path) -> None:
+    """What ``dd if=/dev/zero of=store.db bs=100 count=1 conv=notrunc`` does: same inode, same
+    size, no SQLite header."""
+    with open(db_path, "r+b") as dst:
+        dst.write(bytes(100))
+
+
+def test_a_header_overwritten_in_place_is_found_by_the_identity_check(db_path: Path) -> None:
+    with SqliteStorage(db_path) as store:
+        store.put("k", b"mine")
+        store.verify_identity()
+        _overwrite_header(db_path)
+        # The store's own connections still work from SQLite's cache of the file...
+        store.put("k", b"cached")
+        with pytest.raises(StoreIdentityError, match="no longer holds a SQLite database"):
+            store.verify_identity()
+        # ...and from the failed check on, every call is refused.
+        with pytest.raises(StoreIdentityError):
+            store.put("k", b"again")
+
+
+def test_a_running_engine_stops_at_the_next_pass_after_its_header_is_overwritten(
+    engine_a: Ownership, db_path: Path
+) -> None:
+    engine_a.run_maintenance()
+    _overwrite_header(db_path)
+    _assert_refuses_everything(engine_a, db_path, "no longer holds a SQLite database")
+
+
 def test_an_untouched_store_passes_its_checks_across_reopening(db_path: Path) -> None:
     with SqliteStorage(db_path) as first:
         first.put("k", b"v")

@@ -25,7 +25,9 @@ gets another store (empty, or a copy) and hands out the same epochs again. Likew
 - **store id**, on every :meth:`StoreIdentity.verify` (once per maintenance pass): a random
   32-bit id kept in the database header (``PRAGMA application_id``), written once when the store
   is created and read back through a fresh connection on the path, catches a file whose content
-  was overwritten in place by another store's.
+  was overwritten in place by another store's, and one whose header was overwritten with
+  something that is not a database at all (read twice, through two connections, before it
+  counts: the engine's own connections keep working on what SQLite cached of the file).
 
 Once a check fails it stays failed: every later call of the storage raises the same
 :class:`~weft_sync.errors.StoreIdentityError`.
@@ -51,7 +53,7 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Final
+from typing import Final, NoReturn
 
 from ..._fork import pin
 from ...errors import StorageError, StoreIdentityError
@@ -64,6 +66,7 @@ _NAMES: Final = {"": "the database file", "-wal": "its write-ahead log", "-shm":
 FileId = tuple[int, int]
 
 _SQLITE_HEADER_SIZE: Final = 100
+_SQLITE_NOTADB: Final = 26
 
 DIR_STAMP_MARGIN_NS = 3_000_000_000
 """How much older than its reading the directory's last change must be for its stamp to stand
@@ -282,6 +285,29 @@ class StoreIdentity:
         self._full_check()
         if not self._store_id:
             return
+        try:
+            found = self._read_store_id()
+        except sqlite3.DatabaseError as exc:
+            if not _not_a_database(exc):
+                raise
+            # Read again through another connection: a header caught in the middle of a write
+            # reads differently the second time, one that was overwritten reads the same.
+            try:
+                found = self._read_store_id()
+            except sqlite3.DatabaseError as again:
+                if not _not_a_database(again):
+                    raise
+                self._fail(
+                    f"the file no longer holds a SQLite database (its header was overwritten "
+                    f"in place: {again}); this engine's own connection still reads its cache"
+                )
+        if found != self._store_id:
+            self._fail(
+                f"the file now holds another store (store id {self._store_id:#x} -> {found:#x})"
+            )
+        self.check_files()
+
+    def _read_store_id(self) -> int:
         # Read-only, so a file deleted since the check is not created again by this read.
         uri = Path(self._path).absolute().as_uri() + "?mode=ro"
         conn = sqlite3.connect(uri, uri=True, timeout=5.0, check_same_thread=False)
@@ -289,11 +315,7 @@ class StoreIdentity:
             (found,) = conn.execute("PRAGMA application_id").fetchone()
         finally:
             conn.close()
-        if found != self._store_id:
-            self._fail(
-                f"the file now holds another store (store id {self._store_id:#x} -> {found:#x})"
-            )
-        self.check_files()
+        return int(found)
 
     def close(self) -> None:
         """Close the anchor connection (last, so SQLite may then checkpoint and tidy up)."""
@@ -305,7 +327,7 @@ class StoreIdentity:
             with contextlib.suppress(sqlite3.Error):
                 anchor.close()
 
-    def _fail(self, detail: str) -> None:
+    def _fail(self, detail: str) -> NoReturn:
         found = StoreIdentityError(self._path, detail)
         with self._lock:
             first = self._error is None
@@ -320,6 +342,14 @@ class StoreIdentity:
     def _copy(error: StoreIdentityError) -> StoreIdentityError:
         # One object per raise, so threads raising it do not share one traceback.
         return StoreIdentityError(error.location, error.detail)
+
+
+def _not_a_database(exc: sqlite3.DatabaseError) -> bool:
+    """Whether SQLite refused the file as not a database (``SQLITE_NOTADB``)."""
+    code = getattr(exc, "sqlite_errorcode", None)  # Python 3.11+
+    if code is not None:
+        return (int(code) & 0xFF) == _SQLITE_NOTADB
+    return str(exc).startswith("file is not a database")
 
 
 # -- one store, one path -------------------------------------------------------------------------
