@@ -168,13 +168,28 @@ class OwnershipModeMismatchError(WeftError):
 class WorkflowClaimUnavailableError(WeftError):
     """Another engine holds a live claim on the workflow (or it already exists).
 
+    Also raised for a claim this engine itself holds (``held_here``): claims are not
+    reentrant, so a second ``claim()`` of an id held by a ``claim()`` block or a workflow of
+    the same engine is refused.
+
     :param workflow_id: the workflow whose claim could not be acquired.
     :param held_by: the engine id of the current holder, when known.
+    :param held_here: the holder is the engine that raised this, not another one.
     """
 
-    def __init__(self, workflow_id: str, held_by: str | None = None) -> None:
+    def __init__(
+        self, workflow_id: str, held_by: str | None = None, *, held_here: bool = False
+    ) -> None:
         self.workflow_id = workflow_id
         self.held_by = held_by
+        if held_here:
+            super().__init__(
+                f"could not acquire the claim for workflow {workflow_id!r}: it is already held "
+                f"by this engine ({held_by!r}): a claim() block or a workflow of this process "
+                f"holds it, and claims are not reentrant; use the claim already held, or claim "
+                f"again once it is released"
+            )
+            return
         holder = f" (currently held by {held_by!r})" if held_by else ""
         super().__init__(
             f"could not acquire the claim for workflow {workflow_id!r}{holder}; retry later, or "
@@ -267,11 +282,23 @@ class FencedWriteConflict(WeftError):
 class WorkflowClaimLostError(WeftError):
     """A claim held by a ``claim()`` block was lost before the block finished.
 
+    Also raised by ``ClaimHandle.assert_held()`` on a handle whose block has ended
+    (``released``): that claim was given back, not lost, but it is no longer held either.
+
     :param workflow_id: the workflow whose claim was lost.
+    :param released: this engine released the claim when its ``claim()`` block ended.
     """
 
-    def __init__(self, workflow_id: str) -> None:
+    def __init__(self, workflow_id: str, *, released: bool = False) -> None:
         self.workflow_id = workflow_id
+        self.released = released
+        if released:
+            super().__init__(
+                f"the claim on workflow {workflow_id!r} was released when its claim() block "
+                f"ended, so this handle no longer holds it; side effects belong inside the "
+                f"block (or in a new claim() block)"
+            )
+            return
         super().__init__(
             f"the claim on workflow {workflow_id!r} was lost while it was held; another engine "
             f"may now own it, so side effects after the loss must be treated as unfenced"

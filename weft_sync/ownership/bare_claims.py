@@ -17,7 +17,6 @@ every attempt so a closing ``Ownership`` stops waiting.
 from __future__ import annotations
 
 import logging
-import math
 import random
 import time
 from collections.abc import Callable, Collection
@@ -47,23 +46,6 @@ class ClaimAttempt:
     epoch: int | None
     held_by: str | None = None
     token: bytes = b""
-
-
-def validate_wait(wait: object) -> float | None:
-    """Return ``wait`` as seconds, or ``None`` for "do not wait".
-
-    :raises ValueError: ``wait`` is not a finite number of seconds ``>= 0`` (or ``None``).
-    """
-    if wait is None:
-        return None
-    if isinstance(wait, bool) or not isinstance(wait, (int, float)):
-        raise ValueError(
-            f"wait must be a number of seconds >= 0 or None, got {type(wait).__name__} {wait!r}"
-        )
-    seconds = float(wait)
-    if not math.isfinite(seconds) or seconds < 0:
-        raise ValueError(f"wait must be a finite number of seconds >= 0 or None, got {wait!r}")
-    return seconds
 
 
 def attempt_claim(

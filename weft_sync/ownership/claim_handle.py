@@ -25,7 +25,7 @@ class ClaimHandle:
         the random mint id of that minting, which every fence compares.
     """
 
-    __slots__ = ("_epoch", "_lost", "_token", "_verify", "_workflow_id")
+    __slots__ = ("_epoch", "_lost", "_released", "_token", "_verify", "_workflow_id")
 
     def __init__(
         self,
@@ -39,6 +39,7 @@ class ClaimHandle:
         self._epoch = epoch
         self._token = token
         self._lost = threading.Event()
+        self._released = False
         self._verify = verify
 
     @property
@@ -65,6 +66,10 @@ class ClaimHandle:
         """Set once the claim is known to be lost; wait on it or poll ``lost.is_set()``."""
         return self._lost
 
+    def _mark_released(self) -> None:
+        # Its block ended and gave the claim back: assert_held() says so rather than "lost".
+        self._released = True
+
     def _lose_in_child(self) -> None:
         # In a forked child the claim is the parent's: ``lost`` reads set there. A new Event,
         # since a parent thread may have held the inherited one's lock at fork time.
@@ -79,10 +84,14 @@ class ClaimHandle:
         successful renewal for ``claim_ttl - claim_renew_interval`` is lost here (one
         claim-lost warning, ``on_lost``), before its holder record can expire in the store.
 
-        :raises WorkflowClaimLostError: the claim was lost, released, or its block has exited.
+        :raises WorkflowClaimLostError: the claim was lost, or its block has ended (then with
+            ``released`` true).
         """
-        if self._lost.is_set() or not self._verify(self):
-            raise WorkflowClaimLostError(self._workflow_id)
+        if not self._lost.is_set() and self._verify(self):
+            return
+        if self._released and not self._lost.is_set():
+            raise WorkflowClaimLostError(self._workflow_id, released=True)
+        raise WorkflowClaimLostError(self._workflow_id)
 
     def __repr__(self) -> str:
         state = "lost" if self._lost.is_set() else "live"

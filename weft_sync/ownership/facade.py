@@ -28,6 +28,8 @@ from __future__ import annotations
 
 import enum
 import logging
+import math
+import numbers
 import os
 import threading
 import warnings
@@ -59,7 +61,7 @@ from ..reclaim.target import EligibilityPredicate
 from ..storage import Storage
 from ..workflows import Workflows
 from . import prefork
-from .bare_claims import ClaimAttempt, attempt_claim, claim_is_gone, claim_with_wait, validate_wait
+from .bare_claims import ClaimAttempt, attempt_claim, claim_is_gone, claim_with_wait
 from .claim_handle import ClaimHandle as ClaimHandle
 from .closing import close_engine
 from .engine import build_engine
@@ -206,7 +208,8 @@ class Ownership:
         :raises ValueError: ``background`` is not ``"thread"`` or ``"manual"``; a bad URL;
             ``max_claims`` is not ``None`` or an ``int >= 1``.
         :raises TypeError: ``options`` is not an ``OwnershipOptions``, a callback is not
-            callable, or ``url_or_storage`` is neither a URL nor a ``Storage``.
+            callable, ``clock()`` (read once, before the store is opened) did not return an
+            ``int``, or ``url_or_storage`` is neither a URL nor a ``Storage``.
         :raises StorageCapabilityError: OwnershipModeMismatchError: CorruptOwnershipMarkerError:
             the gates refused the store (what this call opened is closed again).
         """
@@ -322,8 +325,11 @@ class Ownership:
         not wait.
 
         :param wait_handlers: the most seconds to wait for handlers; ``None``: no bound.
+        :raises TypeError: ``wait_handlers`` is not ``None`` or a number.
+        :raises ValueError: ``wait_handlers`` is negative, nan or infinite.
         :raises ClosedError: after ``close()`` or in a forked child.
         """
+        wait_handlers = _seconds("run_maintenance()", "wait_handlers", wait_handlers)
         self._require_open("run_maintenance()")
         result = self._task.run_once()
         executor = self._handler_executor
@@ -348,9 +354,14 @@ class Ownership:
         In a child that inherited this object across ``os.fork()`` it does nothing: the parent
         still owns the claims.
 
+        :param timeout: seconds, ``>= 0``; ``None``: no bound.
+        :raises TypeError: ``timeout`` is not ``None`` or a number.
+        :raises ValueError: ``timeout`` is negative, nan or infinite.
         :raises RuntimeError: called from inside a maintenance pass (an ``on_lost`` callback)
             or from a workflow handler; it would wait for itself. Call it from another thread.
         """
+        # Checked before anything changes: a refused timeout leaves the engine fully open.
+        timeout = _seconds("close()", "timeout", timeout)
         if self._process_state() is not _State.OPEN:
             return
         if self._handler_executor.is_handler_thread():
@@ -449,7 +460,8 @@ class Ownership:
         :raises WorkflowClaimUnavailableError: another engine holds a live claim, or a
             ``claim()`` block of this object already holds it (``held_by`` names the holder),
             and ``wait`` ran out.
-        :raises ValueError: ``wait`` is not a finite number of seconds ``>= 0``.
+        :raises TypeError: ``wait`` is not ``None`` or a number.
+        :raises ValueError: ``wait`` is negative, nan or infinite.
         :raises ClosedError: after ``close()`` or in a forked child.
         """
         return _ClaimBlock(self, workflow_id, wait)
@@ -488,7 +500,9 @@ class Ownership:
         else:
             result = self._attempt_with_wait(wid, wait_s)
         if result.epoch is None:
-            raise WorkflowClaimUnavailableError(wid, result.held_by)
+            raise WorkflowClaimUnavailableError(
+                wid, result.held_by, held_here=self._holds_here(wid, result.held_by)
+            )
         handle = ClaimHandle(wid, result.epoch, self._verify_held, token=result.token)
         with self._lock:
             state = self._state
@@ -528,6 +542,16 @@ class Ownership:
             return ClaimAttempt(None, self._registry.engine_id)
         return attempt_claim(self._registry, self._metrics, wid, self._crash.dead_engines)
 
+    def _holds_here(self, wid: str, held_by: str | None) -> bool:
+        """Whether this engine itself holds ``wid`` (a ``claim()`` block or a workflow)."""
+        if held_by != self._registry.engine_id:
+            return False
+        # An engine id given to open() may be a crashed predecessor's: its holder is not ours.
+        with self._lock:
+            if wid in self._handles:
+                return True
+        return self._registry.current_epoch(wid) is not None
+
     def _finish(self, handle: ClaimHandle, *, body_failed: bool) -> None:
         wid = handle.workflow_id
         try:
@@ -535,6 +559,8 @@ class Ownership:
                 self._release(handle, body_failed=body_failed)
         finally:
             with self._lock:
+                # Marked before it leaves _handles: assert_held() sees it either held or released.
+                handle._mark_released()
                 if self._handles.get(wid) is handle:
                     del self._handles[wid]
         if handle.lost.is_set() and not body_failed:
@@ -690,7 +716,8 @@ class _ClaimBlock:
                 f"the claim() block of workflow {self._workflow_id!r} was entered twice; "
                 f"call claim() once per with statement"
             )
-        handle = self._ownership._acquire(self._workflow_id, validate_wait(self._wait))
+        wait = _seconds("claim()", "wait", self._wait)
+        handle = self._ownership._acquire(self._workflow_id, wait)
         self._handle = handle
         return handle
 
@@ -704,6 +731,31 @@ class _ClaimBlock:
         assert handle is not None, "__exit__ without a successful __enter__"
         # An exception of the block propagates unchanged (None: not suppressed).
         self._ownership._finish(handle, body_failed=exc_type is not None)
+
+
+def _seconds(method: str, name: str, value: object) -> float | None:
+    """Return the argument ``name`` of ``method`` as seconds, or ``None`` for no bound.
+
+    :raises TypeError: ``value`` is not ``None`` or a real number (a ``bool`` is refused).
+    :raises ValueError: ``value`` is negative, nan or infinite.
+    """
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise TypeError(
+            f"Ownership.{method}: {name} must be a number of seconds >= 0 or None, got "
+            f"{type(value).__name__} {value!r:.80}"
+        )
+    try:
+        seconds = float(value)
+    except OverflowError:  # an int too large for a float
+        seconds = math.inf
+    if not math.isfinite(seconds) or seconds < 0:
+        raise ValueError(
+            f"Ownership.{method}: {name} must be a finite number of seconds >= 0 or None, got "
+            f"{value!r}"
+        )
+    return seconds
 
 
 def _warnings_warn(warning: Warning) -> None:

@@ -68,6 +68,7 @@ def validate_settings(
         )
     validate_max_claims(max_claims)
     validate_handlers(handlers)
+    validate_clock(clock)
     for name, value in (
         ("on_reclaimed", on_reclaimed),
         ("is_eligible", is_eligible),
@@ -87,6 +88,31 @@ def validate_settings(
         tracing=validate_tracing(tracing),
         background=background,
     )
+
+
+def validate_clock(clock: object) -> None:
+    """Read ``clock`` once and check that it returns ``int`` milliseconds since the Unix epoch.
+
+    Only the type is checked, before any store is opened; a clock that raises propagates.
+
+    :raises TypeError: ``clock`` is not callable, or it returned something else than an ``int``
+        (a ``bool`` included).
+    """
+    if not callable(clock):
+        raise TypeError(f"clock must be callable, got {type(clock).__name__} {clock!r:.80}")
+    reading = clock()
+    if isinstance(reading, bool) or not isinstance(reading, int):
+        # time.time is the likely mistake: it returns float seconds.
+        hint = (
+            " (time.time returns float seconds: use weft_sync.clock.system_clock, or "
+            "lambda: time.time_ns() // 1_000_000)"
+            if isinstance(reading, float)
+            else ""
+        )
+        raise TypeError(
+            f"clock must return int milliseconds since the Unix epoch, but {clock!r:.80} "
+            f"returned {type(reading).__name__} {reading!r:.80}{hint}"
+        )
 
 
 def resolve_storage(url_or_storage: str | Storage, renew_ms: int) -> tuple[Storage, bool]:
