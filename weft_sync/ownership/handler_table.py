@@ -243,8 +243,10 @@ class HandlerTable:
             return False
         _context, workflows, registry = bound
         epoch = registry.current_epoch(workflow_id)
-        record = None if epoch is None else workflows.get(workflow_id)
-        if epoch is None or record is None or record.status != "running":
+        if epoch is None:
+            return False
+        record = workflows.get(workflow_id)
+        if record is None or record.status != "running":
             return False
         handler = self.get(record.type)
         if handler is None:
