@@ -81,7 +81,7 @@ def test_a_commit_inside_the_short_path_is_reported(
     env: HostEnv, own: Ownership, conn: sqlite3.Connection
 ) -> None:
     with (
-        pytest.raises(sqlite3.OperationalError, match="ended inside the block"),
+        pytest.raises(StorageError, match="ended inside the block"),
         _short(own, conn),
     ):
         env.write(conn, "row", "committed early")

@@ -12,11 +12,13 @@ Python's transaction attributes decide how the block begins and ends:
   also commits or discards what the host ran on the connection since its last commit.
 
 The host must not commit or roll back the connection inside the block. A block whose
-transaction the host ended finds no transaction open at its end and raises (``_ended_inside``),
-or finds the one the host's next write began, in which case it re-reads the epoch first (under
-that transaction's write lock, taken by the write) and commits it only while the epoch is still
-this engine's, else rolls back and raises ``EngineDeposedError``. Every block re-reads the epoch
-just before its ``COMMIT`` (``FenceBinding.end_check``): one statement, no round trip.
+transaction the host ended finds no transaction open at its end and raises ``StorageError``
+(``_ended_inside``), or finds the one the host's next write began, in which case it re-reads the
+epoch first (under that transaction's write lock, taken by the write) and commits it only while
+the epoch is still this engine's, else rolls back and raises ``EngineDeposedError``. A savepoint
+block whose savepoint the host's commit ended rolls back what is open and raises
+``StorageError``. Every block re-reads the epoch just before its ``COMMIT``
+(``FenceBinding.end_check``): one statement, no round trip.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from contextlib import AbstractContextManager
 from types import TracebackType
 from typing import Any
 
+from ..errors import StorageError
 from .base import FenceContext, FindBinding, first_value, savepoint_name
 
 _log = logging.getLogger(__name__)
@@ -212,10 +215,19 @@ class Sqlite3Transaction:
             return
         if self._savepoint is not None:
             if not open_now:
+                if error is None:
+                    raise _ended_inside()
                 return  # SQLite rolled the whole transaction back (e.g. SQLITE_FULL)
-            if error is not None:
-                conn.execute(f"ROLLBACK TO {self._savepoint}")
-            conn.execute(f"RELEASE {self._savepoint}")
+            try:
+                if error is not None:
+                    conn.execute(f"ROLLBACK TO {self._savepoint}")
+                conn.execute(f"RELEASE {self._savepoint}")
+            except sqlite3.OperationalError:
+                # No such savepoint: the host ended its transaction inside the block, and what
+                # is open began after that, outside the fence.
+                _rollback_quietly(conn, conn.cursor())
+                if error is None:
+                    raise _ended_inside() from None
         elif self._module_managed():
             if error is None:
                 conn.commit()
@@ -227,10 +239,11 @@ class Sqlite3Transaction:
             raise _ended_inside()
 
 
-def _ended_inside() -> sqlite3.OperationalError:
-    return sqlite3.OperationalError(
-        "the fenced transaction was ended inside the block (commit() or rollback() on the "
-        "connection); nothing after that point was fenced"
+def _ended_inside() -> StorageError:
+    return StorageError(
+        "the fenced transaction was ended inside the block (commit(), rollback() or a COMMIT "
+        "or ROLLBACK statement on the connection); what ran after that point was not fenced "
+        "(with isolation_level=None SQLite committed each of those statements as it ran)"
     )
 
 

@@ -13,12 +13,26 @@ from typing import Any, Final, Literal, TextIO
 
 from ... import keys
 from ...clock import system_clock
-from ...codec import HolderRecord, decode_holder, decode_token, try_decode_workflow_record
+from ...codec import (
+    WORKFLOW_STATUSES,
+    HolderRecord,
+    decode_holder,
+    decode_token,
+    try_decode_workflow_record,
+)
 from ...reclaim.engine_records import EngineRecord, decode_engine_record, read_engine_records
 from ...reclaim.verdicts import stale_after_ms
 from ...storage import Storage
 from ...workflows import Workflows
-from .output import NotFound, StoreRef, emit_json, emit_table, human_time, record_dict
+from .output import (
+    NotFound,
+    StoreRef,
+    UsageError,
+    emit_json,
+    emit_table,
+    human_time,
+    record_dict,
+)
 
 DriverState = Literal["driven", "awaiting", "no-driver", "unknown"]
 """A live claim's driver state, as ``--json`` writes it."""
@@ -142,7 +156,10 @@ def workflows(
 ) -> int:
     """List workflow records, through the status index when a status is given."""
     if limit is not None and limit < 1:
-        raise ValueError(f"--limit must be at least 1, got {limit}")
+        raise UsageError(f"--limit must be at least 1, got {limit}")
+    # Before the store opens: a usage error, not a missing store, is what the operator must fix.
+    if status is not None and status not in WORKFLOW_STATUSES:
+        raise UsageError(f"--status must be one of {', '.join(WORKFLOW_STATUSES)}, got {status!r}")
     with store.open(read_only=True) as storage:
         records = Workflows(storage).list(status=status, limit=limit)
     if as_json:

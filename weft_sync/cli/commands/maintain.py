@@ -16,7 +16,7 @@ from typing import Final, TextIO
 
 from ...maintenance import PassResult
 from ...maintenance.targets import ReclaimOutcome, ReclaimOutcomeStatus
-from ...options import OwnershipOptions
+from ...options import OwnershipOptions, parse_duration
 from ...ownership.facade import Ownership, WorkflowHandler
 from ...redaction import redact_text
 from ...storage import Storage
@@ -77,6 +77,17 @@ class _EveryType:
         return ownership.handlers.get(workflow_type) is not None
 
 
+def _duration(option: str, value: str) -> int:
+    """``value`` of ``option`` in milliseconds.
+
+    :raises UsageError: not a duration (the message names the option and the value).
+    """
+    try:
+        return parse_duration(value)
+    except ValueError as exc:
+        raise UsageError(f"{option}: {exc}") from None
+
+
 def _open_engine(
     storage: Storage,
     options: OwnershipOptions,
@@ -122,7 +133,10 @@ def maintain(
 
     :param handlers: an integration's handlers by workflow type (see :func:`_open_engine`).
     """
-    options = OwnershipOptions(claim_ttl=args.claim_ttl, claim_renew_interval=args.renew_interval)
+    options = OwnershipOptions(
+        claim_ttl=_duration("--claim-ttl", args.claim_ttl),
+        claim_renew_interval=_duration("--renew-interval", args.renew_interval),
+    )
     if args.types and not args.handler:
         raise UsageError("--type names the workflow types --handler drives; give --handler too")
     handler = load_handler(args.handler) if args.handler else None

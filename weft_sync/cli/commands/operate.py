@@ -10,7 +10,7 @@ from ...claims.engine_index import release_entry_ops
 from ...claims.epochs import repair_corrupt_epoch
 from ...claims.transitions import build_external_rotation_transition, extract_put_value
 from ...clock import system_clock
-from ...codec import decode_epoch, decode_holder, try_decode_workflow_record
+from ...codec import EPOCH_MAX, decode_epoch, decode_holder, try_decode_workflow_record
 from ...storage import Condition, storage_conditional_batch
 from ...workflows import WorkflowNotFoundError, Workflows
 from .output import CommandError, NotFound, StoreRef, UsageError, human_time
@@ -85,6 +85,9 @@ def repair_epoch(store: StoreRef, workflow_id: str, at_least: int | None, out: T
     operator knows a higher bound (for example after restoring a backup of an older store).
     """
     wid = keys.validate_workflow_id(workflow_id)
+    # Checked here, not by repair_corrupt_epoch: its ValueError also means "nothing to repair".
+    if at_least is not None and not 1 <= at_least < EPOCH_MAX:
+        raise UsageError(f"--at-least must be from 1 to {EPOCH_MAX - 1}, got {at_least}")
     with store.open(read_only=False) as storage:
         try:
             epoch = repair_corrupt_epoch(storage, wid, at_least=at_least)
