@@ -311,6 +311,32 @@ def test_claiming_a_workflow_this_engine_started_says_this_engine_holds_it(
         pass
 
 
+def test_starting_an_id_this_engine_holds_in_a_claim_block_says_this_engine_holds_it(
+    make_ownership: MakeOwnership,
+) -> None:
+    ownership = make_ownership()
+    with (
+        ownership.claim("wf-1"),
+        pytest.raises(WorkflowClaimUnavailableError) as refused,
+    ):
+        ownership.workflows.start("wf-1", "job")
+    error = refused.value
+    assert (error.workflow_id, error.held_by) == ("wf-1", ownership.engine_id)
+    assert "already held by this engine" in str(error)
+    assert "retry later" not in str(error)
+
+
+def test_starting_an_id_another_engine_holds_names_that_holder(
+    make_ownership: MakeOwnership,
+) -> None:
+    holder = make_ownership(engine_id="engine-a")
+    other = make_ownership(engine_id="engine-b")
+    with holder.claim("wf-1"), pytest.raises(WorkflowClaimUnavailableError) as refused:
+        other.workflows.start("wf-1", "job")
+    assert refused.value.held_by == "engine-a"
+    assert "(currently held by 'engine-a'); retry later" in str(refused.value)
+
+
 def test_a_claim_held_by_another_engine_still_names_that_holder(
     make_ownership: MakeOwnership,
 ) -> None:

@@ -148,6 +148,8 @@ def test_a_second_thread_cannot_drive_a_workflow_already_driven(
         ctx.complete()
     assert [type(e) for e in errors] == [WorkflowClaimUnavailableError]
     assert getattr(errors[0], "held_by", None) == engine.engine_id
+    assert "already held by this engine" in str(errors[0])
+    assert "retry later" not in str(errors[0])
 
 
 # -- claims with no live driver ------------------------------------------------------------------

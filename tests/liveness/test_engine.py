@@ -262,7 +262,7 @@ def test_a_lock_held_elsewhere_is_a_warning_and_ttl_only(
         taken.release()
 
 
-def test_a_failed_beat_is_logged_and_the_next_one_retries(
+def test_failed_beats_warn_once_per_outage_and_each_next_pass_retries(
     storage: Storage, caplog: pytest.LogCaptureFixture
 ) -> None:
     wrapper = ProbeCounting(storage)
@@ -271,14 +271,22 @@ def test_a_failed_beat_is_logged_and_the_next_one_retries(
     liveness.start()
     try:
         wrapper.fail_puts = True
-        clock.advance(500)
-        with caplog.at_level(logging.WARNING, logger="weft_sync.reclaim.engine_liveness"):
-            assert liveness.beat(3) is False
-        assert "heartbeat failed" in caplog.text
-        assert _stored(storage).heartbeat_at == 1_000
-        wrapper.fail_puts = False
-        assert liveness.beat(3) is True
-        assert _stored(storage).heartbeat_at == 1_500
+        with caplog.at_level(logging.DEBUG, logger="weft_sync.reclaim.engine_liveness"):
+            for _ in range(3):
+                clock.advance(500)
+                assert liveness.beat(3) is False
+            assert _stored(storage).heartbeat_at == 1_000
+            wrapper.fail_puts = False
+            assert liveness.beat(3) is True
+        assert _stored(storage).heartbeat_at == 2_500
+        failures = [r for r in caplog.records if "heartbeat failed" in r.getMessage()]
+        # One warning for the outage, not one per pass; the rest at debug, counted.
+        assert [r.levelno for r in failures] == [logging.WARNING, logging.DEBUG, logging.DEBUG]
+        assert "3 in a row" in failures[-1].getMessage()
+        recovered = [r for r in caplog.records if "written again" in r.getMessage()]
+        assert [(r.levelno, r.getMessage().split(" after ")[1]) for r in recovered] == [
+            (logging.INFO, "3 failed attempts")
+        ]
     finally:
         liveness.close()
 

@@ -245,7 +245,9 @@ class DriverTracker:
                 workflow_id,
                 epoch,
             )
-            raise WorkflowClaimUnavailableError(workflow_id, self._registry.engine_id)
+            raise WorkflowClaimUnavailableError(
+                workflow_id, self._registry.engine_id, held_here=True
+            )
         if busy is not None:
             _log.debug(
                 "workflow %r (epoch %d) is already driven by %s on thread %s",
@@ -254,7 +256,9 @@ class DriverTracker:
                 busy.kind,
                 busy.thread.name,
             )
-            raise WorkflowClaimUnavailableError(workflow_id, self._registry.engine_id)
+            raise WorkflowClaimUnavailableError(
+                workflow_id, self._registry.engine_id, held_here=True
+            )
         return driver
 
     def leave(self, driver: Driver, error: BaseException | None, *, hand_off: bool = False) -> None:

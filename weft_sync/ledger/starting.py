@@ -90,9 +90,12 @@ class Starts:
             holder = self._storage.get(keys.workflow_owner_holder(wid))
             if holder is not None:
                 decoded = decode_holder(holder)
-                raise WorkflowClaimUnavailableError(
-                    wid, None if decoded is None else decoded.engine_id
+                held_by = None if decoded is None else decoded.engine_id
+                # This engine's own claim() block holds the id: say so, not "retry later".
+                held_here = (
+                    held_by == registry.engine_id and registry.current_epoch(wid) is not None
                 )
+                raise WorkflowClaimUnavailableError(wid, held_by, held_here=held_here)
             _log.debug("start of workflow %r: only the epoch moved; preparing again", wid)
         raise WorkflowClaimUnavailableError(wid, None)
 

@@ -84,9 +84,10 @@ def _positive_ms(name: str, value: object) -> int:
 class EngineLiveness:
     """The liveness record and session lock of one engine.
 
-    Thread-safe. ``_lock`` guards ``_record``, ``_session_lock``, ``_started``, ``_closed`` and
-    ``_beats``; no storage call, lock call or logging runs under it. A heartbeat in flight when
-    :meth:`close` starts is waited for (bounded), so a beat never rewrites a closed record.
+    Thread-safe. ``_lock`` guards ``_record``, ``_session_lock``, ``_started``, ``_closed``,
+    ``_beats`` and ``_failed_beats``; no storage call, lock call or logging runs under it. A
+    heartbeat in flight when :meth:`close` starts is waited for (bounded), so a beat never
+    rewrites a closed record.
 
     In a forked child every method but :meth:`close` raises
     :class:`~weft_sync.errors.ClosedError`, and :meth:`close` only drops references: the
@@ -128,6 +129,7 @@ class EngineLiveness:
         self._started = False
         self._closed = False
         self._beats = 0
+        self._failed_beats = 0  # consecutive beats whose put failed: the first one warns
         self._beats_done = threading.Event()
         self._beats_done.set()
         self._fork_pid = os.getpid()
@@ -268,11 +270,30 @@ class EngineLiveness:
         try:
             self._storage.put(self._key, encode_engine_record(record))
         except (StorageError, ClosedError) as exc:
-            _log.warning("engine %s heartbeat failed (retried next pass): %s", self._engine_id, exc)
+            with self._lock:
+                self._failed_beats += 1
+                failed = self._failed_beats
+            # One warning per outage: a store that stays down (or that the engine stopped using)
+            # would otherwise repeat the same warning every pass.
+            _log.log(
+                logging.WARNING if failed == 1 else logging.DEBUG,
+                "engine %s heartbeat failed (retried next pass%s): %s",
+                self._engine_id,
+                "" if failed == 1 else f"; {failed} in a row",
+                exc,
+            )
             return False
         with self._lock:
             if not self._closed:
                 self._record = record
+            failed, self._failed_beats = self._failed_beats, 0
+        if failed:
+            _log.info(
+                "engine %s heartbeat written again after %d failed attempt%s",
+                self._engine_id,
+                failed,
+                "" if failed == 1 else "s",
+            )
         return True
 
     def close(self, remaining_claims: int = 0) -> None:
