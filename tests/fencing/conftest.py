@@ -32,3 +32,13 @@ def raw_env(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[HostEnv]
         yield host
     finally:
         host.close()
+
+
+@pytest.fixture
+def sqlite3_env(tmp_path: Path) -> Iterator[HostEnv]:
+    """A SQLite store and host table, reached through ``sqlite3``."""
+    host = make_env("sqlite", "sqlite3", tmp_path, None)
+    try:
+        yield host
+    finally:
+        host.close()

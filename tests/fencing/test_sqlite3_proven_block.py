@@ -9,12 +9,11 @@ short path, and then what that path must do exactly as the generic one does.
 from __future__ import annotations
 
 import sqlite3
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from tests.fencing.hosts import HostEnv, make_env
+from tests.fencing.hosts import HostEnv
 from weft_sync import Ownership, keys
 from weft_sync.errors import EngineDeposedError, StorageError, WorkflowClaimLostWarning
 from weft_sync.fencing.sqlite3 import Sqlite3Block
@@ -23,12 +22,9 @@ WID = "wf-1"
 
 
 @pytest.fixture
-def env(tmp_path: Path) -> Iterator[HostEnv]:
-    host = make_env("sqlite", "sqlite3", tmp_path, None)
-    try:
-        yield host
-    finally:
-        host.close()
+def env(sqlite3_env: HostEnv) -> HostEnv:
+    """The cases of this module run on ``sqlite3`` only."""
+    return sqlite3_env
 
 
 @pytest.fixture

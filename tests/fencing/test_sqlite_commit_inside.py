@@ -15,11 +15,10 @@ from __future__ import annotations
 
 import sqlite3
 from collections.abc import Callable, Iterator
-from pathlib import Path
 
 import pytest
 
-from tests.fencing.hosts import HostEnv, make_env
+from tests.fencing.hosts import HostEnv
 from weft_sync import Ownership
 from weft_sync.errors import EngineDeposedError, StorageError, WorkflowClaimLostWarning
 
@@ -31,12 +30,9 @@ Connect = Callable[[str | None], sqlite3.Connection]
 
 
 @pytest.fixture
-def env(tmp_path: Path) -> Iterator[HostEnv]:
-    host = make_env("sqlite", "sqlite3", tmp_path, None)
-    try:
-        yield host
-    finally:
-        host.close()
+def env(sqlite3_env: HostEnv) -> HostEnv:
+    """The cases of this module run on ``sqlite3`` only."""
+    return sqlite3_env
 
 
 @pytest.fixture

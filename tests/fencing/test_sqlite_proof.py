@@ -11,7 +11,6 @@ very epoch the fence expects, so only the proof can refuse it.
 from __future__ import annotations
 
 import sqlite3
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -29,12 +28,9 @@ WID = "wf-1"
 
 
 @pytest.fixture
-def env(tmp_path: Path) -> Iterator[HostEnv]:
-    host = make_env("sqlite", "sqlite3", tmp_path, None)
-    try:
-        yield host
-    finally:
-        host.close()
+def env(sqlite3_env: HostEnv) -> HostEnv:
+    """The cases of this module run on ``sqlite3`` only."""
+    return sqlite3_env
 
 
 def _held(env: HostEnv) -> Ownership:
