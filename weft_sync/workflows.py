@@ -147,7 +147,7 @@ class Workflows:
             self._current_registry,
             warn or default_warn,
             fence_observers,
-            drive_epoch=self._drive_epoch,
+            drive_token=self._drive_token,
         )
         self._signals = SignalBuffer(storage, self._fence, clock)
         self._updates = UpdateQueue(storage, self._fence, clock)
@@ -416,14 +416,14 @@ class Workflows:
 
     def _check_drive(self, workflow_id: str) -> None:
         """Refuse the calling thread's drive of ``workflow_id`` if this engine holds the
-        workflow at another epoch (see :meth:`Fence.check_drive`)."""
-        held = self._fence.registry().current_epoch(workflow_id)
+        workflow with another epoch token (see :meth:`Fence.check_drive`)."""
+        held = self._fence.registry().current_epoch_bytes(workflow_id)
         if held is not None:
             self._fence.check_drive(workflow_id, held)
 
-    def _drive_epoch(self, workflow_id: str) -> int | None:
+    def _drive_token(self, workflow_id: str) -> bytes | None:
         drivers = self._current_drivers()
-        return None if drivers is None else drivers.drive_epoch(workflow_id)
+        return None if drivers is None else drivers.drive_token(workflow_id)
 
     def _expect_driver(self, registry: ClaimRegistry, wid: str) -> None:
         drivers = self._current_drivers()

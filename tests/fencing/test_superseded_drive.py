@@ -10,9 +10,11 @@ driver wrote. Both backends, through the plain driver of each (sqlite3, psycopg)
 
 from __future__ import annotations
 
+import sqlite3
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import closing
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -20,7 +22,8 @@ import pytest
 from tests.claims.gated import GatedStorage
 from tests.fencing.hosts import RENEW_MS, HostEnv
 from weft_sync import Ownership, ReclaimedWorkflow
-from weft_sync.errors import EngineDeposedError, StorageError
+from weft_sync.codec import decode_epoch
+from weft_sync.errors import EngineDeposedError, StorageError, WorkflowClaimLostWarning
 from weft_sync.ledger.records import checkpoint_key
 from weft_sync.storage import Put, open_storage
 
@@ -144,3 +147,77 @@ def _capture(body: Callable[[], object], errors: list[BaseException]) -> None:
         body()
     except BaseException as exc:
         errors.append(exc)
+
+
+def _put_back(snapshot: str, db_path: str) -> None:
+    """Restore ``snapshot`` over the live database in place (SQLite's backup API)."""
+    with closing(sqlite3.connect(snapshot)) as src, closing(sqlite3.connect(db_path)) as dst:
+        src.backup(dst)
+
+
+def test_a_drive_of_a_claim_a_rolled_back_store_forgot_writes_nothing_under_its_new_claim(
+    sqlite3_env: HostEnv, tmp_path: Path
+) -> None:
+    """The store goes back to before the workflow was started while a drive of it is under
+    way; the engine loses the claim (``store_rollback``) and starts the workflow again, at the
+    same epoch number with a new token. The old drive is refused; the new claim stays held."""
+    env = sqlite3_env
+    own = env.ownership(engine_id="engine-a")
+    snapshot = str(tmp_path / "before-start.db")
+    with closing(sqlite3.connect(env.db_url)) as live, closing(sqlite3.connect(snapshot)) as s:
+        live.backup(s)
+    own.workflows.start("job-1", "report")
+    first = own.registry.current_epoch_bytes("job-1")
+    entered, go = threading.Event(), threading.Event()
+    refusals: dict[str, BaseException | None] = {}
+
+    def attempt(name: str, write: Callable[[], object]) -> None:
+        try:
+            write()
+        except BaseException as exc:  # recorded for the assertions below
+            refusals[name] = exc
+        else:
+            refusals[name] = None
+
+    def old_drive() -> None:
+        with closing(env.connect()) as conn, own.workflows.drive("job-1") as ctx:
+            entered.set()
+            assert go.wait(WAIT_S)
+
+            def host_write() -> None:
+                with own.fenced("job-1", conn) as fenced:
+                    env.write(fenced, "row", "old drive")
+
+            attempt("host", host_write)
+            attempt("checkpoint", lambda: ctx.checkpoint(b"old drive"))
+            attempt("complete", lambda: ctx.complete({"by": "old drive"}))
+
+    thread = threading.Thread(target=old_drive)
+    thread.start()
+    try:
+        assert entered.wait(WAIT_S)
+        _put_back(snapshot, env.db_url)
+        with pytest.warns(WorkflowClaimLostWarning):
+            own.run_maintenance()
+        assert own.registry.loss_cause("job-1") == "store_rollback"
+        own.workflows.start("job-1", "report")
+        second = own.registry.current_epoch_bytes("job-1")
+        assert first is not None and second is not None
+        assert decode_epoch(second) == decode_epoch(first) and second != first
+        with closing(env.connect()) as conn, own.fenced("job-1", conn) as fenced:
+            env.write(fenced, "row", "new claim")
+    finally:
+        go.set()
+        thread.join(WAIT_S)
+    assert not thread.is_alive()
+    assert set(refusals) == {"host", "checkpoint", "complete"}
+    for name, error in refusals.items():
+        assert isinstance(error, EngineDeposedError), (name, error)
+        assert error.cause == "superseded", (name, error)
+    assert env.rows()["row"] == "new claim"
+    # The old drive's end leaves the new claim alone: held, and drivable here.
+    assert own.registry.current_epoch_bytes("job-1") == second
+    with own.workflows.drive("job-1") as ctx:
+        ctx.complete({"by": "new driver"})
+    record = own.workflows.get("job-1")
+    assert record is not None and record.status == "completed"

@@ -28,13 +28,14 @@ again, after a backoff of ``(attempts - 1)`` renew intervals on this engine. At
 included): a workflow that no driver can finish is not redriven for ever. Attempts are counted
 per engine, in memory: another engine starts its own count.
 
-A drive writes at its own epoch: a fenced write, finish or host transaction made on a thread
-inside a drive of a workflow (:meth:`DriverTracker.drive_epoch`) is refused
-(``EngineDeposedError``, cause ``"superseded"``) once this engine holds the workflow at another
-epoch. That happens when this engine lost the claim (its renewals failed past the local deadline)
-while the drive went on, and then took the workflow again, by its reclaim pass, for a new driver:
-without this, the old drive and the new one would both pass the fence, and the old one could
-overwrite the new one's checkpoint.
+A drive writes with its own epoch token: a fenced write, finish or host transaction made on a
+thread inside a drive of a workflow (:meth:`DriverTracker.drive_token`) is refused
+(``EngineDeposedError``, cause ``"superseded"``) once this engine holds the workflow with another
+token. That happens when this engine lost the claim (its renewals failed past the local deadline,
+or the store went back to an older state) while the drive went on, and then took the workflow
+again for a new driver: without this, the old drive and the new one would both pass the fence,
+and the old one could overwrite the new one's checkpoint. Tokens are compared, not epoch
+numbers: after a store rollback the same number is minted again, with another token.
 
 Claims not taken through the ledger (``Ownership.claim()`` blocks, which their ``with`` block's
 thread drives, and direct ``ClaimRegistry`` use) are not tracked.
@@ -78,12 +79,15 @@ grace (``HandlerTable.offer``); ``False`` when the workflow's type has no handle
 
 @dataclass(eq=False, slots=True)
 class Driver:
-    """One live drive of one claim: who drives it and at which epoch."""
+    """One live drive of one claim: who drives it, at which epoch and with which token."""
 
     workflow_id: str
     epoch: int
     kind: str
     thread: threading.Thread
+    token: bytes = b""
+    """The epoch token the claim was held with as the drive began (``b""``: it was not held at
+    ``epoch`` any more); its writes are made with it."""
     nested: bool = False
     """Entered on the thread already driving the claim (a handler's own ``drive()`` block):
     the outer drive decides what happens to the claim."""
@@ -92,6 +96,7 @@ class Driver:
 @dataclass(slots=True)
 class _Tracked:
     epoch: int
+    token: bytes | None  # the claim's epoch token when it was tracked (None: not held then)
     since: int
     driver: Driver | None = None
     queued: bool = False  # a handler run waits for a free handler thread: driven by then
@@ -132,8 +137,8 @@ class DriverTracker:
         # Undriven claims check() is releasing now: a drive entering meanwhile is refused.
         self._releasing: set[str] = set()
         self._offer: OfferCallback | None = None  # set once by bind_offer(), before any check()
-        # Per thread: workflow id -> the epochs of the drives the thread is inside, innermost
-        # last (a handler's own drive() block nests in the handler's drive).
+        # Per thread: workflow id -> the epoch tokens of the drives the thread is inside,
+        # innermost last (a handler's own drive() block nests in the handler's drive).
         self._here = threading.local()
 
     def bind_offer(self, offer: OfferCallback) -> None:
@@ -150,11 +155,14 @@ class DriverTracker:
             until the run starts (and its grace starts afresh if it hands the claim on).
         """
         now = self._registry.clock()
+        token = self._held_token(workflow_id, epoch)
         with self._lock:
             self._left_to_expire.pop(workflow_id, None)
             current = self._tracked.get(workflow_id)
-            if current is None or current.epoch != epoch:
-                self._tracked[workflow_id] = _Tracked(epoch, now, queued=queued, offered=queued)
+            if current is None or current.epoch != epoch or current.token != token:
+                self._tracked[workflow_id] = _Tracked(
+                    epoch, token, now, queued=queued, offered=queued
+                )
             elif current.driver is None:
                 current.since, current.queued = now, queued
                 current.offered = current.offered or queued
@@ -166,51 +174,58 @@ class DriverTracker:
         """Drive the claim at ``epoch`` on this thread for the block; judge the drive after it.
 
         The block's exception propagates; the drive is judged either way (see :meth:`leave`).
+        The drive writes with the token the claim is held with as it begins (:attr:`Driver.token`;
+        when the claim is not held at ``epoch`` any more, none: every write is refused).
         """
         driver = self.enter(workflow_id, epoch, kind)
-        epochs = self._drives_here().setdefault(workflow_id, [])
-        epochs.append(epoch)
+        tokens = self._drives_here().setdefault(workflow_id, [])
+        tokens.append(driver.token)
         try:
             yield driver
         except BaseException as exc:
-            self._left_here(workflow_id, epochs)
+            self._left_here(workflow_id, tokens)
             self.leave(driver, exc)
             raise
-        self._left_here(workflow_id, epochs)
+        self._left_here(workflow_id, tokens)
         self.leave(driver, None, hand_off=hand_off)
 
-    def drive_epoch(self, workflow_id: str) -> int | None:
-        """The epoch of the innermost drive of ``workflow_id`` the calling thread is inside, or
-        ``None`` when it drives none: the epoch its fenced writes must be made at."""
-        drives: dict[str, list[int]] | None = getattr(self._here, "drives", None)
+    def drive_token(self, workflow_id: str) -> bytes | None:
+        """The epoch token of the innermost drive of ``workflow_id`` the calling thread is
+        inside, or ``None`` when it drives none: the token its fenced writes must be made with."""
+        drives: dict[str, list[bytes]] | None = getattr(self._here, "drives", None)
         if not drives:
             return None
-        epochs = drives.get(workflow_id)
-        return epochs[-1] if epochs else None
+        tokens = drives.get(workflow_id)
+        return tokens[-1] if tokens else None
 
     def narrowed(self, lookup: Callable[[str], bytes | None]) -> Callable[[str], bytes | None]:
         """``lookup`` (the epoch token of a held claim, or ``None``) as the calling thread may
-        write with it: ``None`` inside a drive of the workflow at another epoch than the one
+        write with it: ``None`` inside a drive of the workflow with another token than the one
         held (the host fence's ``epoch_of``)."""
 
         def narrowed(workflow_id: str) -> bytes | None:
             token = lookup(workflow_id)
             if token is None:
                 return None
-            driving = self.drive_epoch(workflow_id)
-            return token if driving is None or driving == decode_epoch(token) else None
+            driving = self.drive_token(workflow_id)
+            return token if driving is None or driving == token else None
 
         return narrowed
 
-    def _drives_here(self) -> dict[str, list[int]]:
-        drives: dict[str, list[int]] | None = getattr(self._here, "drives", None)
+    def _held_token(self, workflow_id: str, epoch: int) -> bytes | None:
+        """The token this engine holds ``workflow_id`` with, if it holds it at ``epoch``."""
+        token = self._registry.current_epoch_bytes(workflow_id)
+        return token if token is not None and decode_epoch(token) == epoch else None
+
+    def _drives_here(self) -> dict[str, list[bytes]]:
+        drives: dict[str, list[bytes]] | None = getattr(self._here, "drives", None)
         if drives is None:
             drives = self._here.drives = {}
         return drives
 
-    def _left_here(self, workflow_id: str, epochs: list[int]) -> None:
-        epochs.pop()
-        if not epochs:
+    def _left_here(self, workflow_id: str, tokens: list[bytes]) -> None:
+        tokens.pop()
+        if not tokens:
             self._here.drives.pop(workflow_id, None)
 
     def enter(self, workflow_id: str, epoch: int, kind: str) -> Driver:
@@ -221,7 +236,8 @@ class DriverTracker:
             engine's id). One claim has one driver. Also while :meth:`check` releases the claim
             as undriven: it is the redrive's to drive.
         """
-        driver = Driver(workflow_id, epoch, kind, threading.current_thread())
+        token = self._held_token(workflow_id, epoch)
+        driver = Driver(workflow_id, epoch, kind, threading.current_thread(), token or b"")
         now = self._registry.clock()
         with self._lock:
             releasing = workflow_id in self._releasing
@@ -229,8 +245,8 @@ class DriverTracker:
             if not releasing:
                 self._left_to_expire.pop(workflow_id, None)
                 tracked = self._tracked.get(workflow_id)
-                if tracked is None or tracked.epoch != epoch:
-                    tracked = self._tracked[workflow_id] = _Tracked(epoch, now)
+                if tracked is None or tracked.epoch != epoch or tracked.token != token:
+                    tracked = self._tracked[workflow_id] = _Tracked(epoch, token, now)
                 other = tracked.driver
                 if other is not None and other.thread is driver.thread:
                     driver.nested = True
@@ -275,12 +291,14 @@ class DriverTracker:
             tracked = self._tracked.get(wid)
             if tracked is not None and tracked.driver is driver:
                 tracked.driver = None
-        held = self._registry.current_epoch(wid)
+        held = self._registry.current_epoch_bytes(wid)
         if held is None:
             self._finished(wid, driver.epoch)  # finished, or lost: its claim ended
             return
-        if held != driver.epoch:
-            return  # superseded: the drive of the later epoch counts from here
+        if held != driver.token:
+            # Superseded: the drive of the later claim counts from here. Tokens, not epoch
+            # numbers: a store that went back in time mints the same number again.
+            return
         if hand_off and error is None:
             now = self._registry.clock()
             with self._lock:

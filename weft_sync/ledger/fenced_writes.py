@@ -46,9 +46,9 @@ _log = logging.getLogger(__name__)
 RegistrySource = Callable[[], "ClaimRegistry | None"]
 """Returns the engine's registry, or ``None`` while none is bound."""
 
-DriveEpochSource = Callable[[str], "int | None"]
-"""``workflow_id -> epoch``: the epoch of the drive of it the calling thread is inside, or
-``None``."""
+DriveTokenSource = Callable[[str], "bytes | None"]
+"""``workflow_id -> token``: the epoch token of the drive of it the calling thread is inside,
+or ``None``."""
 
 FenceObserver = Callable[[str, int, float, "BaseException | None"], object]
 """Told of every fenced commit: workflow id, wall-clock start (``time.time_ns()``), duration in
@@ -142,9 +142,9 @@ class Fence:
     :param registry: returns the engine's registry, or ``None`` while none is bound.
     :param warn: receives :class:`~weft_sync.errors.WorkflowClaimLostWarning` when a fenced write
         finds the claim lost, and wake-discarded warnings.
-    :param drive_epoch: the epoch of the drive of a workflow the calling thread is inside, or
-        ``None`` (see :meth:`~weft_sync.ledger.driving.DriverTracker.drive_epoch`): such a
-        thread writes at that epoch only.
+    :param drive_token: the epoch token of the drive of a workflow the calling thread is
+        inside, or ``None`` (see :meth:`~weft_sync.ledger.driving.DriverTracker.drive_token`):
+        such a thread writes with that token only.
     """
 
     def __init__(
@@ -154,13 +154,13 @@ class Fence:
         warn: WarnSink,
         observers: Sequence[FenceObserver] = (),
         *,
-        drive_epoch: DriveEpochSource | None = None,
+        drive_token: DriveTokenSource | None = None,
     ) -> None:
         self._storage = storage
         self._registry = registry
         self._warn = warn
         self._observers = tuple(observers)
-        self._drive_epoch = drive_epoch
+        self._drive_token = drive_token
 
     @property
     def warn(self) -> WarnSink:
@@ -225,20 +225,20 @@ class Fence:
         if fence is None:
             why = registry.loss_cause(workflow_id)
             self.deposed(workflow_id, why=why or "not_held", report=False)
-        self.check_drive(workflow_id, decode_epoch(fence))
+        self.check_drive(workflow_id, fence)
         return fence
 
-    def check_drive(self, workflow_id: str, held_epoch: int | None) -> None:
-        """Refuse a write from a thread inside a drive of ``workflow_id`` at another epoch than
-        ``held_epoch``, the one this engine holds it at.
+    def check_drive(self, workflow_id: str, held: bytes | None) -> None:
+        """Refuse a write from a thread inside a drive of ``workflow_id`` with another epoch
+        token than ``held``, the one this engine holds it with.
 
         :raises EngineDeposedError: cause ``"superseded"``: the drive's claim was lost, then
             taken again here for another driver (the loss was reported when it happened).
         """
-        if self._drive_epoch is None:
+        if self._drive_token is None:
             return
-        driving = self._drive_epoch(workflow_id)
-        if driving is not None and driving != held_epoch:
+        driving = self._drive_token(workflow_id)
+        if driving is not None and driving != held:
             self.deposed(workflow_id, why="superseded", report=False)
 
     def commit(

@@ -28,7 +28,7 @@ from .. import keys
 from ..claims.registry import ReleasePreparation
 from ..claims.transitions import extract_put_value
 from ..clock import Clock
-from ..codec import WorkflowRecord, decode_holder, decode_workflow_record
+from ..codec import WorkflowRecord, decode_epoch, decode_holder, decode_workflow_record
 from ..errors import FencedWriteConflict
 from ..storage.base import Condition, Delete, Operation, Put, Storage, storage_conditional_batch
 from .fenced_writes import Fence
@@ -93,11 +93,12 @@ class SelfTransitions:
         :raises ValueError: ``fields`` are not MessagePack-encodable.
         """
         registry = self._fence.registry()
-        held_epoch = registry.current_epoch(wid)
-        if held_epoch is None:
+        held = registry.current_epoch_bytes(wid)
+        if held is None:
             # Not held: a loss is reported when it happens (renewal, fence), not again here.
             self._fence.fence_bytes(wid)
-        self._fence.check_drive(wid, held_epoch)
+        self._fence.check_drive(wid, held)
+        held_epoch = None if held is None else decode_epoch(held)
         finished_at = self._clock()
         outcome = pack_payload(
             f"the {operation} outcome of workflow {wid!r}",
