@@ -245,6 +245,30 @@ def test_sqlite_ensure_retakes_a_lock_whose_file_was_removed(tmp_path: Path) -> 
         lock.release()
 
 
+def test_sqlite_ensure_keeps_a_lock_whose_path_cannot_be_looked_up(tmp_path: Path) -> None:
+    """The lock directory's path names a regular file for a while (a lookup fails with
+    ``NotADirectoryError``): ``ensure()`` says not held, without raising, and keeps the lock on
+    its file, which is found held again once the directory is back."""
+    with SqliteStorage(tmp_path / "store.db") as store:
+        locks = _locks(store)
+        lock = locks.acquire_session_lock("engine-a")
+        directory = lock_directory(str(tmp_path / "store.db"))
+        aside = str(tmp_path / "locks-aside")
+        os.rename(directory, aside)
+        Path(directory).write_bytes(b"not a directory")
+        try:
+            assert lock.ensure() is False
+            assert lock.ensure() is False  # still undecided, still not raising
+        finally:
+            os.unlink(directory)
+            os.rename(aside, directory)
+        # The flock was never let go: the same file is held, and ensure() says so again.
+        assert locks.held_session_locks(["engine-a"]) == {"engine-a"}
+        assert lock.ensure() is True
+        lock.release()
+        assert locks.held_session_locks(["engine-a"]) == set()
+
+
 # -- PostgreSQL -------------------------------------------------------------------------------
 
 

@@ -246,7 +246,14 @@ class EngineLiveness:
     ) -> bool:
         lock_name = lock_id = None
         if lock is not None:
-            if lock.ensure():
+            try:
+                still = lock.ensure()
+            except Exception as exc:  # a lock's own check must not cost the heartbeat
+                _log.warning(
+                    "engine %s: checking its session lock failed: %r", self._engine_id, exc
+                )
+                still = False
+            if still:
                 # A lock taken again is another lock object: its new identity is published at
                 # once (heartbeat_due sees the change), so the others' probes find it held.
                 lock_name, lock_id = lock.name, lock.identity

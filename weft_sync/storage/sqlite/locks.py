@@ -97,12 +97,16 @@ def _file_name(name: str) -> str:
     return stem + _SUFFIX
 
 
-def _same_file(fd: int, path: str) -> bool:
-    """Whether ``path`` still names the file open on ``fd`` (it was not unlinked or replaced)."""
+def _same_file(fd: int, path: str) -> bool | None:
+    """Whether ``path`` still names the file open on ``fd`` (it was not unlinked or replaced);
+    ``None`` when that cannot be told (``path`` cannot be looked up: a directory this process
+    may not search any more, for example)."""
     try:
         st = os.stat(path)
     except FileNotFoundError:
         return False
+    except OSError:
+        return None
     mine = os.fstat(fd)
     return (st.st_dev, st.st_ino) == (mine.st_dev, mine.st_ino)
 
@@ -140,25 +144,40 @@ class SqliteSessionLock:
             return self._identity
 
     def ensure(self) -> bool:
-        """Whether the lock is still held; re-take it if its file was removed under it."""
+        """Whether the lock is still held; re-take it if its file was removed under it.
+
+        ``False``, with the lock kept, while the file's path cannot be looked up: whether the
+        file others probe is still the locked one cannot be told, so it is not claimed held.
+        Never raises.
+        """
         if self._pid != os.getpid():
             return False
+        error: StorageError | None = None
         with self._lock:
             if self._released:
                 return False
             fd = self._fd
-            if fd is not None and _same_file(fd, self._path):
+            same = None if fd is None else _same_file(fd, self._path)
+            if same:
                 return True
-            # The file was removed under us (or an earlier re-take failed): nobody can probe the
-            # old inode, so take the lock again on a fresh file, or give up if another holds it.
-            try:
-                new_fd: int | None = _take(self._path)
-            except StorageError as exc:
-                _log.debug("re-taking the session lock %r failed: %s", self._name, exc)
-                new_fd = None
-            self._fd = new_fd
-            if new_fd is not None:
-                self._identity = file_identity(new_fd)
+            undecided = fd is not None and same is None
+            if not undecided:
+                # The file was removed under us (or an earlier re-take failed): nobody can probe
+                # the old inode, so take the lock again on a fresh file, or give up if another
+                # holds it.
+                try:
+                    new_fd: int | None = _take(self._path)
+                except StorageError as exc:
+                    error, new_fd = exc, None
+                self._fd = new_fd
+                if new_fd is not None:
+                    self._identity = file_identity(new_fd)
+        if undecided:
+            # The lock is kept: if the path still names its file, probes still find it held.
+            _log.debug("cannot tell whether session lock file %s is still ours", self._path)
+            return False
+        if error is not None:
+            _log.debug("re-taking the session lock %r failed: %s", self._name, error)
         if fd is not None:
             with contextlib.suppress(OSError):
                 os.close(fd)
