@@ -10,6 +10,8 @@ very epoch the fence expects, so only the proof can refuse it.
 
 from __future__ import annotations
 
+import contextlib
+import os
 import sqlite3
 from pathlib import Path
 
@@ -21,6 +23,7 @@ from weft_sync.errors import (
     EngineDeposedError,
     StorageCapabilityError,
     StorageError,
+    StoreIdentityError,
     WorkflowClaimLostWarning,
 )
 
@@ -280,3 +283,38 @@ def test_sqlalchemy_blocks_recheck_the_same_way(tmp_path: Path, driver: str) -> 
         assert host.rows() == {"row": "3"}
     finally:
         host.close()
+
+
+@pytest.mark.parametrize("proven", [False, True], ids=["first", "proven"])
+def test_a_block_on_a_file_renamed_away_under_the_store_is_refused(
+    env: HostEnv, tmp_path: Path, proven: bool
+) -> None:
+    """A restore that renames another file into place (and removes the ``-wal``/``-shm``)
+    while the engine and the host's connection still have the old file open: SQLite still
+    reports the path, so the proof passes, but the store's identity check before the commit
+    refuses the block, and the engine loses its claims (``store_identity``); its later blocks
+    are refused as deposed. Nothing reaches either file."""
+    own = _held(env)
+    conn = sqlite3.connect(env.db_url, isolation_level=None)
+    try:
+        if proven:
+            _fenced_write(own, conn, env.table, "proof")
+        else:
+            # Not a block: the next one is the connection's first, but its files are open.
+            conn.execute(f"SELECT count(*) FROM {env.table}").fetchone()
+        restored = _copy(env, tmp_path, "restored.db")
+        os.replace(restored, env.db_url)
+        for suffix in ("-wal", "-shm"):
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(env.db_url + suffix)
+        with pytest.warns(WorkflowClaimLostWarning), pytest.raises(StoreIdentityError):
+            _fenced_write(own, conn, env.table, "into the old file")
+        assert own.registry.current_epoch(WID) is None
+        assert own.registry.loss_cause(WID) == "store_identity"
+        with pytest.raises(EngineDeposedError):
+            _fenced_write(own, conn, env.table, "again")
+        old = conn.execute(f"SELECT v FROM {env.table}").fetchall()
+    finally:
+        conn.close()
+    assert old == ([("proof",)] if proven else [])
+    assert env.rows() == ({"row": "proof"} if proven else {})

@@ -13,7 +13,7 @@ from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager
 from typing import Any, NoReturn, Protocol, runtime_checkable
 
-from ..errors import StorageError
+from ..errors import StorageError, StoreIdentityError
 from ..storage.fence_proof import FenceBinding
 
 _savepoints = itertools.count(1)
@@ -199,6 +199,11 @@ class FenceContext(Protocol):
 
     def failed(self, workflow_id: str, exc: BaseException) -> StorageError:
         """The error for a statement of the fence that failed with ``exc``."""
+        ...
+
+    def store_replaced(self, workflow_id: str, exc: StoreIdentityError) -> NoReturn:
+        """Raise ``exc`` for a block whose store check (``FenceBinding.store_check``) failed,
+        once the block rolled back; every claim of the engine is lost first."""
         ...
 
     def generic_block(self, workflow_id: str, connection: object) -> AbstractContextManager[object]:

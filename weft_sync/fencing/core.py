@@ -96,6 +96,7 @@ from ..errors import (
     EngineDeposedError,
     StorageCapabilityError,
     StorageError,
+    StoreIdentityError,
     WorkflowClaimLostWarning,
 )
 from ..storage.base import Storage
@@ -385,6 +386,16 @@ class HostFence:
         """The ``StorageError`` for one of the fence's own statements that failed with ``exc``."""
         return _fence_failed(workflow_id, self.target(), exc)
 
+    def store_replaced(self, workflow_id: str, exc: StoreIdentityError) -> NoReturn:
+        """Raise ``exc``, the store check's (``FenceBinding.store_check``), once the block
+        rolled back: another file is at the store's path, so nothing this engine holds is
+        vouched for, and every claim is lost (cause ``store_identity``)."""
+        _log.warning(
+            "a fenced host transaction for workflow %r was rolled back: %s", workflow_id, exc
+        )
+        self._registry.lose_store(exc)
+        raise exc
+
     def target(self) -> FenceTarget:
         """The store's fence target, fetched on first use.
 
@@ -494,6 +505,12 @@ def _end_check(
     if observed != expected:
         _end_quietly(host, ended_inside(wid))
         fence.end_refused(wid, expected, observed)
+    if binding.store_check is not None:
+        try:
+            binding.store_check()
+        except StoreIdentityError as exc:
+            _end_quietly(host, exc)
+            fence.store_replaced(wid, exc)
 
 
 def _begin_and_read(

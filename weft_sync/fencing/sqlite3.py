@@ -25,12 +25,12 @@ from __future__ import annotations
 
 import logging
 import sqlite3
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager
 from types import TracebackType
 from typing import Any
 
-from ..errors import StorageError
+from ..errors import StorageError, StoreIdentityError
 from .base import FenceContext, FindBinding, first_value, savepoint_name
 
 _log = logging.getLogger(__name__)
@@ -50,7 +50,17 @@ class Sqlite3Block:
     generic block before anything of the block ran, which proves the connection afresh.
     """
 
-    __slots__ = ("_check", "_conn", "_cursor", "_expected", "_fence", "_generic", "_params", "_wid")
+    __slots__ = (
+        "_check",
+        "_conn",
+        "_cursor",
+        "_expected",
+        "_fence",
+        "_generic",
+        "_params",
+        "_store_check",
+        "_wid",
+    )
 
     def __init__(self, fence: FenceContext, workflow_id: str, connection: sqlite3.Connection):
         self._fence = fence
@@ -59,6 +69,7 @@ class Sqlite3Block:
         self._cursor: sqlite3.Cursor | None = None
         self._generic: AbstractContextManager[object] | None = None
         self._check = ""
+        self._store_check: Callable[[], None] | None = None
         self._params: tuple[str, ...] = ()
         self._expected: bytes | None = None
 
@@ -92,6 +103,7 @@ class Sqlite3Block:
             fence.deposed(wid)
         self._cursor = cursor
         self._check = binding.end_check
+        self._store_check = binding.store_check
         self._params = params
         self._expected = expected
         return conn
@@ -131,6 +143,13 @@ class Sqlite3Block:
         if observed != self._expected:
             _rollback_quietly(conn, cursor)
             self._fence.end_refused(self._wid, self._expected, observed)
+        store_check = self._store_check
+        if store_check is not None:
+            try:
+                store_check()
+            except StoreIdentityError as replaced:
+                _rollback_quietly(conn, cursor)
+                self._fence.store_replaced(self._wid, replaced)
         cursor.execute("COMMIT")
 
 

@@ -48,6 +48,10 @@ class FenceBinding:
     :param commit_checked: on PostgreSQL, the same check and ``COMMIT`` as one simple query (no
         parameters) for a driver that sent the block's ``BEGIN`` itself; it fails with a
         division by zero, committing nothing, when the mark is not set. ``None`` elsewhere.
+    :param store_check: on SQLite, the store's own check that the file at its path is still
+        the one it opened (``StoreIdentityError`` when not: a restore that renamed another file
+        into place, for example, while the host's connection still has the old one open); run
+        just before every block commits, after the end check. ``None`` elsewhere.
     :param read_value: put_value: delete_value: read (locking the row where the family has
         row locks), upsert and delete one key of the store's table inside the host's
         transaction (parameters: the key, and the value for ``put_value``); the ledger writes a
@@ -60,6 +64,7 @@ class FenceBinding:
     recheck: str | None = None
     confirm: Callable[[Sequence[tuple[Any, ...]]], bool] | None = None
     commit_checked: str | None = None
+    store_check: Callable[[], None] | None = None
     read_value: str | None = None
     put_value: str | None = None
     delete_value: str | None = None
@@ -112,14 +117,23 @@ class SqliteFenceTarget:
     ``PRAGMA database_list``, SQLite's documented way to ask a connection which files it has
     open. (Not the ``pragma_database_list`` table-valued function in the epoch read: a
     connection that prepared one crashes SQLite 3.40 after ``deserialize()``.)
+
+    SQLite reports the path a connection opened, not the file it has open now: a connection
+    opened before another file was renamed into place still names the path. So every block also
+    runs ``store_check`` (the store's identity check, ``stat`` calls only) just before it
+    commits: a block on the old file, or on the new one under a store that opened the old one,
+    is refused there.
     """
 
     family: Family = "sqlite"
 
-    def __init__(self, path: str, table: str) -> None:
+    def __init__(
+        self, path: str, table: str, store_check: Callable[[], None] | None = None
+    ) -> None:
         self._path = path
         self._table = table
         self._real = os.path.realpath(path)
+        self._store_check = store_check
 
     @property
     def location(self) -> str:
@@ -168,6 +182,7 @@ class SqliteFenceTarget:
             write_lock=f"UPDATE {table} SET value = value WHERE key = ?",
             recheck="PRAGMA database_list",
             confirm=confirm,
+            store_check=self._store_check,
             read_value=f"SELECT value FROM {table} WHERE key = ?",
             put_value=f"INSERT OR REPLACE INTO {table} (key, value) VALUES (?, ?)",
             delete_value=f"DELETE FROM {table} WHERE key = ?",

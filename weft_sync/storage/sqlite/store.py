@@ -187,7 +187,6 @@ class SqliteStorage(SqliteSessionLockMethods):
         # read-write connection to close does, so inspecting a cleanly closed store leaves no
         # file behind. ``query_only`` makes SQLite refuse every write statement.
         self._ro_uri = f"file:{quote(os.path.abspath(self._path))}?mode=rw"
-        self._fence_target = SqliteFenceTarget(self._path, self._table)
         quoted = f'"{self._table}"'
         self._sql_get = f"SELECT value FROM {quoted} WHERE key = ?"
         self._sql_get_many = f"SELECT key, value FROM {quoted} WHERE key IN "
@@ -205,6 +204,13 @@ class SqliteStorage(SqliteSessionLockMethods):
         self._file_lock = WriterFileLock(self._path + ".lock", self._busy_timeout_ms, self._bound)
         self._readers = ReaderConnections(self._connect, self._closed_error)
         self._identity = StoreIdentity(self._path, self._connect)
+        # A fenced host block checks, as the store's own commits do, that the file at the path
+        # is still the one this store opened.
+        self._fence_target = SqliteFenceTarget(
+            self._path,
+            self._table,
+            None if self._read_only else self._identity.check_before_commit,
+        )
         self._session_locks = SqliteSessionLocks(self._path, read_only=self._read_only)
         # A lock file without its database: a store was here and its file was deleted.
         replaces_deleted = not self._read_only and replaces_deleted_store(self._path)
