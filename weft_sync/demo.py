@@ -273,7 +273,7 @@ def _kill_and_watch(
     )
     out(
         "   the survivors watch every engine's session lock: they should see it crashed and "
-        "take its claims over within about 100-200 ms, long before the claims expire (without "
+        "take its claims over within about 0.1-0.4 s, long before the claims expire (without "
         f"crash detection: up to TTL + 2 x renew interval = {ttl_bound_ms} ms after its last "
         "renewal)"
     )
