@@ -5,7 +5,8 @@ The CLI calls a handler with a :class:`~weft_sync.ReclaimedWorkflow`, as every h
 and records the id in :data:`RESUMED` (read by in-process tests), then prints ``resumed <id>``
 (read from a subprocess's stdout). :func:`resume_until_closed` then keeps driving until the
 engine closes; :func:`finish` also completes the workflow; :func:`explode`
-raises; :func:`stall` takes a few seconds.
+raises; :func:`explode_on_wf_1` raises on ``wf-1`` and finishes every other workflow;
+:func:`stall` takes a few seconds.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ __all__ = [
     "NOT_CALLABLE",
     "RESUMED",
     "explode",
+    "explode_on_wf_1",
     "finish",
     "resume",
     "resume_until_closed",
@@ -59,6 +61,13 @@ def finish(ctx: ReclaimedWorkflow) -> None:
 def explode(ctx: ReclaimedWorkflow) -> None:
     """A handler that fails on every workflow."""
     raise RuntimeError(f"cannot drive {ctx.workflow_id} at postgresql://app:s3cret@db/main")
+
+
+def explode_on_wf_1(ctx: ReclaimedWorkflow) -> None:
+    """Raise (as :func:`explode`) on ``wf-1``; :func:`finish` every other workflow."""
+    if ctx.workflow_id == "wf-1":
+        explode(ctx)
+    finish(ctx)
 
 
 def take_resumed() -> list[tuple[str, str, int]]:

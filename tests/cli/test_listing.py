@@ -255,7 +255,7 @@ def test_show_of_an_undecodable_record_says_so_and_still_shows_the_claim(
 
     assert code == 0
     fields = _fields(out)
-    assert fields["record"] == "(undecodable workflow record)"
+    assert fields["record"] == "('wf:wf-1' holds 14 bytes, not a valid workflow record)"
     assert fields["holder"] == "dead-engine at epoch 1"
     assert (
         json.loads(run_cli("--url", storage_url, "show", "wf-1", "--json")[1])["record_valid"]

@@ -7,12 +7,12 @@ from collections.abc import Callable
 from typing import Final, TextIO
 
 from ... import keys
-from ...claims.epochs import find_corrupt_epochs
-from ...codec import decode_mode_marker, encode_epoch
+from ...codec import decode_epoch, decode_mode_marker, encode_epoch
 from ...storage import Condition, Delete, Put, Storage
 from ...storage.postgres.settings import ReplicationSettings
 from .listing import read_claims
 from .output import CommandError, StoreMissing, StoreRef, one_line
+from .rows import Unreadable, Value, read_value, scan_rows
 from .store_view import read_store_view
 
 CLOCK_SKEW_LIMIT_MS: Final = 24 * 3600 * 1000
@@ -43,15 +43,24 @@ def doctor(store: StoreRef, fix: bool, out: TextIO) -> int:
         storage = store.open(read_only=not fix, create=fix)
     except CommandError as exc:
         report("FAIL", f"open the store: {one_line(str(exc))}")
-        missing = isinstance(exc, StoreMissing)
-        hint = f"; '{store.command('doctor --fix')}' creates it" if missing else ""
-        out.write(f"1 problem(s) found{hint}\n")
+        out.write(f"1 problem(s) found{_open_hint(exc, store)}\n")
         return 1
     with storage:
         report("ok", "open the store: the file or table exists and answers reads")
         _check_store(storage, fix, report, store)
     out.write("no problems found\n" if problems == 0 else f"{problems} problem(s) found\n")
     return 0 if problems == 0 else 1
+
+
+def _open_hint(exc: CommandError, store: StoreRef) -> str:
+    """What to do about a store that did not open, when the command line knows."""
+    if not isinstance(exc, StoreMissing):
+        return ""
+    if not exc.fixable:
+        # Another application's database, or a weft_sync file under another ?table=: creating
+        # a table in it is rarely the fix.
+        return "; the file exists but has no such table: check the path and ?table= in the URL"
+    return f"; '{store.command('doctor --fix')}' creates it"
 
 
 def _check_store(storage: Storage, fix: bool, report: Report, store: StoreRef) -> None:
@@ -70,10 +79,12 @@ def _check_store(storage: Storage, fix: bool, report: Report, store: StoreRef) -
     else:
         fix_command = store.command("doctor --fix")
         report("info", f"compare-and-swap probe skipped: it writes; '{fix_command}' runs it")
-    raw = storage.get(keys.OWNERSHIP_MODE_MARKER)
-    marker = decode_mode_marker(raw)
+    raw = read_value(storage, keys.OWNERSHIP_MODE_MARKER)
+    marker = decode_mode_marker(raw) if isinstance(raw, bytes) else None
     if raw is None:
         report("ok", "mode marker: absent (the first engine stamps it)")
+    elif isinstance(raw, Unreadable):
+        report("FAIL", f"mode marker: {raw.reason}; an operator must repair it")
     elif marker is None:
         report("FAIL", "mode marker: present but corrupt; an operator must repair it")
     else:
@@ -166,18 +177,32 @@ def _far_future(storage: Storage, now: int) -> list[str]:
 def _check_epochs(storage: Storage, report: Report, store: StoreRef) -> None:
     # A corrupt epoch fails closed (nothing can acquire the workflow), and only an operator can
     # say which epoch is safely above every one handed out: name each key and the repair.
-    corrupt = find_corrupt_epochs(storage, limit=CORRUPT_EPOCHS_SHOWN + 1)
+    corrupt = _corrupt_epochs(storage, CORRUPT_EPOCHS_SHOWN + 1)
     if not corrupt:
         report("ok", "epoch keys: every one decodes")
         return
     more = "+" if len(corrupt) > CORRUPT_EPOCHS_SHOWN else ""
     report("FAIL", f"epoch keys: {min(len(corrupt), CORRUPT_EPOCHS_SHOWN)}{more} do not decode")
-    for item in corrupt[:CORRUPT_EPOCHS_SHOWN]:
-        if item.workflow_id is None:
-            report("FAIL", f"  {item.key!r} ({item.size} bytes): the key itself does not decode")
+    for key, workflow_id, value in corrupt[:CORRUPT_EPOCHS_SHOWN]:
+        if isinstance(value, Unreadable):
+            report("FAIL", f"  {key!r}: {value.reason}; refused, and not replaced by repair-epoch")
+        elif workflow_id is None:
+            report("FAIL", f"  {key!r} ({len(value)} bytes): the key itself does not decode")
         else:
             report(
                 "FAIL",
-                f"  {item.key!r} ({item.size} bytes): refused until repaired with "
-                f"'{store.command('repair-epoch ' + item.workflow_id)}'",
+                f"  {key!r} ({len(value)} bytes): refused until repaired with "
+                f"'{store.command('repair-epoch ' + workflow_id)}'",
             )
+
+
+def _corrupt_epochs(storage: Storage, limit: int) -> list[tuple[str, str | None, Value]]:
+    """The first ``limit`` epoch keys whose value does not decode: key, workflow id, value."""
+    prefix = keys.workflow_owner_epoch("")
+    found: list[tuple[str, str | None, Value]] = []
+    for key, value in scan_rows(storage, prefix):
+        if isinstance(value, Unreadable) or decode_epoch(value) is None:
+            found.append((key, keys.try_decode_key_component(key[len(prefix) :]), value))
+            if len(found) >= limit:
+                break
+    return found

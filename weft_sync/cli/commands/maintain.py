@@ -140,7 +140,9 @@ def maintain(
     if args.types and not args.handler:
         raise UsageError("--type names the workflow types --handler drives; give --handler too")
     handler = load_handler(args.handler) if args.handler else None
-    with store.open(read_only=False) as storage:
+    # The library's warnings and errors (a handler that raised, a lost claim) go to stderr one
+    # line each from before the engine opens until after it closed, never as a traceback.
+    with warnings_to_stderr(), store.open(read_only=False) as storage:
         if args.once:
             with _open_engine(storage, options, handler, args.types, handlers) as ownership:
                 result = ownership.run_maintenance()  # waits for the handlers it started
@@ -150,7 +152,6 @@ def maintain(
         # at any moment ends in a clean close, never in the default handler's abrupt exit.
         with (
             stops() as stop,
-            warnings_to_stderr(),
             _open_engine(storage, options, handler, args.types, handlers) as ownership,
         ):
             ownership.start()

@@ -3,14 +3,28 @@
 from __future__ import annotations
 
 import json
+import os
+import sys
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime, timezone
-from typing import Any, TextIO
+from typing import Any, Final, TextIO
 
 from ...codec import WorkflowRecord
 from ...errors import MissingStoreError, StorageError, WeftError
 from ...redaction import redact_text, redact_url
 from ...storage import Storage, open_storage
+from .locations import (
+    check_postgres_url,
+    is_postgres,
+    postgres_endpoints,
+    sqlite_access_problem,
+    sqlite_path,
+    unreachable,
+)
+
+SHOWN_PROBLEMS: Final = 10
+"""Bad rows a listing names on stderr one by one; more are only counted."""
 
 
 class NotFound(WeftError):
@@ -22,7 +36,15 @@ class CommandError(WeftError):
 
 
 class StoreMissing(CommandError):
-    """A command that only reads found no store (no file or no table) and created none."""
+    """A command that only reads found no store (no file or no table) and created none.
+
+    :param fixable: whether creating the store is the likely fix: not for a SQLite file that
+        exists without the table (another application's database, or a mistyped ``?table=``).
+    """
+
+    def __init__(self, message: str, *, fixable: bool = True) -> None:
+        super().__init__(message)
+        self.fixable = fixable
 
 
 class UsageError(ValueError):
@@ -62,22 +84,54 @@ class StoreRef:
 
         :raises UsageError: the URL is malformed (the message names its source).
         :raises StoreMissing: the store does not exist and ``create`` is false.
-        :raises CommandError: the store cannot be opened.
+        :raises CommandError: the store cannot be opened (a SQLite file this process may not
+            reach, a PostgreSQL server that accepts no connection: the message says which).
         """
         try:
+            if is_postgres(self.url):
+                check_postgres_url(self.url)
             if not read_only and not create:
                 open_storage(self.url, read_only=True).close()
             return open_storage(self.url, read_only=read_only)
         except ValueError as exc:
             raise UsageError(f"bad store URL from {self.source}: {exc}") from None
         except StorageError as exc:
-            error = StoreMissing if isinstance(exc, MissingStoreError) else CommandError
-            raise error(f"{exc} (store URL {self.shown!r} from {self.source})") from None
+            raise self._open_error(exc) from None
+
+    def _open_error(self, exc: StorageError) -> CommandError:
+        """The error to report for a failed open: why the store is out of reach, if known."""
+        where = f"(store URL {self.shown!r} from {self.source})"
+        path = sqlite_path(self.url)
+        if path is not None:
+            problem = sqlite_access_problem(path)
+            if problem is not None:
+                return CommandError(f"cannot open the SQLite store {path!r}: {problem} {where}")
+        if isinstance(exc, MissingStoreError):
+            # A file that exists is a database already: the table is not simply missing.
+            fixable = path is None or not os.path.isfile(path)
+            return StoreMissing(f"{exc} {where}", fixable=fixable)
+        if is_postgres(self.url):
+            refusals = unreachable(postgres_endpoints(self.url))
+            if refusals is not None:
+                return CommandError(f"could not reach the PostgreSQL server at {refusals} {where}")
+        return CommandError(f"{exc} {where}")
 
 
 def one_line(text: str) -> str:
     """``text`` with its passwords masked and its whitespace runs (newlines too) made one space."""
     return " ".join(redact_text(text).split())
+
+
+def warn_rows(problems: Sequence[str], listed_as: str) -> None:
+    """Name the store's bad rows on stderr, one line each (the first :data:`SHOWN_PROBLEMS`).
+
+    :param listed_as: how the listing shows them, e.g. ``"listed as undecodable"``.
+    """
+    for problem in problems[:SHOWN_PROBLEMS]:
+        print(f"weft-sync: warning: {one_line(problem)}; {listed_as}", file=sys.stderr)
+    if len(problems) > SHOWN_PROBLEMS:
+        more = len(problems) - SHOWN_PROBLEMS
+        print(f"weft-sync: warning: ... and {more} more such rows", file=sys.stderr)
 
 
 def emit_json(data: Any, out: TextIO) -> None:

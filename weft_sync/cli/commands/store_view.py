@@ -14,9 +14,10 @@ from typing import Any, Final, TextIO
 
 from ... import keys
 from ...clock import system_clock
-from ...storage import Storage, storage_get_many
+from ...storage import Storage
 from .listing import read_claims
 from .output import StoreRef, emit_json, emit_table, human_time
+from .rows import read_values, scan_rows
 
 _SHOWN_IDS: Final = 10
 """Running workflows without a holder named in the text view (all of them in JSON)."""
@@ -61,11 +62,12 @@ def read_store_view(storage: Storage) -> StoreView:
     claims = read_claims(storage)
     index = keys.workflow_status_index("running", "")
     running = []
-    for key, _ in storage.scan(index):
+    for key, _ in scan_rows(storage, index):  # an index entry's value is never read
         workflow_id = keys.try_decode_key_component(key[len(index) :])
         if workflow_id is not None:
             running.append(workflow_id)
-    holders = storage_get_many(storage, [keys.workflow_owner_holder(w) for w in running])
+    # A holder row that cannot be read is still a holder: the claims count it as undecodable.
+    holders = read_values(storage, [keys.workflow_owner_holder(w) for w in running])
     now = system_clock()
     live: Counter[str] = Counter()
     expired: Counter[str] = Counter()
