@@ -79,6 +79,9 @@ def take_resumed() -> list[tuple[str, str, int]]:
 
 
 def stall(ctx: ReclaimedWorkflow) -> None:
-    """Say so, then take a few seconds (long enough for a test to interrupt the pass)."""
+    """Say so, then take a few seconds (long enough for a test to interrupt the pass), or
+    less: it stops once the engine begins to close, as a handler should."""
     print(f"stalling {ctx.workflow_id}", flush=True)
-    threading.Event().wait(3.0)
+    deadline = time.monotonic() + 3.0
+    while not ctx.ownership.closed and time.monotonic() < deadline:
+        time.sleep(0.02)
