@@ -19,7 +19,8 @@ def _detection() -> CrashDetection:
 
 
 def _note_on_another_thread(crash: CrashDetection, engine_id: str) -> None:
-    noter = threading.Thread(target=crash.note_dead, args=(engine_id,))
+    # The record bytes stand for the engine record the verdict was judged on.
+    noter = threading.Thread(target=crash.note_dead, args=(engine_id, b"record"))
     noter.start()
     noter.join()
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Container, Iterable
+from collections.abc import Container, Iterable, Mapping
 from typing import Final
 
 from ..keys import validate_workflow_id
@@ -42,16 +42,30 @@ def workflow_ids_arg(workflow_ids: Iterable[str], tracked: Container[str] = ()) 
     return [w if type(w) is str and w in tracked else validate_workflow_id(w) for w in ids]
 
 
-def engine_ids_arg(engine_ids: Iterable[str]) -> frozenset[str]:
-    """Validate a collection of engine ids (``dead_engines=``); return it as a frozenset."""
-    if isinstance(engine_ids, (str, bytes, bytearray, memoryview)):
+def dead_engines_arg(dead_engines: Iterable[str]) -> dict[str, bytes | None]:
+    """Validate ``dead_engines=``: engine ids, or a mapping of engine id -> record bytes.
+
+    :returns: each engine id with the exact engine-record bytes its death was judged on, or
+        ``None`` for an id given without them (the caller's word).
+    """
+    if isinstance(dead_engines, (str, bytes, bytearray, memoryview)):
         raise TypeError(
             f"dead_engines must be a collection of engine ids such as a set, got the "
-            f"{type(engine_ids).__name__} {engine_ids!r:.80}; pass {{{engine_ids!r:.80}}} for "
-            f"one engine"
+            f"{type(dead_engines).__name__} {dead_engines!r:.80}; pass {{{dead_engines!r:.80}}} "
+            f"for one engine"
         )
-    ids = frozenset(engine_ids)
-    for engine_id in ids:
+    if isinstance(dead_engines, Mapping):
+        judged: dict[str, bytes | None] = {}
+        for engine_id, record in dead_engines.items():
+            if not isinstance(record, bytes):
+                raise TypeError(
+                    f"dead_engines maps engine ids to the bytes of the engine record their "
+                    f"death was judged on, got {record!r:.80} for {engine_id!r:.80}"
+                )
+            judged[engine_id] = record
+    else:
+        judged = dict.fromkeys(dead_engines)
+    for engine_id in judged:
         if not isinstance(engine_id, str) or not engine_id:
             raise ValueError(f"dead_engines must hold non-empty str engine ids, got {engine_id!r}")
-    return ids
+    return judged

@@ -38,7 +38,7 @@ from ..metrics import ClaimLossCause, ClaimMetrics
 from ..options import MAX_CLAIM_TTL_MS
 from ..storage.base import Storage
 from .acquires import Acquires
-from .arguments import engine_ids_arg, optional_epoch, positive_int, workflow_ids_arg
+from .arguments import dead_engines_arg, optional_epoch, positive_int, workflow_ids_arg
 from .losses import LocalLosses
 from .operation_gate import OperationGate
 from .releases import RELEASE_ALL_CONCURRENCY as RELEASE_ALL_CONCURRENCY
@@ -575,7 +575,11 @@ class ClaimRegistry:
 
         :param dead_engines: engines known dead: a holder naming one is taken even before it
             expires (still conditioned on the exact holder and epoch bytes read), and the result
-            says ``before_expiry``; this engine's own id is ignored.
+            says ``before_expiry``; this engine's own id is ignored. A mapping gives with each
+            engine id the exact bytes of the engine record its death was judged on: its holder
+            is then taken early only if that record, read after the holder, still has those
+            bytes (an engine writes its record before its first claim, so a holder of an engine
+            restarted under the same id is never taken early); otherwise it goes by its expiry.
 
         :returns: ``acquired`` with the new epoch; ``backoff-skipped`` during the cooldown;
             ``no-claim`` when there is no holder or no epoch; ``not-expired`` with the live
@@ -584,7 +588,7 @@ class ClaimRegistry:
             (nothing is written; :meth:`takeover_many` reports it as that id's outcome).
         """
         wid = validate_workflow_id(workflow_id)
-        dead = engine_ids_arg(dead_engines)
+        dead = dead_engines_arg(dead_engines)
         with self.operation("takeover()"):
             self._losses.refuse_lost_store()
             return self._takeovers.takeover(wid, dead)
@@ -611,7 +615,7 @@ class ClaimRegistry:
         :raises TypeError: ``workflow_ids`` is a ``str`` or ``bytes`` rather than ids.
         :raises ValueError: an invalid id, or ``chunk_size`` is not a positive int.
         """
-        ids, dead = workflow_ids_arg(workflow_ids), engine_ids_arg(dead_engines)
+        ids, dead = workflow_ids_arg(workflow_ids), dead_engines_arg(dead_engines)
         if isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size < 1:
             raise ValueError(f"chunk_size must be an int >= 1, got {chunk_size!r}")
         with self.operation("takeover_many()"):

@@ -6,6 +6,12 @@ and epoch bytes it read: a wrong verdict of death moves work needlessly, but the
 (its renewal conditions on the replaced bytes) can never write again. The same batch moves the
 claim's by-engine entry (see :mod:`~weft_sync.claims.engine_index`).
 
+A verdict of death may come with the exact bytes of the engine record it was judged on. Such a
+holder is taken early only if that record, read after the holder, still has those bytes: an
+engine writes its record before its first claim, so a holder written by a later engine under
+the same id (a restart that reuses a pod or host name) is never one of them. The proof is the
+order of two writes in the store; no clock is compared.
+
 :meth:`Takeovers.takeover_many` gives each id the outcome :meth:`Takeovers.takeover` would give
 it, but reads the holders and epochs of a chunk with one ``get_many`` (one snapshot) and commits
 the chunk's takeovers with one ``conditional_batches``.
@@ -14,7 +20,7 @@ the chunk's takeovers with one ``conditional_batches``.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Final
 
 from .. import keys
@@ -49,6 +55,10 @@ GiveBack = Callable[[str, bytes, bytes], None]
 effort, conditioned on those bytes)."""
 
 TakeoverOutcome = TakeoverResult | Exception
+
+DeadEngines = Mapping[str, bytes | None]
+"""Engine id -> the exact engine-record bytes its death was judged on (``None``: the caller's
+word, taken as given)."""
 
 
 class Takeovers:
@@ -89,7 +99,7 @@ class Takeovers:
         self._claim_ttl_ms = claim_ttl_ms
         self._renew_interval_ms = renew_interval_ms
 
-    def takeover(self, wid: str, dead: frozenset[str] = frozenset()) -> TakeoverResult:
+    def takeover(self, wid: str, dead: DeadEngines | None = None) -> TakeoverResult:
         """See :meth:`ClaimRegistry.takeover <weft_sync.claims.registry.ClaimRegistry.takeover>`."""
         now = self._clock()
         if self._table.cooldown.is_active(wid, now):
@@ -98,7 +108,10 @@ class Takeovers:
         observed_holder, observed_epoch = storage_get_many(
             self._storage, [keys.workflow_owner_holder(wid), keys.workflow_owner_epoch(wid)]
         )
-        judged = self._judge(wid, now, self._judge_now(now), observed_holder, observed_epoch, dead)
+        confirmed = self._confirmed_dead(dead, [observed_holder])
+        judged = self._judge(
+            wid, now, self._judge_now(now), observed_holder, observed_epoch, confirmed
+        )
         if isinstance(judged, TakeoverResult):
             return judged
         fragment, previous, early = judged
@@ -110,7 +123,7 @@ class Takeovers:
         return self._acquired(wid, fresh, stamp, previous, early)
 
     def takeover_many(
-        self, ids: Sequence[str], chunk_size: int, dead: frozenset[str] = frozenset()
+        self, ids: Sequence[str], chunk_size: int, dead: DeadEngines | None = None
     ) -> list[TakeoverOutcome]:
         """See :meth:`ClaimRegistry.takeover_many
         <weft_sync.claims.registry.ClaimRegistry.takeover_many>`.
@@ -144,6 +157,42 @@ class Takeovers:
         # One clock reading serves both uses unless expiry is judged on a clock of its own.
         return now if self._judge_clock is None else self._judge_clock()
 
+    def _confirmed_dead(
+        self, dead: DeadEngines | None, holders: Sequence[bytes | None]
+    ) -> frozenset[str]:
+        """The engines of ``dead`` whose ``holders`` (just read) may be taken before expiry.
+
+        An engine given without record bytes is taken at the caller's word. One given with
+        them only while its engine record still has those bytes, read here, after the holders:
+        the engine that wrote a holder read before had written its record before it, so a
+        record unchanged since the verdict proves the holder older than any engine that reused
+        the id. This engine's own id is never confirmed.
+        """
+        if not dead:
+            return frozenset()
+        named = {
+            holder.engine_id
+            for raw in holders
+            if raw is not None and (holder := decode_holder(raw)) is not None
+        }
+        named.discard(self._engine_id)
+        confirmed = {engine for engine in named if engine in dead and dead[engine] is None}
+        to_check = sorted(engine for engine in named if dead.get(engine) is not None)
+        if not to_check:
+            return frozenset(confirmed)
+        # A separate read, after the holders' (never in their statement): its order is the proof.
+        records = storage_get_many(self._storage, [keys.engine_liveness(e) for e in to_check])
+        for engine, record in zip(to_check, records, strict=True):
+            if record is not None and bytes(record) == dead[engine]:
+                confirmed.add(engine)
+            else:
+                _log.debug(
+                    "engine %s was judged dead on a record it no longer has (restarted under "
+                    "the same id?): its claims go by their expiry",
+                    engine,
+                )
+        return frozenset(confirmed)
+
     # -- steps -----------------------------------------------------------------------------
 
     def _takeover_chunk(
@@ -152,7 +201,7 @@ class Takeovers:
         now: int,
         judge_now: int,
         outcomes: dict[str, TakeoverOutcome],
-        dead: frozenset[str],
+        dead: DeadEngines | None,
     ) -> None:
         """Read, judge and commit the takeovers of ``chunk``, storing each outcome.
 
@@ -164,12 +213,13 @@ class Takeovers:
         values = storage_get_many(
             self._storage, holder_keys + [keys.workflow_owner_epoch(wid) for wid in chunk]
         )
+        confirmed = self._confirmed_dead(dead, values[: len(chunk)])
         planned: list[tuple[str, Fragment, HolderRecord | None, bool]] = []
         for i, wid in enumerate(chunk):
             holder, epoch = values[i], values[len(chunk) + i]
             try:
                 judged = self._judge(
-                    wid, now, judge_now, holder, epoch if holder is not None else None, dead
+                    wid, now, judge_now, holder, epoch if holder is not None else None, confirmed
                 )
             except CorruptEpochError as exc:
                 outcomes[wid] = exc
@@ -220,8 +270,8 @@ class Takeovers:
     ) -> TakeoverResult | tuple[Fragment, HolderRecord | None, bool]:
         """Decide a takeover from what was read: a final result, or the fragment to commit, the
         previous holder (``None`` if it did not decode) and whether it is taken before its expiry
-        (its engine is in ``dead``). Expiry is judged at ``judge_now``; the new holder is written
-        at ``now``."""
+        (its engine is in ``dead``, confirmed by :meth:`_confirmed_dead`). Expiry is judged at
+        ``judge_now``; the new holder is written at ``now``."""
         if holder_bytes is None or epoch_bytes is None:
             # A holder without an epoch breaks the invariant: there is nothing safe to fence on.
             _log.debug(

@@ -7,7 +7,10 @@ expired more than the takeover grace ago (epoch + 1, the same fenced takeover th
 makes). A crashed process's ``claim()`` therefore blocks its id for at most the TTL plus the
 grace, never forever; and when this engine's crash probe (``background="thread"``) sees the
 holder's engine crashed, at once: a waiter wakes when the probe reports a crash and takes the
-claim over before its expiry (still fenced: epoch + 1, conditioned on the bytes it read).
+claim over before its expiry (still fenced: epoch + 1, conditioned on the bytes it read). Only
+the crashed engine's own claims go early: a verdict carries the record it was judged on, and a
+holder whose engine has another record by the takeover's read (an engine restarted under the
+same id) keeps its claim until it expires.
 
 With ``wait``, attempts repeat with jittered, growing delays until one succeeds or ``wait``
 seconds have passed. Nothing here holds a lock; the caller's ``still_open`` check runs before
@@ -55,8 +58,9 @@ def attempt_claim(
     dead_engines: Callable[[], Collection[str]] = frozenset,
 ) -> ClaimAttempt:
     """Acquire ``workflow_id``, or take it over if its holder expired past the grace, or names
-    one of ``dead_engines()`` (engines the crash probe saw crashed: taken before expiry; asked
-    only when the acquire found a holder).
+    one of ``dead_engines()`` (engines the crash probe saw crashed, each mapped to the record
+    bytes it was judged on: taken before expiry while that record is unchanged; asked only when
+    the acquire found a holder).
 
     Counts ``acquired``, ``takeover``, ``backoff_skipped`` or ``lost_race`` in ``metrics``.
     """

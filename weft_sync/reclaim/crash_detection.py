@@ -11,6 +11,12 @@ The parts:
   ``crash_poll_interval=None``) probes the other engines' locks and asks the renewal task for an
   immediate reclaim pass when one is gone, so a crashed engine's claims move in milliseconds.
 
+A death is remembered with the exact bytes of the engine record it was judged on, and only as
+long as the surveys read that record: an engine id a host reuses after a restart (a pod or host
+name) gets a record of its own, and from then on the verdict is gone. A takeover made on it
+before a survey saw the new record reads the record again after the holder and finds it changed
+(see :mod:`~weft_sync.claims.takeovers`), so only the crashed engine's claims move early.
+
 The object has one lock, guarding which parts run; starting and stopping happen outside it.
 """
 
@@ -19,7 +25,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 from ..clock import Clock
 from ..storage.base import Storage
@@ -63,28 +69,43 @@ class CrashDetection:
         self._death = threading.Condition(self._lock)
         self._watcher: LivenessWatcher | None = None
         self._closed = False
-        self._dead: dict[str, float] = {}
+        # Engine id -> (the record bytes its death was judged on, when it was noted: monotonic).
+        self._dead: dict[str, tuple[bytes, float]] = {}
         self._deaths = 0
 
-    def note_dead(self, engine_id: str) -> None:
-        """Remember that the probe saw ``engine_id`` crashed, and wake the claim waiters."""
+    def note_dead(self, engine_id: str, record: bytes | None = None) -> None:
+        """Remember that the probe saw ``engine_id`` crashed, and wake the claim waiters.
+
+        :param record: the exact bytes of the engine record the verdict was judged on; without
+            them the crash only wakes the waiters (nothing proves which claims are its own).
+        """
         with self._lock:
             self._dead.pop(engine_id, None)
-            self._dead[engine_id] = time.monotonic()
-            while len(self._dead) > _KEPT_DEAD:
-                del self._dead[next(iter(self._dead))]
+            if record is not None:
+                self._dead[engine_id] = (record, time.monotonic())
+                while len(self._dead) > _KEPT_DEAD:
+                    del self._dead[next(iter(self._dead))]
             self._deaths += 1
             self._death.notify_all()
 
-    def dead_engines(self) -> frozenset[str]:
-        """The engines the probe saw crashed within the last claim TTL.
+    def note_records(self, records: Mapping[str, bytes]) -> None:
+        """Forget each death whose engine's record a survey read (``records``) as other bytes
+        or not at all: the id is another engine's now, or its record was removed."""
+        with self._lock:
+            for engine_id in [e for e, (raw, _) in self._dead.items() if records.get(e) != raw]:
+                del self._dead[engine_id]
 
-        Older verdicts are forgotten: the claims of a crash have expired by then anyway, and
-        an engine id a host reuses after a restart must not stay "dead".
+    def dead_engines(self) -> dict[str, bytes]:
+        """The engines the probe saw crashed within the last claim TTL, each with the record
+        bytes its verdict was judged on (a takeover takes their holders early only while the
+        record still has those bytes).
+
+        Older verdicts are forgotten (the claims of a crash have expired by then anyway), and
+        so is one whose record a survey has read changed since (see :meth:`note_records`).
         """
         horizon = time.monotonic() - self._remember_dead_s
         with self._lock:
-            return frozenset(e for e, seen in self._dead.items() if seen >= horizon)
+            return {e: raw for e, (raw, seen) in self._dead.items() if seen >= horizon}
 
     def death_count(self) -> int:
         """How many crashes the probe has noted so far; see :meth:`wait_for_death`."""
@@ -163,10 +184,18 @@ def build_crash_detection(
     liveness.start()
 
     noted: list[CrashDetection] = []
+    # Watcher thread only: the engine records its last survey read (every report follows one).
+    surveyed: dict[str, bytes] = {}
+
+    def on_records(records: Mapping[str, bytes]) -> None:
+        surveyed.clear()
+        surveyed.update(records)
+        for detection in noted:
+            detection.note_records(records)
 
     def on_dead(dead_engine: str) -> None:
         for detection in noted:
-            detection.note_dead(dead_engine)
+            detection.note_dead(dead_engine, surveyed.get(dead_engine))
         request_reclaim()
         # Logged last: a host's log handler that raises cannot cost the reclaim.
         _log.info("weft_sync: engine %s is gone; reclaiming its claims now", dead_engine)
@@ -182,6 +211,7 @@ def build_crash_detection(
                 storage,
                 engine_id=engine_id,
                 on_dead=on_dead,
+                on_records=on_records,
                 poll_ms=interval,
                 refresh_ms=max(_REFRESH_MS, interval),
                 clock=clock,

@@ -27,6 +27,9 @@ class EngineDiscovery(ReclaimDiscovery):
 
     :param dead_engines: engines seen crashed or closed: their holders may be taken over before
         they expire.
+    :param dead_records: the same engines, each with the exact bytes of the record it was judged
+        on: what a takeover passes, so that it takes a holder early only while that record is
+        unchanged (never the claim of an engine restarted under the same id since).
     :param urgent: candidates of dead engines listed for a while already: taken now, whatever
         the fair share (the others had their turn).
     :param dead_left: some dead engine still has claims this pass did not list.
@@ -36,6 +39,7 @@ class EngineDiscovery(ReclaimDiscovery):
     """
 
     dead_engines: frozenset[str] = frozenset()
+    dead_records: dict[str, bytes] = field(default_factory=dict)
     urgent: set[str] = field(default_factory=set)
     dead_left: bool = False
     dead_claims: list[str] = field(default_factory=list)
@@ -75,11 +79,12 @@ class ScanDiscovery:
 
     def discover(self, exclude: Collection[str]) -> EngineDiscovery:
         statuses = self._survey()
-        dead = frozenset(
-            s.engine_id
+        records = {
+            s.engine_id: s.raw
             for s in statuses
             if s.verdict in (EngineVerdict.CRASHED, EngineVerdict.CLOSED)
-        )
+        }
+        dead = frozenset(records)
         judge = self._judge
         if dead:
             base = judge
@@ -101,6 +106,7 @@ class ScanDiscovery:
             rows = read_engine_entries(self._storage, engine, limit=len(stranded) + 1)
             result.dead_claims.extend(wid for wid, _ in rows if wid in stranded)
         result.dead_engines = dead  # the full scan lists every dead claim: none is left unlisted
+        result.dead_records = records
         result.participants = crash_participants(statuses)
         for status in statuses:
             # Idle engines count in the fair share too: the holder scan cannot see them.

@@ -11,8 +11,10 @@ One discovery (one reclaim pass) reads:
    free), closed, stale (no heartbeat for a TTL plus the grace) or unknown (a lock not seen but
    not proven free) — at most :data:`DEAD_ENGINE_READ_LIMIT` per
    engine per pass. A crashed or closed engine's holders may be taken over before they expire
-   (:attr:`EngineDiscovery.dead_engines`; every takeover is still an epoch CAS on the exact
-   bytes read, so a wrong verdict moves work and never lets two owners write). A stale engine's
+   (:attr:`EngineDiscovery.dead_records`: only while the engine's record still has the bytes
+   judged, so never the claim of an engine restarted under the same id since; every takeover
+   is still an epoch CAS on the exact bytes read, so a wrong verdict moves work and never lets
+   two owners write). A stale engine's
    holders are judged by the expiry rule like any other: a frozen engine keeps its claims until
    they expire.
 3. **Three rotating windows** (:class:`~.scan_windows.RotatingWindow`, each at most
@@ -138,7 +140,7 @@ class EngineIndexDiscovery:
         result = EngineDiscovery() if indexed else self._migrating(excluded)
         found: dict[str, None] = dict.fromkeys(result.candidates)
         stranded: dict[str, None] = dict.fromkeys(result.stranded)
-        dead: set[str] = set()
+        dead: dict[str, bytes] = {}
         dead_ids: list[str] = []
         for status in statuses:
             verdict = status.verdict
@@ -156,7 +158,7 @@ class EngineIndexDiscovery:
             if verdict in _TAKE_AT_ONCE:
                 # Only claims that may be taken at once are worth another urgent round.
                 result.dead_left = result.dead_left or more
-                dead.add(status.engine_id)
+                dead[status.engine_id] = status.raw
                 dead_ids.extend(ids)
                 for wid in ids:
                     found.setdefault(wid)
@@ -177,6 +179,7 @@ class EngineIndexDiscovery:
         result.candidates = list(found)
         result.stranded = list(stranded)
         result.dead_engines = frozenset(dead)
+        result.dead_records = dead
         result.urgent = urgent
         result.dead_claims = dead_ids
         result.participants = crash_participants(statuses)

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections.abc import Mapping
 
 from ..claims.registry import ClaimRegistry
 from .discoveries import Discovery, EngineDiscovery
@@ -54,9 +55,9 @@ class CandidateSelection:
         # Candidates whose record the last check found ineligible: still attempted every pass
         # (a handler may be added), but left out of the fair share they would otherwise use up.
         self._ineligible: set[str] = set()
-        # Engines the last discovery saw crashed or closed, and whether they kept claims this
-        # engine may still take.
-        self._dead_engines: frozenset[str] = frozenset()
+        # Engines the last discovery saw crashed or closed (with the record bytes judged), and
+        # whether they kept claims this engine may still take.
+        self._dead_engines: dict[str, bytes] = {}
         self._dead_left = False
 
     def select(self, held: list[str]) -> list[str]:
@@ -74,7 +75,7 @@ class CandidateSelection:
             shared = [wid for wid in discovery.stranded if wid not in self._ineligible]
             seen = {wid: self._first_seen.get(wid, now) for wid in shared}
             self._first_seen = seen
-            self._dead_engines = discovery.dead_engines
+            self._dead_engines = discovery.dead_records
             # Another urgent round is worth it only for dead claims this engine may still take:
             # not known ineligible here, and room left under max_claims.
             takeable = any(wid not in self._ineligible for wid in discovery.dead_claims)
@@ -139,8 +140,9 @@ class CandidateSelection:
             else:
                 self._ineligible.add(workflow_id)
 
-    def dead_engines(self) -> frozenset[str]:
-        """Engines the last discovery saw crashed or closed."""
+    def dead_engines(self) -> Mapping[str, bytes]:
+        """Engines the last discovery saw crashed or closed, each with the bytes of the record
+        it was judged on (see :attr:`~.discoveries.EngineDiscovery.dead_records`)."""
         with self._lock:
             return self._dead_engines
 

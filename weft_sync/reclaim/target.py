@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Final
 
@@ -188,8 +188,8 @@ class ReclaimTargetHandle:
         ids.update(dict.fromkeys(self.pending_redrive_ids()))
         return list(ids)
 
-    def dead_engines(self) -> frozenset[str]:
-        """Engines the last discovery saw crashed or closed."""
+    def dead_engines(self) -> Mapping[str, bytes]:
+        """Engines the last discovery saw crashed or closed, with the record bytes judged."""
         return self._selection.dead_engines()
 
     def dead_work_left(self) -> bool:

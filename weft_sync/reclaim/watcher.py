@@ -2,11 +2,13 @@
 
 Every ``refresh_ms`` the watcher surveys the engine records and keeps the engines judged
 ``LIVE`` that hold a session lock; every ``poll_ms`` it probes just those locks (one probe for all
-of them, each by the identity its record publishes) and calls ``on_dead(engine_id)`` for each
-whose lock object is proven free (see :class:`~weft_sync.storage.session_locks.LockState`). A
-lock that is merely not seen (``UNKNOWN``: its file removed, the server restarted) is dropped
-from the probe until a survey sees the engine ``LIVE`` again: never reported. Engines without a
-lock, or on a store without session locks, are left to the heartbeat and the claim TTL.
+of them, each by the identity its record publishes). When one lock object is proven free (see
+:class:`~weft_sync.storage.session_locks.LockState`) it surveys again at once and calls
+``on_dead(engine_id)`` for each engine that survey judges ``CRASHED``: a report always comes from
+a survey, which hands ``on_records`` the record bytes it judged first. A lock that is merely not
+seen (``UNKNOWN``: its file removed, the server restarted) is dropped from the probe until a
+survey sees the engine ``LIVE`` again: never reported. Engines without a lock, or on a store
+without session locks, are left to the heartbeat and the claim TTL.
 
 What it cannot see: a frozen engine keeps its lock, so it is never reported (its claims expire as
 usual). When the watcher finds its own engine's lock gone it takes it again and has the engine
@@ -19,7 +21,7 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Final
 
 from .._fork import process_bound_class
@@ -62,6 +64,9 @@ class LivenessWatcher:
     :param storage: the store; nothing runs when it offers no session locks.
     :param engine_id: this engine's id, never watched.
     :param on_dead: called with the id of an engine whose lock went.
+    :param on_records: called on the watcher thread after every survey, before its reports,
+        with the exact record bytes of each engine it read (this engine left out); an
+        exception from it is logged like a failed step, and that survey reports nothing.
     :param poll_ms: how often the known locks are probed.
     :param refresh_ms: how often the engine records are surveyed again.
     :param clock: the clock surveys judge heartbeats with.
@@ -80,6 +85,7 @@ class LivenessWatcher:
         *,
         engine_id: str,
         on_dead: Callable[[str], None],
+        on_records: Callable[[Mapping[str, bytes]], None] | None = None,
         poll_ms: int = 50,
         refresh_ms: int = 1000,
         clock: Clock,
@@ -91,6 +97,7 @@ class LivenessWatcher:
         self._storage = storage
         self._engine_id = engine_id
         self._on_dead = on_dead
+        self._on_records = on_records
         self._poll_s = _interval("poll_ms", poll_ms, _MAX_POLL_MS) / 1000.0
         self._refresh_s = _interval("refresh_ms", refresh_ms, _MAX_REFRESH_MS) / 1000.0
         self._clock = clock
@@ -207,6 +214,8 @@ class LivenessWatcher:
         survey = take_survey(
             self._storage, now=self._clock(), exclude=(self._engine_id,), own_lock=own
         )
+        if self._on_records is not None:
+            self._on_records({status.engine_id: status.raw for status in survey.statuses})
         if survey.own_lock_held is False:
             self._retake_own_lock()
             return  # no lock can be believed: keep watching what was watched
@@ -240,13 +249,16 @@ class LivenessWatcher:
         if own is not None and states.get(own) is not LockState.HELD:
             self._retake_own_lock()
             return
-        dead = [e for e, (name, _) in self._known.items() if states.get(name) is LockState.FREE]
-        # Proven free: reported. Not seen (UNKNOWN): left to the next survey, never reported.
+        if any(states.get(name) is LockState.FREE for name, _ in self._known.values()):
+            # Proven free: surveyed again now, so that a report names the record it was judged
+            # on (the engine's id may already carry a restarted engine's record).
+            self._refresh()
+            return
+        # Not seen (UNKNOWN): left to the next survey, never reported.
         gone = {e for e, (name, _) in self._known.items() if states.get(name) is not LockState.HELD}
         if gone:
             # A new map, never a mutated one, so that watched() can copy it from any thread.
             self._known = {e: known for e, known in self._known.items() if e not in gone}
-        self._report(dead)
 
     def _report(self, engines: list[str]) -> None:
         # Every engine is reported before anything is logged: a host's log handler that raises
