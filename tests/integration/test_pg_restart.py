@@ -1,6 +1,6 @@
 """A PostgreSQL server restarted under a live engine: renewal rides out the outage.
 
-The engine holds 20 claims (TTL 6 s, renew interval 200 ms, wall clock, real timer) on a private
+The engine holds 20 claims (TTL 60 s, renew interval 200 ms, wall clock, real timer) on a private
 cluster, which is stopped for about a second and started again. Renewals fail while the server is
 down; they are counted, never raised out of the maintenance threads, and succeed again once it is
 back, with every claim still held.

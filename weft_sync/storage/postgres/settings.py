@@ -9,7 +9,8 @@ interval unless the caller says otherwise:
 - ``lock_timeout``: half a renew interval, at most one second (a row or table lock held by
   another session fails the call instead of stalling it; this store's own transactions hold
   their locks for milliseconds, so a longer wait is someone else's);
-- the pool's wait for a connection: one renew interval;
+- the pool's wait for a connection, and how long the pool retries a lost one before it gives
+  it up (a call that then finds the pool empty makes it connect again): one renew interval;
 - libpq's ``connect_timeout``: the pool wait rounded up to whole seconds (libpq's minimum is 2).
 
 The server settings are sent as ``-c`` switches in the connection's ``options``, so the server

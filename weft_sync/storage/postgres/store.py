@@ -110,7 +110,10 @@ class PostgresStorage(ConditionalWrites, IsolatedBatches, PostgresSessionLockMet
     failing one transaction (``StorageError``, nothing written).
 
     Connections come from a ``psycopg_pool.ConnectionPool`` (autocommit sessions) that checks each
-    connection before lending it, so calls succeed again once a restarted server is back. A
+    connection before lending it, so calls succeed again once a restarted server is back: the
+    pool retries a lost connection with back-off for one pool timeout at most, then connects
+    again when a call needs one, so its next attempt is never more than one pool timeout away,
+    however long the server was down. A
     connection lost during COMMIT leaves the outcome unknown: ``StorageError`` is raised and the
     caller must re-read. In a child that inherited this instance across ``os.fork()`` it raises
     :class:`~weft_sync.errors.ClosedError`; the inherited pool is left alone, never closed (that
@@ -129,8 +132,9 @@ class PostgresStorage(ConditionalWrites, IsolatedBatches, PostgresSessionLockMet
     :param table: the table name (letters, digits, underscores).
     :param min_size: connections the pool keeps open.
     :param max_size: connections the pool may open at most.
-    :param timeout: seconds a call waits for a pooled connection before raising ``StorageError``;
-        default one renew interval.
+    :param timeout: seconds a call waits for a pooled connection before raising ``StorageError``,
+        and how long the pool retries a lost connection before it gives up on it (its
+        ``reconnect_timeout``); default one renew interval.
     :param lock_timeout: seconds a statement of this store waits for a row lock before failing
         with ``StorageError`` (the session's ``lock_timeout``), or ``None`` for no bound; default
         half a renew interval, at most one second. Our own transactions hold row locks for
@@ -390,6 +394,9 @@ class PostgresStorage(ConditionalWrites, IsolatedBatches, PostgresSessionLockMet
             configure=self._configure_read_only if self._read_only else None,
             name=f"weft-pg[{self._table}]",
             timeout=self._timeout,
+            # By default the pool retries a lost connection for five minutes at ever longer
+            # intervals, and a call waits for its next try, not for the server: stop at one wait.
+            reconnect_timeout=self._timeout,
         )
 
     # -- connections -------------------------------------------------------------------------
@@ -454,11 +461,16 @@ class PostgresStorage(ConditionalWrites, IsolatedBatches, PostgresSessionLockMet
 
         A connection is checked with a round trip before it is lent, unless ``check`` is false:
         reads that run again after a failure (:meth:`_read`) and writes that start again after a
-        failed ``BEGIN`` (:meth:`_write_transaction`) skip it. One that fails the
-        check goes back to the pool, which discards it and opens another, and the next one is
-        tried at once: after the server dropped every pooled session (a restart, a kill storm)
-        a call waits for one fresh connection, never for the pool's retry back-off. The whole
-        wait is bounded by the pool timeout.
+        failed ``BEGIN`` (:meth:`_write_transaction`) skip it. One that fails the check goes
+        back to the pool, which discards it and opens another, and the next one is tried at
+        once. The whole wait is bounded by the pool timeout.
+
+        After the server dropped every pooled session (a restart, a kill storm) the pool has no
+        connection to lend until one of its attempts to open one succeeds, and a call waits for
+        that attempt. The pool gives up a connection it has retried for one pool timeout
+        (``reconnect_timeout``) and opens the next one when a call asks for it, so once the
+        server is back that attempt comes within one pool timeout, however long it was down; a
+        call whose wait ends just before it fails, and leaves the connection to the next call.
         """
         pool = self._current_pool()
         started = time.monotonic()
