@@ -210,6 +210,24 @@ class StoreIdentity:
                 self._fail(detail)
         return size
 
+    def check_database_file(self) -> None:
+        """The fence's check before a host's commit: one ``stat`` of the database file, against
+        the one recorded (the ``-wal`` and ``-shm`` are the store's own commits' to check).
+
+        :raises StoreIdentityError: the file was deleted or replaced (now, or earlier).
+        """
+        self.raise_if_failed()
+        recorded = self._files.get("")
+        if recorded is None:
+            return
+        try:
+            st = os.stat(self._path)
+        except FileNotFoundError:
+            self._full_check()  # reports the deleted file
+            return
+        if (st.st_dev, st.st_ino) != recorded:
+            self._full_check()  # reports the replaced file
+
     def check_before_commit(self) -> None:
         """The checks of every write transaction: :meth:`check_files` and
         :meth:`check_truncated`; the ``-wal`` and ``-shm`` only when their directory changed

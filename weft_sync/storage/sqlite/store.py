@@ -209,7 +209,7 @@ class SqliteStorage(SqliteSessionLockMethods):
         self._fence_target = SqliteFenceTarget(
             self._path,
             self._table,
-            None if self._read_only else self._identity.check_before_commit,
+            None if self._read_only else self._identity.check_database_file,
         )
         self._session_locks = SqliteSessionLocks(self._path, read_only=self._read_only)
         # A lock file without its database: a store was here and its file was deleted.
