@@ -308,7 +308,7 @@ def sessions():
 
     with psycopg.connect(raw_dsn, autocommit=True) as raw:
         rows = raw.execute(
-            "SELECT pid FROM pg_stat_activity WHERE application_name = %s", [app]
+            "SELECT pid FROM pg_stat_activity WHERE application_name LIKE %s", [app + " %"]
         ).fetchall()
     return {row[0] for row in rows}
 

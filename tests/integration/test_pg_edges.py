@@ -188,8 +188,8 @@ def _terminate(url: str, application_name: str) -> int:
     with psycopg.connect(url, autocommit=True) as admin:
         rows = admin.execute(
             "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
-            "WHERE application_name = %s AND pid <> pg_backend_pid()",
-            [application_name],
+            "WHERE application_name LIKE %s AND pid <> pg_backend_pid()",
+            [f"{application_name} %"],
         ).fetchall()
     return len(rows)
 

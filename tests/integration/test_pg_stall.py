@@ -29,7 +29,8 @@ pytestmark = [pytest.mark.postgres_only, pytest.mark.slow]
 def _backends(url: str, application_name: str) -> list[int]:
     with psycopg.connect(url, autocommit=True) as admin:
         rows = admin.execute(
-            "SELECT pid FROM pg_stat_activity WHERE application_name = %s", [application_name]
+            "SELECT pid FROM pg_stat_activity WHERE application_name LIKE %s",
+            [f"{application_name} %"],
         ).fetchall()
     return [int(pid) for (pid,) in rows]
 

@@ -750,8 +750,8 @@ def test_a_read_on_a_connection_the_server_dropped_runs_again_on_a_checked_one(
         for name, read, expected in reads:
             dropped = raw.execute(
                 "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity "
-                "WHERE application_name = %s",
-                [app],
+                "WHERE application_name LIKE %s",
+                [f"{app} %"],
             ).fetchone()
             assert dropped == (1,)
             caplog.clear()
@@ -761,8 +761,8 @@ def test_a_read_on_a_connection_the_server_dropped_runs_again_on_a_checked_one(
         # A write on a dropped session fails at its BEGIN, before writing anything, and starts
         # again on a checked connection.
         raw.execute(
-            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = %s",
-            [app],
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name LIKE %s",
+            [f"{app} %"],
         )
         caplog.clear()
         with caplog.at_level("DEBUG", logger="weft_sync.storage.postgres.store"):
@@ -771,8 +771,8 @@ def test_a_read_on_a_connection_the_server_dropped_runs_again_on_a_checked_one(
         assert any("BEGIN failed on a pooled connection" in m for m in caplog.messages)
         assert store.get("k") == b"w"
         raw.execute(
-            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = %s",
-            [app],
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name LIKE %s",
+            [f"{app} %"],
         )
         decided: list[list[bytes | None]] = []
 
@@ -879,7 +879,7 @@ def test_open_storage_routes_postgresql_urls_with_pool_and_table_params(
 
 def _backend_pids(raw: psycopg.Connection[Any], app: str) -> set[int]:
     rows = raw.execute(
-        "SELECT pid FROM pg_stat_activity WHERE application_name = %s", [app]
+        "SELECT pid FROM pg_stat_activity WHERE application_name LIKE %s", [f"{app} %"]
     ).fetchall()
     return {int(row[0]) for row in rows}
 

@@ -21,12 +21,32 @@ A free lock is not proof of a dead holder: a terminated or timed-out session, a 
 connection all free it while the holder runs (and re-takes it). So each lock is held on two
 sessions of its own: the lock itself, ``(class_key, name_key)``, and a *witness*,
 ``(witness_key, name_key)``, and publishes their backend pids with the server's start time
-(``pg_postmaster_start_time()``) as its :attr:`PostgresSessionLock.identity`.
+(``pg_postmaster_start_time()``) and its store's *tag* as its :attr:`PostgresSessionLock.identity`.
+The tag is a random string of 16 hex digits drawn for each store instance and carried in the
+``application_name`` of every session that instance opens (its pool's, its lock and witness
+sessions', its setup sessions'; see :func:`tagged_application_name`); ``application_name`` is
+shown in ``pg_stat_activity`` to every role, for every session.
+
 :meth:`PostgresSessionLockMethods.probe_session_locks` answers ``FREE`` only when neither key is
-held, neither backend is still connected (``pg_stat_activity``) and the server has not restarted
-since the lock was taken: what the server sees when the holder's process died and the kernel
-closed both sockets. One session terminated (``pg_terminate_backend``, a timeout) leaves the
-other: ``UNKNOWN``, and :meth:`PostgresSessionLock.ensure` takes the lost one again.
+held, neither backend is still connected (``pg_stat_activity``), no session carrying the store's
+tag is connected, and the server has not restarted since the lock was taken: what the server sees
+when the holder's process died and the kernel closed all of its sockets. One lock session
+terminated (``pg_terminate_backend``, a timeout) leaves the other; both terminated leave the
+store's pooled sessions, which a live engine uses at every renewal (so an idle-session killer
+spares them): ``UNKNOWN`` either way, and :meth:`PostgresSessionLock.ensure` takes what was lost
+again. Where the tag check stops: the pool may have no connection at the moment of a probe (all
+of them ended at once, and none reopened yet), and then a live engine whose lock and witness
+sessions also ended at that moment is judged ``FREE``. The pool keeps ``min_size`` (at least one)
+connection, so that needs every session of the engine ended together, which is what a crash
+looks like to the server; the tag only ever turns a ``FREE`` into ``UNKNOWN``, never the reverse.
+A wrong ``FREE`` moves claims early but never lets two owners write (takeovers and writes are
+fenced), and the deposed engine learns it at its next renewal.
+
+An identity of three fields (``"<lock pid>:<witness pid>:<server start, us>"``), as engines
+without a tag publish, is judged on the two sessions alone.
+
+Behind a transaction-mode pooler the store offers no session locks (its capabilities say so),
+so nothing is probed there; the tag is still sent, and only names the client's sessions.
 """
 
 from __future__ import annotations
@@ -34,8 +54,11 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import os
+import re
+import secrets
 import threading
 from collections.abc import Collection, Mapping, Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Final
 
 import psycopg
@@ -78,21 +101,47 @@ _PROBE: Final = (
 )
 
 # Which lock and witness keys of the probed names are held, which of the published backends are
-# still connected, and when the server started: one statement. pg_locks is read once (the CTE,
-# referenced twice, is materialised), and pg_stat_activity only when some probed lock is not
-# held (a one-time filter): its backends matter only for those, and a probe of live engines,
-# the usual one, then reads nothing more.
+# still connected, which published store tags some connected session carries, and when the
+# server started: one statement. pg_locks is read once and pg_stat_activity at most once (each
+# CTE, referenced twice, is materialised), and pg_stat_activity only when some probed lock is not
+# held (a one-time filter): its sessions matter only for those, and a probe of live engines, the
+# usual one, then reads nothing more. strpos, not LIKE: a tag is matched as a plain substring.
 _PROOF: Final = (
     "WITH held AS (SELECT DISTINCT classid::int8 AS class, objid::int8 AS obj FROM pg_locks "
     "WHERE locktype = 'advisory' "
     "AND database = (SELECT oid FROM pg_database WHERE datname = current_database()) "
-    "AND classid = ANY(%s::oid[]) AND objsubid = 2 AND granted AND objid = ANY(%s::oid[])) "
+    "AND classid = ANY(%s::oid[]) AND objsubid = 2 AND granted AND objid = ANY(%s::oid[])), "
+    "act AS (SELECT pid, application_name FROM pg_stat_activity "
+    "WHERE (SELECT count(*) FROM held WHERE class = %s) < %s) "
     f"SELECT {_START_US}, "
     "ARRAY(SELECT obj FROM held WHERE class = %s), "
     "ARRAY(SELECT obj FROM held WHERE class = %s), "
-    "ARRAY(SELECT pid FROM pg_stat_activity WHERE pid = ANY(%s::int4[]) "
-    "AND (SELECT count(*) FROM held WHERE class = %s) < %s)"
+    "ARRAY(SELECT pid FROM act WHERE pid = ANY(%s::int4[])), "
+    "ARRAY(SELECT DISTINCT tag FROM unnest(%s::text[]) AS tag JOIN act "
+    "ON strpos(act.application_name, tag) > 0)"
 )
+
+_TAG: Final = re.compile(r"[0-9a-f]{16}")
+# PostgreSQL keeps the first NAMEDATALEN - 1 bytes of an application_name.
+_MAX_APPLICATION_NAME: Final = 63
+_DEFAULT_APPLICATION_NAME: Final = "weft_sync"
+
+
+def new_store_tag() -> str:
+    """A fresh random tag for one store instance: 16 lowercase hex digits."""
+    return secrets.token_hex(8)
+
+
+def tagged_application_name(own: str | None, tag: str) -> str:
+    """The ``application_name`` of a store's sessions: ``own`` (or ``weft_sync``), a space, ``tag``.
+
+    ``own`` is the caller's own ``application_name`` (the DSN's, else ``PGAPPNAME``), cut so that
+    the whole fits the server's 63 bytes, its characters other than printable ASCII replaced by
+    ``?`` first: the server would otherwise escape them into longer text and cut the tag off.
+    """
+    prefix = "".join(c if " " <= c <= "~" else "?" for c in own) if own else ""
+    prefix = prefix[: _MAX_APPLICATION_NAME - len(tag) - 1] or _DEFAULT_APPLICATION_NAME
+    return f"{prefix} {tag}"
 
 
 def _key32(text: str) -> int:
@@ -114,17 +163,40 @@ def _oid(key: int) -> int:
     return key & 0xFFFFFFFF
 
 
-def session_identity(lock_pid: int, witness_pid: int, started_us: int) -> str:
-    """The published identity of a lock: ``"<lock pid>:<witness pid>:<server start, us>"``."""
-    return f"{lock_pid}:{witness_pid}:{started_us}"
+@dataclass(frozen=True, slots=True)
+class SessionIdentity:
+    """A published lock identity, parsed.
+
+    :param lock_pid: the lock session's backend pid (``0``: lost when published).
+    :param witness_pid: the witness session's backend pid (``0``: lost when published).
+    :param started_us: the server's start time, in microseconds since the epoch.
+    :param tag: the tag its store's sessions carry; ``None`` for a three-field identity.
+    """
+
+    lock_pid: int
+    witness_pid: int
+    started_us: int
+    tag: str | None = None
 
 
-def parse_session_identity(identity: str) -> tuple[int, int, int] | None:
-    """``(lock pid, witness pid, server start in us)``, or ``None`` for a malformed identity."""
+def session_identity(
+    lock_pid: int, witness_pid: int, started_us: int, tag: str | None = None
+) -> str:
+    """The published identity of a lock: ``"<lock pid>:<witness pid>:<server start, us>:<tag>"``
+    (without ``tag``, the first three fields alone)."""
+    base = f"{lock_pid}:{witness_pid}:{started_us}"
+    return base if tag is None else f"{base}:{tag}"
+
+
+def parse_session_identity(identity: str) -> SessionIdentity | None:
+    """The fields of a published identity of three or four fields, or ``None`` if malformed."""
     parts = identity.split(":")
-    if len(parts) != 3 or not all(part.isdigit() for part in parts):
+    if len(parts) not in (3, 4) or not all(p.isascii() and p.isdigit() for p in parts[:3]):
         return None
-    return int(parts[0]), int(parts[1]), int(parts[2])
+    tag = parts[3] if len(parts) == 4 else None
+    if tag is not None and not _TAG.fullmatch(tag):
+        return None
+    return SessionIdentity(int(parts[0]), int(parts[1]), int(parts[2]), tag)
 
 
 _Taken = tuple[_Conn, int, int]
@@ -147,9 +219,11 @@ class PostgresSessionLock:
         connect: Any,
         keys: tuple[tuple[int, int], tuple[int, int]],
         guard: Any = None,
+        tag: str | None = None,
     ) -> None:
         self._guard = guard if guard is not None else (lambda _conn: contextlib.nullcontext())
         self._name = name
+        self._tag = tag
         self._table = table
         self._keys = keys
         self._connect = connect
@@ -171,11 +245,12 @@ class PostgresSessionLock:
 
     @property
     def identity(self) -> str:
-        """The two sessions holding the lock now (see :func:`session_identity`)."""
+        """The two sessions holding the lock now and the store's tag (see
+        :func:`session_identity`)."""
         with self._lock:
             lock, witness = self._slots
         return session_identity(
-            lock[1] if lock else 0, witness[1] if witness else 0, lock[2] if lock else 0
+            lock[1] if lock else 0, witness[1] if witness else 0, lock[2] if lock else 0, self._tag
         )
 
     def ensure(self) -> bool:
@@ -291,6 +366,7 @@ class PostgresSessionLockMethods:
     _read_only: bool
     _connect_kwargs: dict[str, Any]
     _fork_pid: int
+    _tag: str
 
     if TYPE_CHECKING:  # defined by the storage class this is mixed into
 
@@ -324,7 +400,13 @@ class PostgresSessionLockMethods:
                 taken[0].close()
             raise
         return PostgresSessionLock(
-            name, self._table, (taken, witness), self._lock_connect, keys, self.guard_call
+            name,
+            self._table,
+            (taken, witness),
+            self._lock_connect,
+            keys,
+            self.guard_call,
+            self._tag,
         )
 
     @process_bound
@@ -352,26 +434,30 @@ class PostgresSessionLockMethods:
             name: None if identity is None else parse_session_identity(identity)
             for name, identity in locks.items()
         }
-        pids = sorted({pid for p in parsed.values() if p is not None for pid in p[:2] if pid})
+        proofs = [p for p in parsed.values() if p is not None]
+        pids = sorted({pid for p in proofs for pid in (p.lock_pid, p.witness_pid) if pid})
+        tags = sorted({p.tag for p in proofs if p.tag is not None})
         lock_class = _oid(lock_keys(self._table, "")[0])
         witness_class = _oid(witness_keys(self._table, "")[0])
         oids = sorted({_oid(_key32(name)) for name in checked})
-        ((started, held, witnessed, alive),) = self._read(
+        ((started, held, witnessed, alive, tagged),) = self._read(
             "session lock probe",
             _PROOF,
             [
                 [lock_class, witness_class],
                 oids,
                 lock_class,
+                len(oids),
+                lock_class,
                 witness_class,
                 pids,
-                lock_class,
-                len(oids),
+                tags,
             ],
         )
         held_oids = {int(oid) for oid in held}
         witnessed_oids = {int(oid) for oid in witnessed}
         alive_pids = {int(pid) for pid in alive}
+        alive_tags = {str(tag) for tag in tagged}
         states: dict[str, LockState] = {}
         for name, proof in parsed.items():
             oid = _oid(_key32(name))
@@ -380,10 +466,12 @@ class PostgresSessionLockMethods:
             elif (
                 proof is None
                 or oid in witnessed_oids  # the lock session is being re-taken
-                or proof[2] != int(started)  # the server restarted since: nothing is known
-                or not proof[0]
-                or not proof[1]  # published while a session was lost: no proof
-                or alive_pids.intersection(proof[:2])
+                or proof.started_us != int(started)  # the server restarted since: nothing known
+                or not proof.lock_pid
+                or not proof.witness_pid  # published while a session was lost: no proof
+                or proof.lock_pid in alive_pids
+                or proof.witness_pid in alive_pids
+                or proof.tag in alive_tags  # another session of its store is still connected
             ):
                 states[name] = LockState.UNKNOWN
             else:

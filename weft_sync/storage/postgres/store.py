@@ -42,7 +42,7 @@ from ..reads import ScanRange, validate_keys, validate_scan_ranges
 from .cas import ConditionalWrites
 from .deadline import CallDeadlines
 from .locked import IsolatedBatches
-from .locks import PostgresSessionLockMethods
+from .locks import PostgresSessionLockMethods, new_store_tag, tagged_application_name
 from .settings import (
     DERIVED,
     Derived,
@@ -113,7 +113,9 @@ class PostgresStorage(ConditionalWrites, IsolatedBatches, PostgresSessionLockMet
     connection before lending it, so calls succeed again once a restarted server is back: the
     pool retries a lost connection with back-off for one pool timeout at most, then connects
     again when a call needs one, so its next attempt is never more than one pool timeout away,
-    however long the server was down. A
+    however long the server was down. Every session the instance opens carries the
+    ``application_name`` of the DSN (else ``PGAPPNAME``, else ``weft_sync``) followed by a random
+    tag of the instance, which crash probes look for (see :mod:`.locks`). A
     connection lost during COMMIT leaves the outcome unknown: ``StorageError`` is raised and the
     caller must re-read. In a child that inherited this instance across ``os.fork()`` it raises
     :class:`~weft_sync.errors.ClosedError`; the inherited pool is left alone, never closed (that
@@ -207,7 +209,10 @@ class PostgresStorage(ConditionalWrites, IsolatedBatches, PostgresSessionLockMet
         self._max_size = max_size
         self._timeout = self._bounds.pool_timeout_s
         self._read_only = bool(read_only)
-        self._connect_kwargs = _connect_kwargs(dsn, self._bounds)
+        # Carried in the application_name of every session this instance opens: a crash probe
+        # proves the instance gone only when none of them is left (see .locks).
+        self._tag = new_store_tag()
+        self._connect_kwargs = _connect_kwargs(dsn, self._bounds, self._tag)
         # Set once, before the pool opens: whether this store runs as behind a transaction-mode
         # pooler, the BEGIN its transactions then start with, and what proved a pooler there.
         self._pooled = False
@@ -233,7 +238,7 @@ class PostgresStorage(ConditionalWrites, IsolatedBatches, PostgresSessionLockMet
             version = self._check_table() if self._read_only else self._ensure_table()
         idle_session = version >= _IDLE_SESSION_VERSION and not self._pooled
         if idle_session:
-            self._connect_kwargs = _connect_kwargs(dsn, self._bounds, idle_session=True)
+            self._connect_kwargs = _connect_kwargs(dsn, self._bounds, self._tag, idle_session=True)
         # Behind a transaction pooler no session setting can be relied on: the ones each
         # transaction sets itself are read back inside one.
         self._expected = (
@@ -278,7 +283,7 @@ class PostgresStorage(ConditionalWrites, IsolatedBatches, PostgresSessionLockMet
     def _run_pooled(self) -> None:
         """Run as behind a transaction-mode pooler from here on (see the class docstring)."""
         self._pooled = True
-        self._connect_kwargs = _connect_kwargs(self._dsn, self._bounds, pooled=True)
+        self._connect_kwargs = _connect_kwargs(self._dsn, self._bounds, self._tag, pooled=True)
         self._begin = _begin_with(transaction_settings(self._bounds))
 
     def _recognise_session(self, conn: psycopg.Connection[Any]) -> bool:
@@ -856,9 +861,14 @@ def _roll_back(conn: _Conn) -> None:
 
 
 def _connect_kwargs(
-    dsn: str, bounds: WaitBounds, *, idle_session: bool = False, pooled: bool = False
+    dsn: str, bounds: WaitBounds, tag: str, *, idle_session: bool = False, pooled: bool = False
 ) -> dict[str, Any]:
-    kwargs = merged_options(_dsn_params(dsn), bounds, idle_session=idle_session)
+    params = _dsn_params(dsn)
+    kwargs = merged_options(params, bounds, idle_session=idle_session)
+    own = params.get("application_name")
+    kwargs["application_name"] = tagged_application_name(
+        os.environ.get("PGAPPNAME") if own is None else str(own), tag
+    )
     if pooled:
         # A transaction pooler refuses (or drops) startup options, and a prepared statement
         # lives on one server session that the next transaction may not get.
