@@ -217,16 +217,8 @@ class StoreIdentity:
         :raises StoreIdentityError: the file was deleted or replaced (now, or earlier).
         """
         self.raise_if_failed()
-        recorded = self._files.get("")
-        if recorded is None:
-            return
-        try:
-            st = os.stat(self._path)
-        except FileNotFoundError:
-            self._full_check()  # reports the deleted file
-            return
-        if (st.st_dev, st.st_ino) != recorded:
-            self._full_check()  # reports the replaced file
+        if self._files.get("") is not None:
+            self._stat_database_file()
 
     def check_before_commit(self) -> None:
         """The checks of every write transaction: :meth:`check_files` and
@@ -236,21 +228,28 @@ class StoreIdentity:
         :raises StoreIdentityError: see those two.
         """
         self.raise_if_failed()
-        recorded = self._files.get("")
-        if recorded is None or self._dir_stamp is None:
+        if self._files.get("") is None or self._dir_stamp is None:
             self._full_check()
             return
-        try:
-            st = os.stat(self._path)
-        except FileNotFoundError:
-            self._full_check()  # reports the deleted file
-            return
-        if (st.st_dev, st.st_ino) != recorded:
-            self._full_check()  # reports the replaced file
+        st = self._stat_database_file()
+        if st is None:
             return
         self._judge_size(st.st_size)
         if self._read_dir_stamp() != self._dir_stamp:
             self._full_check()
+
+    def _stat_database_file(self) -> os.stat_result | None:
+        """The database file's ``stat`` when it is the recorded one; else a full check (which
+        reports it deleted or replaced) and ``None``."""
+        try:
+            st = os.stat(self._path)
+        except FileNotFoundError:
+            self._full_check()  # reports the deleted file
+            return None
+        if (st.st_dev, st.st_ino) != self._files.get(""):
+            self._full_check()  # reports the replaced file
+            return None
+        return st
 
     def _full_check(self) -> None:
         """Every file, then the size; remember the directory stamp read first if it is old
