@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Iterator
 
 import pytest
 
@@ -36,18 +35,6 @@ POLL_S = 0.02
 ENGINE_ID = "engine-restart"
 
 pytestmark = [pytest.mark.slow, pytest.mark.postgres_only]
-
-
-@pytest.fixture
-def thread_crashes() -> Iterator[list[threading.ExceptHookArgs]]:
-    """Every exception that ends a thread during the test (instead of printing it)."""
-    crashes: list[threading.ExceptHookArgs] = []
-    previous = threading.excepthook
-    threading.excepthook = crashes.append
-    try:
-        yield crashes
-    finally:
-        threading.excepthook = previous
 
 
 def _holders(storage: Storage) -> dict[str, HolderRecord]:

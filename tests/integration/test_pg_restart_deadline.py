@@ -18,7 +18,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 
 import pytest
 
@@ -51,18 +51,6 @@ ENGINE_ID = "engine-restart-deadline"
 _log = logging.getLogger(__name__)
 
 pytestmark = [pytest.mark.slow, pytest.mark.postgres_only]
-
-
-@pytest.fixture
-def thread_crashes() -> Iterator[list[threading.ExceptHookArgs]]:
-    """Every exception that ends a thread during the test (instead of printing it)."""
-    crashes: list[threading.ExceptHookArgs] = []
-    previous = threading.excepthook
-    threading.excepthook = crashes.append
-    try:
-        yield crashes
-    finally:
-        threading.excepthook = previous
 
 
 def _outage(cluster: PostgresCluster) -> float:
