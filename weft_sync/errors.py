@@ -50,14 +50,21 @@ class StoreIdentityError(StorageError):
     Raised when a SQLite file was deleted, replaced or lost its write-ahead log under a running
     engine (or a store's identity record changed). The engine stops writing to it: every claim it
     held is lost locally, because another process may now see a different store at that path.
+    Also raised by an open that refuses a file with more than one name (``at_open``): nothing
+    was opened, and no claim is affected.
 
     :param location: the path (or redacted URL) of the store.
     :param detail: what changed, e.g. ``"the file was replaced (inode 12 -> 57)"``.
+    :param at_open: the store was refused as it opened, not changed under a running engine.
     """
 
-    def __init__(self, location: str, detail: str) -> None:
+    def __init__(self, location: str, detail: str, *, at_open: bool = False) -> None:
         self.location = location
         self.detail = detail
+        self.at_open = at_open
+        if at_open:
+            super().__init__(f"the store at {location} cannot be opened: {detail}")
+            return
         super().__init__(
             f"the store at {location} is no longer the one this engine opened: {detail}; "
             f"every claim held on it is treated as lost"

@@ -226,6 +226,9 @@ def test_a_hard_linked_database_is_refused_naming_both_names(
         message = str(raised.value)
         assert "2 hard links" in message
         assert str(db_path) in message and str(second) in message
+        # Refused as it opened: no engine had it, so no claim is said to be lost.
+        assert raised.value.at_open and "cannot be opened" in message
+        assert "no longer the one" not in message and "treated as lost" not in message
 
 
 def test_a_store_opened_through_a_symlink_is_the_same_store(

@@ -358,7 +358,7 @@ class StoreIdentity:
     @staticmethod
     def _copy(error: StoreIdentityError) -> StoreIdentityError:
         # One object per raise, so threads raising it do not share one traceback.
-        return StoreIdentityError(error.location, error.detail)
+        return StoreIdentityError(error.location, error.detail, at_open=error.at_open)
 
 
 def _not_a_database(exc: sqlite3.DatabaseError) -> bool:
@@ -415,6 +415,7 @@ def refuse_second_name(path: str) -> None:
         f"the database file has {st.st_nlink} hard links{also}: SQLite names its write-ahead "
         f"log after the path, so engines opening it by different names would each write a log "
         f"of their own and could both own a claim; open it through one name only",
+        at_open=True,
     )
 
 
@@ -475,6 +476,7 @@ class OpenPath:
                     f"the same database file (device/inode {mine[0]}/{mine[1]}) is open through "
                     f"{other!r} by another engine, and SQLite keeps a write-ahead log per path: "
                     f"open it through {other!r} too, or through one path only",
+                    at_open=True,
                 )
             stale.append(other)
         with conn:
