@@ -186,12 +186,11 @@ class Ownership:
             30 s, renew 5 s, the backend's time source: the database clock on PostgreSQL).
         :param handlers: workflow type -> handler. A running workflow of one of these types whose
             owner died is taken over here and its handler called with a
-            :class:`ReclaimedWorkflow`, on a handler thread (see
-            :mod:`weft_sync.ownership.handler_table`). More can be added with :meth:`handler`.
+            :class:`ReclaimedWorkflow`, on a handler thread (see the handlers guide). More can
+            be added with :meth:`handler`.
         :param max_claims: the most claims this engine holds before its reclaim passes stop
             taking over (``None``: no limit). Each pass takes at most a fair share of the
-            stranded workflows anyway, so survivors share a dead engine's work (see
-            :mod:`weft_sync.reclaim.fair_share`).
+            stranded workflows anyway, so survivors share a dead engine's work.
         :param on_reclaimed: drives, by id, a reclaimed workflow of a type without a handler;
             given without ``is_eligible``, every type is reclaimed.
         :param is_eligible: ``(type, revision) -> bool`` for types without a handler. An engine
@@ -210,8 +209,12 @@ class Ownership:
         :raises TypeError: ``options`` is not an ``OwnershipOptions``, a callback is not
             callable, ``clock()`` (read once, before the store is opened) did not return an
             ``int``, or ``url_or_storage`` is neither a URL nor a ``Storage``.
-        :raises StorageCapabilityError: OwnershipModeMismatchError: CorruptOwnershipMarkerError:
-            the gates refused the store (what this call opened is closed again).
+        :raises StorageCapabilityError: the store lacks a capability the mode needs (what this
+            call opened is closed again).
+        :raises OwnershipModeMismatchError: the store is stamped with another ownership mode
+            (closed again).
+        :raises CorruptOwnershipMarkerError: the store's mode stamp does not decode (closed
+            again).
         """
         settings = validate_settings(
             background=background,
