@@ -261,3 +261,27 @@ def test_show_of_an_undecodable_record_says_so_and_still_shows_the_claim(
         json.loads(run_cli("--url", storage_url, "show", "wf-1", "--json")[1])["record_valid"]
         is False
     )
+
+
+def test_ids_with_control_characters_cannot_forge_rows_or_escape_sequences(
+    sqlite_url: str,
+) -> None:
+    """A workflow id may hold any character; a table row and ``show`` write the ones that do
+    not print as escapes, so an id cannot start a row of its own or send a terminal escape."""
+    forged = "wf-x\nwf-forged  import  completed"
+    coloured = "wf-\x1b[31mred"
+    with Ownership.open(sqlite_url, background="manual") as engine:
+        engine.workflows.start(forged, "import")
+        engine.workflows.start(coloured, "import")
+
+    code, out = run_cli("--url", sqlite_url, "workflows")
+
+    assert code == 0
+    _header, *rows = out.splitlines()
+    assert len(rows) == 2, out
+    assert "\x1b" not in out
+    assert rows[0].startswith("wf-\\x1b[31mred  "), rows
+    assert rows[1].startswith("wf-x\\nwf-forged  import  completed  import  running"), rows
+    code, out = run_cli("--url", sqlite_url, "show", forged)
+    assert code == 0
+    assert out.splitlines()[0] == "workflow    wf-x\\nwf-forged  import  completed"

@@ -38,6 +38,7 @@ from .output import (
     emit_table,
     human_time,
     record_dict,
+    shown,
     warn_rows,
 )
 from .rows import Unreadable, Value, read_value, row_problem, scan_rows
@@ -419,7 +420,7 @@ def _print_show(wid: str, data: dict[str, Any], out: TextIO) -> None:
         lines.append(("mint", mint or "(old 8-byte format: upgraded at the next mint)"))
     lines += _holder_lines(data["holder"], now)
     for name, value in lines:
-        out.write(f"{name:<11} {value}\n")
+        out.write(f"{name:<11} {shown(value)}\n")
 
 
 def _holder_lines(holder: dict[str, Any] | None, now: int) -> list[tuple[str, str]]:

@@ -140,8 +140,19 @@ def emit_json(data: Any, out: TextIO) -> None:
     out.write("\n")
 
 
+def shown(text: str) -> str:
+    """``text`` as a terminal shows it safely: each character that does not print (a newline,
+    a tab, an escape sequence's ``ESC``) written as its Python escape, so that a workflow id or a
+    value from the store cannot start a row of its own or recolour the screen."""
+    if text.isprintable():
+        return text
+    return "".join(ch if ch.isprintable() else repr(ch)[1:-1] for ch in text)
+
+
 def emit_table(headers: list[str], rows: list[list[str]], out: TextIO) -> None:
-    """Write left-aligned columns, two spaces apart, with a header row."""
+    """Write left-aligned columns, two spaces apart, with a header row; cells go through
+    :func:`shown`."""
+    rows = [[shown(cell) for cell in row] for row in rows]
     widths = [max([len(h), *(len(r[i]) for r in rows)]) for i, h in enumerate(headers)]
     for row in [headers, *rows]:
         cells = (cell.ljust(w) for cell, w in zip(row, widths, strict=True))
