@@ -168,9 +168,9 @@ def claims(store: StoreRef, as_json: bool, out: TextIO) -> int:
             continue
         state = "live" if row.is_live(now) else "expired"
         driver = row.driver(now, engines)
-        shown = "-" if driver is None else DRIVER_LABELS[driver]
+        label = "-" if driver is None else DRIVER_LABELS[driver]
         expiry = human_time(holder.expires_at, now)
-        table.append([row.workflow_id, holder.engine_id, str(holder.epoch), state, shown, expiry])
+        table.append([row.workflow_id, holder.engine_id, str(holder.epoch), state, label, expiry])
     emit_table(["WORKFLOW", "HOLDER", "EPOCH", "STATE", "DRIVER", "EXPIRES"], table, out)
     return 0
 
