@@ -274,16 +274,21 @@ def test_an_unexpected_error_prints_one_line_unless_debugging(
     from weft_sync.cli import commands as cli_commands
 
     def broken(*args: object) -> int:
-        raise RuntimeError("a defect")
+        raise RuntimeError("a defect at postgresql://app:s3cret@db/main")
 
     monkeypatch.setattr(cli_commands, "claims", broken)
     monkeypatch.delenv("WEFT_SYNC_DEBUG", raising=False)
 
     assert run_cli("--url", sqlite_url, "claims") == (1, "")
+    err = capsys.readouterr().err
     assert_one_line_no_traceback(
-        capsys.readouterr().err, "unexpected error: RuntimeError: a defect", "WEFT_SYNC_DEBUG=1"
+        err, "unexpected error: RuntimeError: a defect", "WEFT_SYNC_DEBUG=1"
     )
+    assert "s3cret" not in err
 
     monkeypatch.setenv("WEFT_SYNC_DEBUG", "1")
-    with pytest.raises(RuntimeError, match="a defect"):
-        run_cli("--url", sqlite_url, "claims")
+    assert run_cli("--url", sqlite_url, "claims") == (1, "")
+    err = capsys.readouterr().err
+    assert err.startswith("Traceback (most recent call last):"), err
+    assert "RuntimeError: a defect at postgresql://app:" in err and "in broken" in err
+    assert "s3cret" not in err

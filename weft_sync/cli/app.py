@@ -5,7 +5,8 @@ Exit codes: 0 success; 1 the command ran but found a problem (store missing or u
 not go as described); 2 a usage error (bad arguments or URL); 3 the workflow or claim named does
 not exist; 130 interrupted by Ctrl-C (``maintain --interval`` treats Ctrl-C as a request to stop
 and exits 0). A closed output pipe (``weft-sync claims --json | head -1``) ends quietly with 0.
-No command prints a traceback; ``WEFT_SYNC_DEBUG=1`` shows one for an unexpected error.
+No command prints a traceback; ``WEFT_SYNC_DEBUG=1`` shows one for an unexpected error, passwords
+masked, and exits 1.
 """
 
 from __future__ import annotations
@@ -15,12 +16,14 @@ import os
 import signal
 import sys
 import threading
+import traceback
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Final, TextIO
 
 from .. import __version__
 from ..errors import WeftError
+from ..redaction import redact_text
 from . import commands
 
 if TYPE_CHECKING:
@@ -253,9 +256,12 @@ def main(
         _say("interrupted")
         return EXIT_INTERRUPTED
     except Exception as exc:
-        # A defect, not an operator's mistake: one line unless asked for the traceback.
+        # A defect, not an operator's mistake: one line unless asked for the traceback, which
+        # is then printed with its passwords masked, as every other message is.
         if os.environ.get("WEFT_SYNC_DEBUG"):
-            raise
+            text = "".join(traceback.format_exception(exc))
+            print(redact_text(text), end="", file=sys.stderr, flush=True)
+            return EXIT_FAILURE
         _say(
             f"unexpected error: {type(exc).__name__}: {exc} (set WEFT_SYNC_DEBUG=1 to see the "
             f"traceback)"
