@@ -11,9 +11,15 @@ nobody ever locked proves nothing. :func:`dead_lock` makes such proof for real:
 
 from __future__ import annotations
 
+import time
+
 from tests.support.waiting import wait_until
 from weft_sync.storage import PostgresStorage, SqliteStorage, Storage
-from weft_sync.storage.session_locks import LockState, storage_session_locks
+from weft_sync.storage.session_locks import (
+    LockState,
+    SupportsSessionLocks,
+    storage_session_locks,
+)
 
 _GONE_WITHIN_S = 10.0
 
@@ -42,3 +48,18 @@ def dead_lock(storage: Storage, name: str) -> str:
         poll_s=0.01,
     )
     return identity
+
+
+WATCH_S = 1.0
+"""How long :func:`states_seen` probes."""
+
+
+def states_seen(locks: SupportsSessionLocks, name: str, identity: str) -> set[LockState]:
+    """Probe lock ``name`` by ``identity`` for :data:`WATCH_S`; return every state seen (a test
+    that must never see ``FREE`` asserts on the set)."""
+    seen: set[LockState] = set()
+    deadline = time.monotonic() + WATCH_S
+    while time.monotonic() < deadline:
+        seen.add(locks.probe_session_locks({name: identity})[name])
+        time.sleep(0.01)
+    return seen

@@ -11,13 +11,12 @@ import os
 import shutil
 import signal
 import subprocess
-import time
 from pathlib import Path
 
 import psycopg
 import pytest
 
-from tests.liveness.crashes import dead_lock
+from tests.liveness.crashes import dead_lock, states_seen
 from tests.liveness.procs import POLL_S, WAIT_S, holding
 from tests.pgcluster import PostgresCluster, as_server_user
 from tests.support.waiting import wait_until
@@ -28,8 +27,6 @@ from weft_sync.storage.session_locks import LockState, SupportsSessionLocks, sto
 from weft_sync.storage.sqlite.locks import lock_directory
 
 HELD, FREE, UNKNOWN = LockState.HELD, LockState.FREE, LockState.UNKNOWN
-WATCH_S = 1.0
-"""How long a probe is watched for a wrong FREE after a fault (many probes, never a timing)."""
 
 
 def _locks(storage: Storage) -> SupportsSessionLocks:
@@ -42,16 +39,6 @@ def _published(storage: Storage, engine_id: str) -> str:
     record = decode_engine_record(storage.get(keys.engine_liveness(engine_id)))
     assert record is not None and record.lock_id is not None
     return record.lock_id
-
-
-def _never_free(locks: SupportsSessionLocks, name: str, identity: str) -> set[LockState]:
-    """Probe for :data:`WATCH_S`; return every state seen (FREE must not be among them)."""
-    seen: set[LockState] = set()
-    deadline = time.monotonic() + WATCH_S
-    while time.monotonic() < deadline:
-        seen.add(locks.probe_session_locks({name: identity})[name])
-        time.sleep(0.01)
-    return seen
 
 
 def test_a_held_lock_is_held_and_the_lock_a_dead_holder_left_is_free(storage: Storage) -> None:
@@ -107,7 +94,7 @@ def test_sqlite_a_removed_lock_directory_proves_nothing(storage: Storage, storag
     with holding(storage_url, "victim", mode="engine"):
         identity = _published(storage, "victim")
         shutil.rmtree(lock_directory(storage.path))
-        assert _never_free(locks, "victim", identity) == {UNKNOWN}
+        assert states_seen(locks, "victim", identity) == {UNKNOWN}
     # Dead now, with its file gone: still nothing proven (its claims go by their expiry).
     assert locks.probe_session_locks({"victim": identity}) == {"victim": UNKNOWN}
 
@@ -169,7 +156,7 @@ def test_postgres_a_terminated_lock_session_proves_nothing(
             poll_s=POLL_S,
         )
         # Its witness session lives on: the holder lives, and will take its lock again.
-        assert _never_free(locks, "victim", identity) == {UNKNOWN}
+        assert states_seen(locks, "victim", identity) == {UNKNOWN}
 
 
 def _immediate_restart(cluster: PostgresCluster) -> None:
@@ -196,4 +183,4 @@ def test_postgres_a_lock_taken_before_a_restart_is_never_proven_free(
             victim.signal(signal.SIGKILL)
             victim.proc.wait()
             # Dead now, but its lock was taken before the server's last start: no proof.
-            assert _never_free(locks, "victim", identity) == {UNKNOWN}
+            assert states_seen(locks, "victim", identity) == {UNKNOWN}

@@ -13,13 +13,13 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 
 import psycopg
 import pytest
 
+from tests.liveness.crashes import states_seen
 from tests.liveness.procs import POLL_S, ROOT, WAIT_S
 from tests.maintenance.discovery_helpers import JOB, Driven, holders
 from tests.maintenance.helpers import write_workflow
@@ -41,8 +41,6 @@ pytestmark = [
 ]
 
 HELD, FREE, UNKNOWN = LockState.HELD, LockState.FREE, LockState.UNKNOWN
-WATCH_S = 1.0
-"""How long a probe is watched for a wrong FREE after a fault (many probes, never a timing)."""
 TAG = "0123456789abcdef"
 # The survivor's first maintenance tick comes after one renew interval: far beyond the test.
 OPTIONS = OwnershipOptions(claim_ttl="900s", claim_renew_interval="300s")
@@ -93,16 +91,6 @@ def _application_names(url: str, tag: str) -> list[str]:
     return [str(row[0]) for row in rows]
 
 
-def _never_free(locks: SupportsSessionLocks, name: str, identity: str) -> set[LockState]:
-    """Probe for :data:`WATCH_S`; return every state seen (FREE must not be among them)."""
-    seen: set[LockState] = set()
-    deadline = time.monotonic() + WATCH_S
-    while time.monotonic() < deadline:
-        seen.add(locks.probe_session_locks({name: identity})[name])
-        time.sleep(0.01)
-    return seen
-
-
 @contextmanager
 def _engine(url: str, engine_id: str, workflow_ids: list[str]) -> Iterator[subprocess.Popen[str]]:
     """A real engine in a child process holding ``workflow_ids``; SIGKILLed and reaped on exit."""
@@ -145,7 +133,7 @@ def test_terminated_lock_sessions_of_a_connected_store_prove_nothing(
             assert locks.probe_session_locks({"victim": identity}) == {"victim": HELD}
             _terminate_lock_sessions(postgres_base_url, identity)
             assert locks.held_session_locks(["victim"]) == set()
-            assert _never_free(locks, "victim", identity) == {UNKNOWN}
+            assert states_seen(locks, "victim", identity) == {UNKNOWN}
             # The holder takes its lock again, on new sessions, and is seen holding it.
             assert lock.ensure() is True
             assert lock.identity != identity
@@ -281,7 +269,7 @@ def test_a_live_engine_whose_lock_sessions_end_keeps_its_claims_until_killed(
         identity = _published(storage, "engine-t")
         assert identity is not None
         _terminate_lock_sessions(postgres_base_url, identity)
-        assert FREE not in _never_free(locks, "engine-t", identity)
+        assert FREE not in states_seen(locks, "engine-t", identity)
         with pytest.raises(WorkflowClaimUnavailableError), survivor.claim("bare"):
             pass
         survivor.run_maintenance()
